@@ -1,0 +1,1 @@
+"""Arbor's cache-optimized, OpenAI-compatible inference server over llama.cpp."""

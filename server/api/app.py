@@ -1,0 +1,66 @@
+"""The FastAPI application of arbor-server.
+
+The model loads in a background thread after the server starts listening, so /health can
+answer 503 ("Loading model") meanwhile, as llama-server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from server import bootstrap
+from server.api.errors import install_error_handlers
+from server.api.routes import chat, completions, info, tokens
+from server.api.state import ServerState
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    state = ServerState(settings=settings, model_name=bootstrap.default_model_name(settings))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async def load():
+            try:
+                state.loaded = await asyncio.to_thread(bootstrap.load, settings)
+                state.metrics.add_live_gauges(lambda: _live_gauges(state))
+            except Exception as exc:  # reported by /health and every route
+                log.error("model failed to load: %s", exc)
+                state.load_error = str(exc)
+
+        task = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            await task
+            if state.loaded is not None:
+                await asyncio.to_thread(state.loaded.close)
+
+    app = FastAPI(title="arbor-server", version="0.1.0", lifespan=lifespan)
+    app.state.arbor = state
+    install_error_handlers(app)
+    app.include_router(info.public)
+    app.include_router(info.router)
+    app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.include_router(tokens.router)
+    return app
+
+
+def _live_gauges(state: ServerState) -> dict[str, tuple[str, float]]:
+    loaded = state.loaded
+    if loaded is None:
+        return {}
+    stats = loaded.engine.stats()
+    return {
+        "llamacpp:requests_processing": ("Number of requests processing.", stats.n_running),
+        "llamacpp:requests_deferred": ("Number of requests deferred.", stats.n_waiting),
+        "llamacpp:n_decode_total": ("Total number of llama_decode() calls.", stats.n_decode_calls),
+        "arbor:slots_busy": ("Slots running a request.", loaded.slots.n_busy()),
+    }

@@ -1,0 +1,62 @@
+"""Bridge from async HTTP handlers to the engine thread.
+
+`Generation(...)` submits at once, so a full queue is answered with 503 before any
+response starts. `events()` yields the request's events as they come. If the consumer
+stops early (client disconnected, handler cancelled) the request is cancelled and the
+engine frees its slot at its next step. Non-streaming handlers pass the HTTP request as
+`watch` so a disconnect is noticed while nothing is being sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from server.api.errors import APIError
+from server.api.metrics import ServerMetrics
+from server.engine.engine import Engine
+from server.engine.scheduler import QueueFull
+from server.engine.sequence import Finished, GenerationRequest, TextDelta
+
+DISCONNECT_POLL_S = 0.25
+
+
+class Generation:
+    def __init__(self, engine: Engine, request: GenerationRequest, metrics: ServerMetrics):
+        self._engine = engine
+        self._metrics = metrics
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[TextDelta | Finished] = asyncio.Queue()
+        self._finished = False
+        try:
+            self.seq = engine.submit(request, self._sink)
+        except QueueFull as exc:
+            raise APIError(f"server busy: {exc}; retry later", status=503, type="unavailable_error",
+                           code="queue_full", headers={"Retry-After": "2"}) from exc
+
+    def _sink(self, event: TextDelta | Finished) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    async def events(self, watch: Request | None = None) -> AsyncIterator[TextDelta | Finished]:
+        try:
+            while True:
+                if watch is None:
+                    event = await self._queue.get()
+                else:
+                    try:
+                        event = await asyncio.wait_for(self._queue.get(), timeout=DISCONNECT_POLL_S)
+                    except asyncio.TimeoutError:
+                        if await watch.is_disconnected():
+                            return
+                        continue
+                if isinstance(event, Finished):
+                    self._finished = True
+                    self._metrics.observe(event)
+                    yield event
+                    return
+                yield event
+        finally:
+            if not self._finished:
+                self._engine.cancel(self.seq)

@@ -1,0 +1,130 @@
+"""From a validated request body to an engine `GenerationRequest`: render, tokenize,
+check lengths against the slot's context, choose the grammar, collect sampling settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from server.api.errors import APIError, invalid
+from server.api.grammars import json_object_grammar, json_schema_grammar, tool_call_grammar
+from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.bootstrap import LoadedModel
+from server.cache.lifecycle import CacheHint, CacheHintError, parse_cache_hint
+from server.engine.sampling_params import SamplingParams
+from server.engine.sequence import GenerationRequest
+from server.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    generation: GenerationRequest
+    tool_names: frozenset[str]  # functions whose calls are parsed out of the text; empty: plain text
+    prompt_text: str | None
+
+
+def check_model_name(requested: str | None, model: LoadedModel) -> None:
+    if requested and requested != model.model_name:
+        raise APIError(
+            f"the model '{requested}' does not exist; this server serves '{model.model_name}'",
+            status=404, type="invalid_request_error", param="model", code="model_not_found",
+        )
+
+
+def _max_tokens(body: SamplingFields, n_prompt: int, settings: ServerSettings) -> int:
+    limit = settings.slot_ctx
+    if n_prompt >= limit:
+        raise invalid(
+            f"the prompt has {n_prompt} tokens; a slot holds at most {limit} (prompt + completion)",
+            param="messages", code="context_length_exceeded",
+        )
+    room = limit - n_prompt
+    if body.max_tokens is None:
+        return room
+    if body.max_tokens > room:
+        raise invalid(
+            f"max_tokens={body.max_tokens} does not fit: the prompt has {n_prompt} tokens and a slot holds {limit}",
+            param="max_tokens", code="context_length_exceeded",
+        )
+    return body.max_tokens
+
+
+def _sampling(body: SamplingFields, grammar: str | None, n_vocab: int) -> SamplingParams:
+    bias: dict[int, float] = {}
+    for key, value in (body.logit_bias or {}).items():
+        tok = int(key)
+        if not 0 <= tok < n_vocab:
+            raise invalid(f"logit_bias token {tok} is outside the vocabulary (0..{n_vocab - 1})", param="logit_bias")
+        bias[tok] = value
+    return SamplingParams(
+        temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
+        repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        logit_bias=bias, grammar=grammar,
+    )
+
+
+def _cache_hint(body: SamplingFields, http: Request | None) -> CacheHint | None:
+    try:
+        hint = parse_cache_hint({"cache": body.cache}, http.headers if http is not None else None)
+    except CacheHintError as exc:
+        raise invalid(str(exc), param=exc.param) from exc
+    return None if hint.is_empty else hint
+
+
+def _tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
+    info = model.runtime.info
+    add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
+    return model.runtime.tokenize(text, add_special=add_bos, parse_special=True)
+
+
+def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: ServerSettings,
+                 http: Request | None = None) -> PreparedRequest:
+    check_model_name(body.model, model)
+    choice = body.tool_choice or ("auto" if body.tools else "none")
+    offered = body.tools if choice != "none" else None
+    text = model.template.render(body.messages, offered)
+    tokens = _tokenize_prompt(model, text)
+    grammar = None
+    functions = [t.function.model_dump() for t in offered or []]
+    if choice == "required":
+        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is not False)
+    elif not isinstance(choice, str):
+        named = [f for f in functions if f["name"] == choice.function["name"]]
+        grammar = tool_call_grammar(named, allow_many=False)
+    elif body.response_format and body.response_format.type == "json_object":
+        grammar = json_object_grammar()
+    elif body.response_format and body.response_format.type == "json_schema":
+        grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema")
+    generation = GenerationRequest(
+        prompt_tokens=tokens,
+        sampling=_sampling(body, grammar, model.runtime.info.n_vocab),
+        max_tokens=_max_tokens(body, len(tokens), settings),
+        stop=list(body.stop or []),
+        ignore_eos=body.ignore_eos,
+        cache_hint=_cache_hint(body, http),
+    )
+    return PreparedRequest(generation, frozenset(f["name"] for f in functions), text)
+
+
+def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: ServerSettings,
+                       http: Request | None = None) -> PreparedRequest:
+    check_model_name(body.model, model)
+    if isinstance(body.prompt, str):
+        text = body.prompt
+        tokens = _tokenize_prompt(model, text)
+    else:
+        n_vocab = model.runtime.info.n_vocab
+        if any(not 0 <= t < n_vocab for t in body.prompt):
+            raise invalid(f"prompt token ids must be in 0..{n_vocab - 1}", param="prompt")
+        text, tokens = None, list(body.prompt)
+    generation = GenerationRequest(
+        prompt_tokens=tokens,
+        sampling=_sampling(body, None, model.runtime.info.n_vocab),
+        max_tokens=_max_tokens(body, len(tokens), settings),
+        stop=list(body.stop or []),
+        ignore_eos=body.ignore_eos,
+        cache_hint=_cache_hint(body, http),
+    )
+    return PreparedRequest(generation, frozenset(), text)

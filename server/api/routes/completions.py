@@ -1,0 +1,62 @@
+"""POST /v1/completions (raw text or token ids in, text out)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from server.api import responses as R
+from server.api.deps import ModelDep, StateDep, require_api_key
+from server.api.errors import APIError
+from server.api.generation import Generation
+from server.api.prompting import prepare_completion
+from server.api.schemas import CompletionRequest
+from server.engine.sequence import Finished
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request, state: StateDep, model: ModelDep):
+    prepared = prepare_completion(body, model, state.settings, request)
+    generation = Generation(model.engine, prepared.generation, state.metrics)
+    rid, name = R.new_id("cmpl"), model.model_name
+    prefix = prepared.prompt_text if body.echo and prepared.prompt_text else ""
+
+    if not body.stream:
+        parts: list[str] = [prefix]
+        fin: Finished | None = None
+        async for ev in generation.events(watch=request):
+            if isinstance(ev, Finished):
+                fin = ev
+            else:
+                parts.append(ev.text)
+        if fin is None:
+            return APIError("client disconnected", status=499).response()
+        if fin.finish_reason == "error":
+            raise APIError(f"generation failed: {fin.error}", status=500, type="server_error")
+        return R.text_completion(rid, name, "".join(parts), fin)
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def stream():
+        created = int(time.time())
+        if prefix:
+            yield R.sse(R.text_chunk(rid, name, created, prefix))
+        async for ev in generation.events():
+            if isinstance(ev, Finished):
+                if ev.finish_reason == "error":
+                    yield R.error_event(f"generation failed: {ev.error}")
+                    break
+                last = R.text_chunk(rid, name, created, "", ev.finish_reason)
+                last.update({"timings": R.timings(ev), "arbor": R.arbor_extension(ev)})
+                yield R.sse(last)
+                if include_usage:
+                    yield R.sse(R.usage_chunk(rid, name, created, ev, "text_completion"))
+                break
+            yield R.sse(R.text_chunk(rid, name, created, ev.text))
+        yield R.sse("[DONE]")
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

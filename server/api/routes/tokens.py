@@ -1,0 +1,33 @@
+"""POST /tokenize, /detokenize, /apply-template (llama-server compatible)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from server.api.deps import ModelDep, require_api_key
+from server.api.errors import invalid
+from server.api.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, model: ModelDep):
+    rt = model.runtime
+    tokens = rt.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+    if not body.with_pieces:
+        return {"tokens": tokens}
+    return {"tokens": [{"id": t, "piece": rt.piece(t, special=True).decode("utf-8", errors="replace")} for t in tokens]}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, model: ModelDep):
+    n_vocab = model.runtime.info.n_vocab
+    if any(not 0 <= t < n_vocab for t in body.tokens):
+        raise invalid(f"token ids must be in 0..{n_vocab - 1}", param="tokens")
+    return {"content": model.runtime.detokenize(body.tokens, special=True)}
+
+
+@router.post("/apply-template")
+async def apply_template(body: ApplyTemplateRequest, model: ModelDep):
+    return {"prompt": model.template.render(body.messages, body.tools)}

@@ -1,0 +1,66 @@
+"""`arbor-server` / `python -m server`: parse flags into ServerSettings and serve."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+from pydantic import ValidationError
+
+from server.settings import ServerSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="arbor-server", description="Arbor's cache-optimized OpenAI-compatible server")
+    a = p.add_argument
+    a("--model", "-m", type=Path, help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    a("--host", help="address to bind (default 127.0.0.1)")
+    a("--port", type=int, help="port (default 8080)")
+    a("--parallel", "-np", type=int, help="slots: requests computed concurrently (default 4)")
+    a("--ctx-size", "-c", type=int, help="total KV cells of the unified cache, shared by the slots (default 8192)")
+    a("--batch-size", "-b", type=int, help="tokens per decode step (default 512)")
+    a("--threads", "-t", type=int, help="CPU threads (default: all cores)")
+    a("--alias", help="model name clients use (default: the file name)")
+    a("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
+    a("--chat-template-file", type=Path, help="a Jinja chat template to use instead of the model's")
+    a("--no-cache", action="store_true", default=None, help="disable every kind of prefix reuse")
+    a("--max-queue", type=int, help="requests that may wait for a slot before 503 (default 64)")
+    a("--n-gpu-layers", "-ngl", type=int, help="layers to offload to a GPU build (default 0)")
+    a("--flash-attn", choices=["auto", "on", "off"])
+    a("--cache-tiers", help="prefix sources to use, comma separated among A,S,H,D (default A,S,H)")
+    a("--cache-ram", type=int, help="host tier budget in MiB (default 1024)")
+    a("--cache-dir", type=Path, help="directory of the disk tier (enables tier D when listed)")
+    a("--cache-disk", type=int, help="disk tier budget in MiB (default 4096)")
+    a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
+    a("--cache-route", choices=["longest"])
+    a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
+    a("--log-level", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def settings_from_args(argv: list[str] | None = None) -> ServerSettings:
+    args = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    return ServerSettings(**given)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = settings_from_args(argv)
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else "settings"
+            print(f"arbor-server: {where}: {err['msg']}", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from server.api.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The engine loop: one thread that admits, plans, runs and post-processes steps.
+
+HTTP handlers call `submit()` and `Sequence.cancel()` from the event loop; everything that
+touches the model runs on the engine thread. The thread holds the scheduler lock only
+while it changes scheduler state, never during a decode, so submissions and /slots stay
+responsive while the model computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from server.engine.scheduler import Admission, QueueFull, Scheduler, StepItem
+from server.engine.sequence import EventSink, GenerationRequest, Sequence, SeqStatus
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "ModelRunner", "QueueFull", "EngineStats"]
+
+
+class ModelRunner(Protocol):
+    """What the engine needs from a model backend (llama.cpp, or a simulation in tests)."""
+
+    def prepare(self, admission: Admission) -> None:
+        """Set up the slot's KV for the sequence (reuse what it can), set seq.n_past,
+        seq.n_cached, seq.cache_report and seq.sampler. Raise to fail the request."""
+
+    def forward(self, items: list[StepItem]) -> list[int | None]:
+        """Decode the batch; return the sampled token for items with sample=True, else None."""
+
+    def release(self, seq: Sequence, reason: str) -> None:
+        """The sequence finished for `reason`: free per-request state, keep reusable KV.
+        After an error the slot's KV is not trusted: the runner clears it and sets n_past=0."""
+
+    def piece(self, token: int) -> bytes: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    n_waiting: int
+    n_running: int
+    n_decode_calls: int
+    n_tokens_decoded: int
+    busy_seconds: float
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler):
+        self.runner = runner
+        self.scheduler = scheduler
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._n_decode_calls = 0
+        self._n_tokens_decoded = 0
+        self._busy_seconds = 0.0
+        self._jobs: list = []  # callables to run on the engine thread between steps
+        self.step_listeners: list = []  # callables(items) run after each step, for tests/metrics
+
+    # --------------------------------------------------------------- control
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="arbor-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> Sequence:
+        """Queue a request; raises QueueFull at once when the waiting queue is full."""
+        seq = Sequence(request, sink)
+        with self._wake:
+            self.scheduler.add(seq)
+            self._wake.notify_all()
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        seq.cancel()
+        with self._wake:
+            self._wake.notify_all()
+
+    def run_exclusive(self, fn):
+        """Run fn() on the engine thread between steps (for cache maintenance such as
+        /cache/flush) and return its result. Blocks the caller until done."""
+        done = threading.Event()
+        box: dict = {}
+
+        def job():
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed back to the caller
+                box["error"] = exc
+            finally:
+                done.set()
+
+        with self._wake:
+            self._jobs.append(job)
+            self._wake.notify_all()
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(
+                n_waiting=self.scheduler.n_waiting,
+                n_running=self.scheduler.n_running,
+                n_decode_calls=self._n_decode_calls,
+                n_tokens_decoded=self._n_tokens_decoded,
+                busy_seconds=self._busy_seconds,
+            )
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not self._has_work():
+                    self._wake.wait(timeout=1.0)
+                if self._stop:
+                    break
+            try:
+                self.step()
+            except Exception:  # keep serving: a bug in one step must not kill the server
+                log.exception("engine step failed")
+        self._fail_all("server shutting down")
+
+    def _has_work(self) -> bool:
+        return bool(self._jobs or self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> bool:
+        """Run one engine step; returns False when there was nothing to compute."""
+        with self._lock:
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job()
+        with self._lock:
+            cancelled = self.scheduler.take_cancelled()
+        for seq in cancelled:
+            self._finish(seq, "cancelled")
+        with self._lock:
+            admissions = self.scheduler.admit()
+        for adm in admissions:
+            adm.seq.t_prefill_start = time.perf_counter()
+            try:
+                self.runner.prepare(adm)
+            except Exception as exc:
+                log.warning("request %d failed while preparing: %s", adm.seq.id, exc)
+                self._finish(adm.seq, "error", error=str(exc))
+        with self._lock:
+            items = self.scheduler.plan()
+        if not items:
+            return False
+        t0 = time.perf_counter()
+        try:
+            sampled = self.runner.forward(items)
+        except Exception as exc:
+            log.error("decode failed: %s", exc)
+            for seq in {id(i.seq): i.seq for i in items}.values():
+                self._finish(seq, "error", error=f"decode failed: {exc}")
+            return True
+        self._busy_seconds += time.perf_counter() - t0
+        self._n_decode_calls += 1
+        self._n_tokens_decoded += sum(len(i.tokens) for i in items)
+        with self._lock:
+            self.scheduler.commit(items)
+        for item, token in zip(items, sampled):
+            if token is None or item.seq.status is SeqStatus.FINISHED:
+                continue
+            if item.seq.on_token(token, self.runner.piece, self.runner.is_eog):
+                self._finish(item.seq, None)
+        for listener in self.step_listeners:
+            listener(items)
+        return True
+
+    def _finish(self, seq: Sequence, reason: str | None, error: str | None = None) -> None:
+        try:
+            self.runner.release(seq, reason or seq.finish_reason or "stop")
+        except Exception:
+            log.exception("releasing request %d failed", seq.id)
+        with self._lock:
+            self.scheduler.remove(seq)
+        seq.finish(reason, error=error)
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            seqs = list(self.scheduler.waiting) + list(self.scheduler.running)
+            self.scheduler.waiting.clear()
+        for seq in seqs:
+            if seq.status is not SeqStatus.FINISHED:
+                self._finish(seq, "error", error=why)
+

@@ -1,0 +1,288 @@
+"""The one place that owns llama.cpp's model and context (through llama-cpp-python's ctypes API).
+
+Contract:
+- One model, one context with unified KV (a single stream shared by every sequence), so
+  `seq_cp` shares cells instead of copying them (the basis of resident prefix sharing).
+- Every method except the tokenizer ones must be called from the engine thread only;
+  llama.cpp contexts are not thread-safe. Tokenization reads the vocabulary only and may
+  be called from any thread.
+- ctypes releases the GIL during foreign calls, so a decode running on the engine thread
+  does not stall the HTTP event loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+log = logging.getLogger(__name__)
+
+# llama.cpp refuses more sequences than this per context (LLAMA_MAX_SEQ).
+LLAMA_MAX_SEQ = 256
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend_once() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+class ModelLoadError(RuntimeError):
+    """The model file could not be loaded or its context could not be created."""
+
+
+class UnsupportedModel(RuntimeError):
+    """The model's architecture or memory type is not supported for the requested use."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """What the context is created with. `n_ctx` counts cells of the unified KV."""
+
+    model_path: Path
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    n_threads: int
+    n_threads_batch: int
+    n_gpu_layers: int = 0
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    kv_unified: bool = True
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model, for /props, /v1/models and the cache's fingerprint."""
+
+    path: str
+    description: str
+    architecture: str
+    n_params: int
+    size_bytes: int
+    n_ctx_train: int
+    n_vocab: int
+    n_layer: int
+    n_embd: int
+    n_swa: int
+    is_recurrent: bool
+    is_hybrid: bool
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+    add_bos: bool
+
+
+@dataclass
+class BatchEntry:
+    """One token placed in a decode batch."""
+
+    token: int
+    pos: int
+    seq_id: int
+    want_logits: bool
+
+
+class DecodeError(RuntimeError):
+    """llama_decode failed; `code` is its return value (1: no KV slot, 2: aborted, <0: fatal)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"llama_decode failed with code {code}")
+        self.code = code
+
+
+class LlamaRuntime:
+    """Model + context + a reusable batch buffer, and thin typed wrappers over the C API."""
+
+    def __init__(self, config: RuntimeConfig):
+        if config.n_seq_max > LLAMA_MAX_SEQ:
+            raise UnsupportedModel(
+                f"{config.n_seq_max} sequences requested; llama.cpp allows at most {LLAMA_MAX_SEQ} per context"
+            )
+        _init_backend_once()
+        self.config = config
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(str(config.model_path).encode(), mparams)
+        if not self.model:
+            raise ModelLoadError(f"could not load model file {config.model_path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = config.n_ctx
+        cparams.n_batch = config.n_batch
+        cparams.n_ubatch = config.n_batch
+        cparams.n_seq_max = config.n_seq_max
+        cparams.n_threads = config.n_threads
+        cparams.n_threads_batch = config.n_threads_batch
+        cparams.kv_unified = config.kv_unified
+        cparams.no_perf = True
+        if config.flash_attn is not None:
+            cparams.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise ModelLoadError(
+                f"could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}"
+            )
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        self.n_batch = llama_cpp.llama_n_batch(self.ctx)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.info = self._read_info()
+
+    # ----------------------------------------------------------------- metadata
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def _read_info(self) -> ModelInfo:
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.model, desc, len(desc))
+        template_ptr = llama_cpp.llama_model_chat_template(self.model, None)
+        template = template_ptr.decode("utf-8") if template_ptr else None
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        eos = llama_cpp.llama_vocab_eos(self.vocab)
+        return ModelInfo(
+            path=str(self.config.model_path),
+            description=desc.value.decode(errors="replace"),
+            architecture=self._meta("general.architecture") or "unknown",
+            n_params=int(llama_cpp.llama_model_n_params(self.model)),
+            size_bytes=int(llama_cpp.llama_model_size(self.model)),
+            n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(self.model)),
+            n_vocab=int(llama_cpp.llama_vocab_n_tokens(self.vocab)),
+            n_layer=int(llama_cpp.llama_model_n_layer(self.model)),
+            n_embd=int(llama_cpp.llama_model_n_embd(self.model)),
+            n_swa=int(llama_cpp.llama_model_n_swa(self.model)),
+            is_recurrent=bool(llama_cpp.llama_model_is_recurrent(self.model)),
+            is_hybrid=bool(llama_cpp.llama_model_is_hybrid(self.model)),
+            chat_template=template,
+            bos_token=self.piece(bos, special=True).decode(errors="replace") if bos >= 0 else "",
+            eos_token=self.piece(eos, special=True).decode(errors="replace") if eos >= 0 else "",
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self.vocab)),
+        )
+
+    # ---------------------------------------------------------------- tokenizer
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token (may be part of a multi-byte UTF-8 character)."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return b"".join(self.piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # ------------------------------------------------------------------- decode
+    def decode(self, entries: list[BatchEntry]) -> list[int]:
+        """Run one llama_decode over `entries` (at most n_batch).
+
+        Returns the batch indices of the entries that asked for logits, in order, for
+        sampling with `llama_sampler_sample(smpl, ctx, idx)`. Raises DecodeError.
+        """
+        if not entries:
+            return []
+        if len(entries) > self.n_batch:
+            raise ValueError(f"batch of {len(entries)} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        logits_at: list[int] = []
+        for i, e in enumerate(entries):
+            b.token[i] = e.token
+            b.pos[i] = e.pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = e.seq_id
+            b.logits[i] = 1 if e.want_logits else 0
+            if e.want_logits:
+                logits_at.append(i)
+        b.n_tokens = len(entries)
+        rc = llama_cpp.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise DecodeError(rc)
+        return logits_at
+
+    def logits_row(self, batch_index: int) -> ctypes.Array:
+        """The logits of one output row (n_vocab floats), valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, batch_index)
+        return (ctypes.c_float * self.info.n_vocab).from_address(ctypes.addressof(ptr.contents))
+
+    # ------------------------------------------------------------------- memory
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
+
+    def clear_memory(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def state_seq_get(self, seq_id: int) -> bytes:
+        """The serialized KV state of one sequence (llama.cpp's own format)."""
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf, size, seq_id, 0)
+        return bytes(buf[:n])
+
+    def state_seq_set(self, data: bytes, seq_id: int) -> bool:
+        """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return llama_cpp.llama_state_seq_set_data_ext(self.ctx, buf, len(data), seq_id, 0) > 0
+
+    def used_cells(self) -> int:
+        """Cells of the unified KV owned by at least one sequence (read from a full state
+        dump, so it is exact but costs a copy of the KV: for tests and benchmarks)."""
+        from server.cache.kv_format import count_state_cells  # local: cache depends on engine, not vice versa
+
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, -1, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf, size, -1, 0)
+        return count_state_cells(bytes(buf[:n]))
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            llama_cpp.llama_model_free(self.model)
+            self.model = None

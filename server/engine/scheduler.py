@@ -1,0 +1,121 @@
+"""Continuous batching: which tokens of which sequences go into the next decode.
+
+Every step first takes one decode token from each generating sequence, then fills the
+rest of the batch budget with prompt chunks of sequences still prefilling, oldest first.
+So a long prompt is split across steps and never holds other requests' decoding back by
+more than one chunk. Pure logic: no llama.cpp here (tested with a simulated runner).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from server.engine.sequence import Sequence, SeqStatus
+from server.engine.slots import Slot, SlotPool
+
+
+class QueueFull(RuntimeError):
+    """More requests wait than the queue allows; the API answers 503 + Retry-After."""
+
+
+@dataclass
+class StepItem:
+    """A run of consecutive tokens of one sequence in the next batch."""
+
+    seq: Sequence
+    tokens: list[int]
+    start_pos: int
+    sample: bool  # take logits at the last token and sample the next one
+
+
+@dataclass(frozen=True)
+class Admission:
+    seq: Sequence
+    slot: Slot
+    common_prefix: int  # tokens the slot's kept KV shares with the prompt (0 with reuse off)
+
+
+class Scheduler:
+    def __init__(self, slots: SlotPool, *, max_batch_tokens: int, max_waiting: int, reuse: bool):
+        if max_batch_tokens < len(slots.slots):
+            raise ValueError("the batch must fit at least one decode token per slot")
+        self.slots = slots
+        self.max_batch_tokens = max_batch_tokens
+        self.max_waiting = max_waiting
+        self.reuse = reuse
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order
+
+    # ------------------------------------------------------------- admission
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting for a slot")
+        self.waiting.append(seq)
+
+    def admit(self) -> list[Admission]:
+        """Give free slots to waiting sequences, in arrival order."""
+        admitted: list[Admission] = []
+        while self.waiting:
+            seq = self.waiting[0]
+            got = self.slots.acquire(seq.prompt, reuse=self.reuse)
+            if got is None:
+                break
+            self.waiting.popleft()
+            slot, lcp = got
+            seq.slot = slot
+            seq.status = SeqStatus.PREFILLING
+            self.running.append(seq)
+            admitted.append(Admission(seq, slot, lcp))
+        return admitted
+
+    def take_cancelled(self) -> list[Sequence]:
+        """Remove and return cancelled sequences (waiting ones never got a slot)."""
+        gone = [s for s in self.waiting if s.cancelled] + [s for s in self.running if s.cancelled]
+        if gone:
+            self.waiting = deque(s for s in self.waiting if not s.cancelled)
+            self.running = [s for s in self.running if not s.cancelled]
+        return gone
+
+    # ------------------------------------------------------------------ steps
+    def plan(self) -> list[StepItem]:
+        budget = self.max_batch_tokens
+        items: list[StepItem] = []
+        for seq in self.running:
+            if seq.status is SeqStatus.DECODING:
+                items.append(StepItem(seq, [seq.output[-1]], seq.n_past, sample=True))
+                budget -= 1
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.status is SeqStatus.PREFILLING and seq.prompt_remaining > 0:
+                n = min(seq.prompt_remaining, budget)
+                start = seq.n_past
+                items.append(
+                    StepItem(seq, seq.prompt[start : start + n], start, sample=start + n == len(seq.prompt))
+                )
+                budget -= n
+        return items
+
+    def commit(self, items: list[StepItem]) -> None:
+        """The batch ran: its tokens now have KV."""
+        for item in items:
+            item.seq.n_past += len(item.tokens)
+            if item.seq.status is SeqStatus.PREFILLING and item.seq.n_past == len(item.seq.prompt):
+                item.seq.status = SeqStatus.DECODING
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished sequence off the running list and give its slot back."""
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.slot is not None:
+            self.slots.release(seq.slot, seq.kv_tokens())
+
+    # ------------------------------------------------------------------ views
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def n_running(self) -> int:
+        return len(self.running)

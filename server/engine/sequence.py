@@ -1,0 +1,170 @@
+"""A request as the engine sees it: its tokens, its progress and its output channel.
+
+A `Sequence` carries everything about one generation through schedule() -> forward() ->
+postprocess(): the prompt, how many prompt tokens already have KV (`n_past`), the output
+tokens, and the text state (incremental detokenizer + stop strings). It does not know
+llama.cpp: the runner supplies token pieces and end-of-generation checks.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.engine.detokenizer import IncrementalDetokenizer
+from server.engine.sampling_params import SamplingParams
+from server.engine.stop_strings import StopStringMatcher
+
+_ids = itertools.count(1)
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"        # in the queue, no slot yet
+    PREFILLING = "prefilling"  # has a slot; prompt tokens still to compute
+    DECODING = "decoding"      # generating tokens
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What the API submits: tokens in, limits and sampling settings."""
+
+    prompt_tokens: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cache_hint: Any = None  # server.cache.lifecycle.CacheHint, when the client sent one
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Newly generated text (already cleared of any stop string) and the token(s) behind it."""
+
+    text: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """Where the reused prefix of a request came from (DESIGN.md sources A/S/H/D)."""
+
+    source: str = "none"  # "A" | "S" | "H" | "D" | "none"
+    reused_tokens: int = 0
+    restored_bytes: int = 0
+    restore_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of every request."""
+
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    prompt_ms: float
+    predicted_ms: float
+    cache: CacheReport
+    error: str | None = None
+    stop_word: str | None = None
+
+
+EventSink = Callable[[TextDelta | Finished], None]
+
+
+class Sequence:
+    def __init__(self, request: GenerationRequest, sink: EventSink):
+        self.id = next(_ids)
+        self.request = request
+        self.prompt = list(request.prompt_tokens)
+        self.sink = sink
+        self.status = SeqStatus.WAITING
+        self.slot: Any = None  # the Slot it runs on, once admitted
+        self.n_past = 0  # tokens whose KV the slot's sequence holds
+        self.n_cached = 0  # prompt tokens reused rather than computed
+        self.cache_report = CacheReport()
+        self.output: list[int] = []
+        self.sampler: Any = None  # runner-owned sampler state
+        self._cancel = threading.Event()
+        self._detok: IncrementalDetokenizer | None = None
+        self._stops = StopStringMatcher(request.stop)
+        self.finish_reason: str | None = None
+        self.t_submit = time.perf_counter()
+        self.t_prefill_start: float | None = None
+        self.t_first_token: float | None = None
+        self.t_last_token: float | None = None
+
+    # --------------------------------------------------------------- progress
+    @property
+    def prompt_remaining(self) -> int:
+        return len(self.prompt) - self.n_past if self.status is SeqStatus.PREFILLING else 0
+
+    def kv_tokens(self) -> list[int]:
+        """The tokens whose KV the slot holds right now (prompt, then fed outputs)."""
+        all_tokens = self.prompt + self.output
+        return all_tokens[: self.n_past]
+
+    def cancel(self) -> None:
+        """Thread-safe: ask the engine to stop this request at its next step."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    # ----------------------------------------------------------------- output
+    def on_token(self, token: int, piece: Callable[[int], bytes], is_eog: Callable[[int], bool]) -> bool:
+        """Record a sampled token, emit its text, and return True when generation must stop."""
+        now = time.perf_counter()
+        if self.t_first_token is None:
+            self.t_first_token = now
+        self.t_last_token = now
+        if self._detok is None:
+            self._detok = IncrementalDetokenizer(piece)
+        if is_eog(token) and not self.request.ignore_eos:
+            self.finish_reason = "stop"
+            return True
+        self.output.append(token)
+        text = self._stops.feed(self._detok.feed(token))
+        if text:
+            self.sink(TextDelta(text=text, tokens=(token,)))
+        if self._stops.stopped:
+            self.finish_reason = "stop"
+            return True
+        if len(self.output) >= self.request.max_tokens:
+            self.finish_reason = "length"
+            return True
+        return False
+
+    def finish(self, reason: str | None = None, error: str | None = None) -> Finished:
+        """Flush held text, mark finished and deliver the final event (exactly once)."""
+        if self.status is SeqStatus.FINISHED:
+            raise RuntimeError(f"sequence {self.id} finished twice")
+        self.status = SeqStatus.FINISHED
+        reason = reason or self.finish_reason or "stop"
+        self.finish_reason = reason
+        if reason in ("stop", "length") and self._detok is not None:
+            tail = self._stops.feed(self._detok.flush()) + self._stops.flush()
+            if tail:
+                self.sink(TextDelta(text=tail, tokens=()))
+        t0 = self.t_prefill_start or self.t_submit
+        t1 = self.t_first_token or time.perf_counter()
+        event = Finished(
+            finish_reason=reason,
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.n_cached,
+            completion_tokens=len(self.output),
+            prompt_ms=(t1 - t0) * 1000.0,
+            predicted_ms=((self.t_last_token or t1) - t1) * 1000.0,
+            cache=self.cache_report,
+            error=error,
+            stop_word=self._stops.matched,
+        )
+        self.sink(event)
+        return event

@@ -1,0 +1,74 @@
+"""Slots: the N sequences of the unified KV that run requests.
+
+An idle slot keeps the KV of its last request (source A of DESIGN.md), so the pool hands a
+new request to the idle slot whose kept tokens share the longest prefix with its prompt;
+ties go to the slot idle the longest, so warm prefixes of other slots survive longer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+_clock = itertools.count()
+
+
+@dataclass
+class Slot:
+    index: int
+    seq_id: int  # llama.cpp sequence id (from the sequence-id pool)
+    tokens: list[int] = field(default_factory=list)  # tokens whose KV this slot's sequence holds
+    busy: bool = False
+    last_used: int = 0
+    n_requests: int = 0
+
+    def touch(self) -> None:
+        self.last_used = next(_clock)
+
+
+class SlotPool:
+    def __init__(self, seq_ids: list[int]):
+        if not seq_ids:
+            raise ValueError("at least one slot is needed")
+        self.slots = [Slot(index=i, seq_id=s) for i, s in enumerate(seq_ids)]
+
+    @property
+    def idle(self) -> list[Slot]:
+        return [s for s in self.slots if not s.busy]
+
+    def n_busy(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    def acquire(self, prompt: list[int], *, reuse: bool) -> tuple[Slot, int] | None:
+        """Take the best idle slot for `prompt`; returns (slot, common prefix length) or None.
+
+        With reuse off every idle slot scores 0 and the least recently used one is taken.
+        """
+        best: tuple[int, int, Slot] | None = None
+        for slot in self.idle:
+            lcp = common_prefix_len(slot.tokens, prompt) if reuse else 0
+            key = (lcp, -slot.last_used)
+            if best is None or key > best[:2]:
+                best = (lcp, -slot.last_used, slot)
+        if best is None:
+            return None
+        slot = best[2]
+        slot.busy = True
+        slot.n_requests += 1
+        slot.touch()
+        return slot, best[0]
+
+    def release(self, slot: Slot, kept_tokens: list[int]) -> None:
+        """Mark idle, remembering which tokens its KV still holds."""
+        slot.tokens = kept_tokens
+        slot.busy = False
+        slot.touch()

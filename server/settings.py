@@ -1,0 +1,78 @@
+"""Typed, validated settings of arbor-server (command line flags or ARBOR_SERVER_* env)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CACHE_TIERS = ("A", "S", "H", "D")
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ARBOR_SERVER_", extra="forbid")
+
+    model: Path | None = Field(None, description="GGUF file; default: the embedded SmolLM2-135M-Instruct")
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    parallel: int = Field(4, ge=1, le=64, description="slots (concurrent requests)")
+    ctx_size: int = Field(8192, ge=256, description="total cells of the unified KV shared by all slots")
+    batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step")
+    threads: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1), ge=1)
+    alias: str | None = Field(None, description="model name clients use; default: the file name")
+    api_key: str | None = None
+    chat_template_file: Path | None = None
+    no_cache: bool = Field(False, description="disable every kind of prefix reuse (benchmark baseline)")
+    max_queue: int = Field(64, ge=0, description="requests that may wait for a slot before 503")
+    n_gpu_layers: int = Field(0, ge=-1)
+    flash_attn: Literal["auto", "on", "off"] = "auto"
+    # cache (server/cache)
+    cache_tiers: tuple[str, ...] = Field(("A", "S", "H"), description="enabled prefix sources among A,S,H,D")
+    cache_ram: int = Field(1024, ge=0, description="host tier budget, MiB")
+    cache_dir: Path | None = None
+    cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
+    resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
+    cache_route: Literal["longest"] = "longest"
+    cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("cache_tiers", mode="before")
+    @classmethod
+    def _parse_tiers(cls, v):
+        if isinstance(v, str):
+            v = [t.strip().upper() for t in v.split(",") if t.strip()]
+        tiers = tuple(dict.fromkeys(str(t).upper() for t in v))
+        bad = [t for t in tiers if t not in CACHE_TIERS]
+        if bad:
+            raise ValueError(f"unknown cache tier(s) {bad}; choose among {','.join(CACHE_TIERS)}")
+        return tiers
+
+    @field_validator("model", "chat_template_file")
+    @classmethod
+    def _file_exists(cls, v: Path | None):
+        if v is not None and not v.is_file():
+            raise ValueError(f"file not found: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.batch_size < self.parallel:
+            raise ValueError(f"--batch-size ({self.batch_size}) must be at least --parallel ({self.parallel})")
+        if self.ctx_size // self.parallel < 64:
+            raise ValueError(
+                f"--ctx-size {self.ctx_size} leaves {self.ctx_size // self.parallel} cells per slot; need at least 64"
+            )
+        if "D" in self.cache_tiers and self.cache_dir is None:
+            raise ValueError("cache tier D needs --cache-dir")
+        return self
+
+    @property
+    def slot_ctx(self) -> int:
+        """Context each slot may use: prompt + generated tokens."""
+        return self.ctx_size // self.parallel
+
+    def tier_enabled(self, tier: str) -> bool:
+        return not self.no_cache and tier in self.cache_tiers

@@ -1,0 +1,227 @@
+"""The real server on the embedded model, through the official openai client and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.model
+
+SHORT = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def client(arbor_server):
+    return openai.OpenAI(base_url=arbor_server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+def idle_slots_consistent(base_url: str) -> list[dict]:
+    """Every slot idle, and llama.cpp's memory agrees with what the engine thinks it holds."""
+    deadline = time.monotonic() + 30
+    while True:
+        slots = httpx.get(base_url + "/slots", timeout=30).json()
+        if not any(s["is_processing"] for s in slots) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for s in slots:
+        assert not s["is_processing"], slots
+        assert s["kv_pos_max"] == s["n_past"] - 1, f"slot KV out of step with the engine: {s}"
+    return slots
+
+
+def test_models_and_health(arbor_server, client):
+    assert httpx.get(arbor_server.base_url + "/health").json() == {"status": "ok"}
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
+
+
+def test_chat_non_stream_has_usage_timings_and_cache_extension(arbor_server, client):
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=SHORT, max_tokens=8,
+                                       temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 5 and 1 <= r.usage.completion_tokens <= 8
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+    extra = r.model_extra
+    assert set(extra["timings"]) >= {"cache_n", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms"}
+    assert extra["arbor"]["cache"]["source"] in ("A", "S", "H", "D", "none")
+
+
+def test_same_prompt_twice_reuses_the_slot_prefix(client):
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+    first = client.chat.completions.create(messages=msgs, model="", max_tokens=4, temperature=0)
+    second = client.chat.completions.create(messages=msgs, model="", max_tokens=4, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+    assert second.model_extra["arbor"]["cache"]["source"] == "A"
+    assert second.choices[0].message.content == first.choices[0].message.content
+
+
+def test_stream_with_include_usage(client):
+    stream = client.chat.completions.create(messages=SHORT, model="", max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish and finish[-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_stream_matches_non_stream_greedy(client):
+    kw = dict(messages=SHORT, model="", max_tokens=12, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+    assert streamed == full
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string",
+                       "enum": ["c", "f"]}}, "required": ["city", "unit"]},
+    },
+}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {
+    "zone": {"type": "string"}}, "required": ["zone"]}}}
+
+
+def test_tool_choice_required_gives_parseable_tool_calls(client):
+    r = client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice="required", max_tokens=60, temperature=0, parallel_tool_calls=False,
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls and calls[0].function.name in ("get_weather", "get_time")
+    args = json.loads(calls[0].function.arguments)
+    if calls[0].function.name == "get_weather":
+        assert isinstance(args["city"], str) and args["unit"] in ("c", "f")
+    else:
+        assert isinstance(args["zone"], str)
+
+
+def test_named_tool_choice_streams_tool_call_deltas(client):
+    stream = client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+        tools=[WEATHER_TOOL, TIME_TOOL], tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=40, temperature=0, stream=True,
+    )
+    calls = [tc for c in stream if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_time" and calls[0].index == 0
+    assert "zone" in json.loads(calls[0].function.arguments)
+
+
+def test_tool_results_round_trip_into_the_next_turn(client):
+    history = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": json.dumps({"city": "Oslo", "unit": "c"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temp_c": -3})},
+    ]
+    r = client.chat.completions.create(model="", messages=history, tools=[WEATHER_TOOL], tool_choice="none",
+                                       max_tokens=16, temperature=0)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+def test_json_schema_response_format(client):
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    r = client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "What is 2+2? Reply in JSON."}], max_tokens=30,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    assert isinstance(json.loads(r.choices[0].message.content)["answer"], int)
+
+
+def test_text_completion_and_stop_string(client):
+    r = client.completions.create(model="", prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=["7"])
+    assert "7" not in r.choices[0].text
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tokenize_detokenize_apply_template(arbor_server):
+    b = arbor_server.base_url
+    toks = httpx.post(b + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    assert toks and all(isinstance(t, int) for t in toks)
+    assert httpx.post(b + "/detokenize", json={"tokens": toks}).json()["content"] == "Hello world"
+    prompt = httpx.post(b + "/apply-template", json={"messages": SHORT}).json()["prompt"]
+    assert "<|im_start|>user\nSay hello.<|im_end|>" in prompt and prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_props_slots_metrics(arbor_server, client):
+    client.chat.completions.create(messages=SHORT, model="", max_tokens=2)
+    b = arbor_server.base_url
+    props = httpx.get(b + "/props").json()
+    assert props["total_slots"] == 2 and props["n_ctx_slot"] == 2048
+    idle_slots_consistent(b)
+    text = httpx.get(b + "/metrics").text
+    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",
+                 "arbor:cache_reused_tokens_total"):
+        assert name in text
+
+
+def test_two_concurrent_streams_interleave(arbor_server):
+    """Continuous batching, shown by event order: each stream gets tokens before the other ends."""
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def run(tag: str, question: str):
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0,
+                "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", arbor_server.v1 + "/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                delta = chunk["choices"][0]
+                kind = "end" if delta["finish_reason"] else ("tok" if delta["delta"].get("content") else None)
+                if kind:
+                    with lock:
+                        events.append((tag, kind))
+
+    threads = [threading.Thread(target=run, args=("a", "Count to ten.")),
+               threading.Thread(target=run, args=("b", "List three fruits."))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    end_a = events.index(("a", "end"))
+    end_b = events.index(("b", "end"))
+    toks_a_before_b_end = sum(1 for e in events[:end_b] if e == ("a", "tok"))
+    toks_b_before_a_end = sum(1 for e in events[:end_a] if e == ("b", "tok"))
+    assert toks_a_before_b_end >= 5 and toks_b_before_a_end >= 5, events
+
+
+def test_disconnect_cancels_and_frees_the_slot(arbor_server):
+    b = arbor_server.base_url
+    before = httpx.get(b + "/metrics").text
+    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 1500,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", arbor_server.v1 + "/chat/completions", json=body, timeout=60) as r:
+        got = 0
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                got += 1
+            if got >= 3:
+                break  # leaving the block closes the connection mid-stream
+    slots = idle_slots_consistent(b)
+    after = httpx.get(b + "/metrics").text
+    assert _counter(after, 'arbor:requests_total{reason="cancelled"}') == \
+        _counter(before, 'arbor:requests_total{reason="cancelled"}') + 1
+    assert all(s["n_past"] < 1000 for s in slots)
+
+
+def _counter(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0

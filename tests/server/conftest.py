@@ -1,0 +1,98 @@
+"""Fixtures that start the real arbor-server (embedded model) on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def embedded_model_available() -> str | None:
+    """None when the real engine can run here, else the reason it cannot."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return "llama-cpp-python is not installed (run scripts/setup.sh)"
+    from server.model_file import EmbeddedModelMissing, embedded_model_path
+
+    try:
+        embedded_model_path()
+    except EmbeddedModelMissing as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(tmp_dir: Path, *args: str, env: dict | None = None, wait: bool = True) -> RunningServer:
+    why = embedded_model_available()
+    if why:
+        pytest.skip(why)
+    port = free_port()
+    log_path = tmp_dir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "server", "--port", str(port), "--threads", "2", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    server = RunningServer(f"http://127.0.0.1:{port}", proc, log_path)
+    if wait:
+        wait_healthy(server)
+    return server
+
+
+def wait_healthy(server: RunningServer, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"arbor-server exited with {server.proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"arbor-server did not become healthy:\n{server.log()}")
+
+
+def stop_server(server: RunningServer) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def arbor_server(tmp_path_factory) -> RunningServer:
+    """One shared server: 2 slots, 2048 cells each, small batch so chunking shows."""
+    server = start_server(tmp_path_factory.mktemp("arbor"), "--parallel", "2", "--ctx-size", "4096",
+                          "--batch-size", "64", "--max-queue", "4")
+    yield server
+    stop_server(server)
