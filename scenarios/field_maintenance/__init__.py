@@ -1,0 +1,1 @@
+"""field_maintenance: a simulated fleet (data/, see generate_data.py) and its service manual."""
