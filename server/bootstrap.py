@@ -11,8 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.api.chat_template import ChatTemplate
+from server.cache.disk_tier import DiskTier
+from server.cache.eviction import LifecyclePolicy
+from server.cache.fingerprint import model_fingerprint
+from server.cache.host_tier import HostTier
+from server.cache.kv_ops import KVOps
+from server.cache.lifecycle import SessionRegistry
+from server.cache.resident import ResidentOwners
+from server.cache.router import CacheRouter
 from server.engine.engine import Engine
-from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig, UnsupportedModel
+from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
 from server.engine.runner import LlamaRunner, PrefixProvider, SlotReuseOnly
 from server.engine.scheduler import Scheduler
 from server.engine.seq_ids import SequenceIdLayout, SequenceIdPool
@@ -33,9 +41,12 @@ class LoadedModel:
     prefix: PrefixProvider
     model_name: str
     cache_note: str | None  # why some cache tiers are off, when they are
+    router: CacheRouter | None = None
 
     def close(self) -> None:
         self.engine.stop()
+        if self.router is not None and self.router.disk is not None:
+            self.router.disk.close()
         self.runtime.close()
 
 
@@ -47,15 +58,56 @@ def default_model_name(settings: ServerSettings) -> str:
     return settings.alias or model_path(settings).stem
 
 
+# Resident owners: enough for a handful of common prefixes (system prompts, documents).
+MAX_RESIDENT_OWNERS = 8
+SCRATCH_SEQUENCES = 2
+
+
+def unsupported_cache_reason(info) -> str | None:
+    """Why tiers S/H/D cannot serve this model (slot reuse still works), or None."""
+    if info.is_recurrent or info.is_hybrid:
+        return f"{info.architecture} keeps recurrent state"
+    if info.n_swa > 0:
+        return f"{info.architecture} uses sliding-window attention (n_swa={info.n_swa})"
+    return None
+
+
+def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
+                  scheduler: Scheduler, path: Path) -> CacheRouter:
+    registry = SessionRegistry()
+    policy = LifecyclePolicy(registry)
+    tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
+    host = HostTier(settings.cache_ram * 1024 * 1024, policy) if "H" in tiers else None
+    disk = None
+    if "D" in tiers:
+        info = runtime.info
+        fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
+                               kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
+        disk = DiskTier(settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy)
+    resident = (ResidentOwners(runtime, seq_ids, settings.resident_cells, registry)
+                if "S" in tiers and seq_ids.layout.owners else None)
+    return CacheRouter(
+        runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),
+        tiers=tiers, host=host, disk=disk, resident=resident, registry=registry,
+        min_tokens=settings.cache_min_tokens,
+    )
+
+
 def load(settings: ServerSettings) -> LoadedModel:
     path = model_path(settings)
-    layout = SequenceIdLayout(slots=settings.parallel, owners=0, scratch=0)
+    wants_cache = any(settings.tier_enabled(t) for t in ("S", "H", "D"))
+    layout = SequenceIdLayout(
+        slots=settings.parallel,
+        owners=MAX_RESIDENT_OWNERS if settings.tier_enabled("S") else 0,
+        scratch=SCRATCH_SEQUENCES if wants_cache else 0,
+    )
     seq_ids = SequenceIdPool(layout)
     flash = {"auto": None, "on": True, "off": False}[settings.flash_attn]
     runtime = LlamaRuntime(
         RuntimeConfig(
             model_path=path,
-            n_ctx=settings.ctx_size,
+            # resident owners may hold cells beyond what the slots use
+            n_ctx=settings.ctx_size + (settings.resident_cells if settings.tier_enabled("S") else 0),
             n_batch=settings.batch_size,
             n_seq_max=layout.total,
             n_threads=settings.threads,
@@ -66,22 +118,26 @@ def load(settings: ServerSettings) -> LoadedModel:
     )
     try:
         info = runtime.info
-        if info.is_recurrent or info.is_hybrid:
-            raise UnsupportedModel(
-                f"{info.architecture} uses recurrent state; Arbor serves full-attention text models only"
-            )
         if settings.chat_template_file:
             template_src = settings.chat_template_file.read_text()
         else:
             template_src = info.chat_template
         template = ChatTemplate(template_src, bos_token=info.bos_token, eos_token=info.eos_token)
         slots = SlotPool(seq_ids.slot_ids)
-        prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
-        cache_note = None
-        runner = LlamaRunner(runtime, prefix)
         scheduler = Scheduler(
             slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A")
         )
+        cache_note = unsupported_cache_reason(info) if wants_cache else None
+        router = None
+        if cache_note:
+            log.warning("prefix cache tiers S/H/D are off: %s; only slot reuse (A) is used", cache_note)
+        if wants_cache and not cache_note:
+            router = _build_router(settings, runtime, seq_ids, slots, scheduler, path)
+            scheduler.defer = router.should_defer
+            prefix: PrefixProvider = router
+        else:
+            prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
+        runner = LlamaRunner(runtime, prefix)
         engine = Engine(runner, scheduler)
         engine.start()
     except Exception:
@@ -93,5 +149,5 @@ def load(settings: ServerSettings) -> LoadedModel:
     )
     return LoadedModel(
         runtime=runtime, engine=engine, template=template, slots=slots, seq_ids=seq_ids, prefix=prefix,
-        model_name=default_model_name(settings), cache_note=cache_note,
+        model_name=default_model_name(settings), cache_note=cache_note, router=router,
     )

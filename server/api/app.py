@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from server import bootstrap
 from server.api.errors import install_error_handlers
-from server.api.routes import chat, completions, info, tokens
+from server.api.routes import cache, chat, completions, info, tokens
 from server.api.state import ServerState
 from server.settings import ServerSettings
 
@@ -50,6 +50,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(tokens.router)
+    app.include_router(cache.router)
     return app
 
 
@@ -63,4 +64,26 @@ def _live_gauges(state: ServerState) -> dict[str, tuple[str, float]]:
         "llamacpp:requests_deferred": ("Number of requests deferred.", stats.n_waiting),
         "llamacpp:n_decode_total": ("Total number of llama_decode() calls.", stats.n_decode_calls),
         "arbor:slots_busy": ("Slots running a request.", loaded.slots.n_busy()),
+        **_cache_gauges(loaded),
     }
+
+
+def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
+    """Per-tier cache figures (read without the engine lock: counters, good enough for scraping)."""
+    r = loaded.router
+    if r is None:
+        return {}
+    out: dict[str, tuple[str, float]] = {
+        "arbor:cache_fallbacks": ("Restores that failed and fell back to computing.", r.fallbacks),
+        "arbor:cache_deferrals": ("Admissions deferred to share an in-flight prefix.", r.deferrals),
+    }
+    for tier, name in ((r.host, "host"), (r.disk, "disk")):
+        if tier is not None:
+            st = tier.stats()
+            for key in ("entries", "tokens", "bytes", "hits", "evictions"):
+                out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", st[key])
+    if r.resident is not None:
+        st = r.resident.stats()
+        for key in ("entries", "cells", "hits", "evictions"):
+            out[f"arbor:cache_resident_{key}"] = (f"resident tier {key}.", st[key])
+    return out

@@ -37,6 +37,10 @@ class Generation:
                            code="queue_full", headers={"Retry-After": "2"}) from exc
 
     def _sink(self, event: TextDelta | Finished) -> None:
+        # Runs on the engine thread. Metrics are counted here, not by the reader, so a
+        # request whose client went away is still counted (as cancelled).
+        if isinstance(event, Finished):
+            self._metrics.observe(event)
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
     async def events(self, watch: Request | None = None) -> AsyncIterator[TextDelta | Finished]:
@@ -53,7 +57,6 @@ class Generation:
                         continue
                 if isinstance(event, Finished):
                     self._finished = True
-                    self._metrics.observe(event)
                     yield event
                     return
                 yield event

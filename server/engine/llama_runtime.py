@@ -33,6 +33,11 @@ def _init_backend_once() -> None:
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
+            # llama-cpp-python routes llama.cpp's log through this logger and prints every
+            # level by default; keep warnings and errors (DEBUG logging shows all again).
+            lcp_log = logging.getLogger("llama-cpp-python")
+            if lcp_log.level == logging.NOTSET:
+                lcp_log.setLevel(logging.DEBUG if log.isEnabledFor(logging.DEBUG) else logging.WARNING)
             llama_cpp.llama_backend_init()
             _backend_ready = True
 

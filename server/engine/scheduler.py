@@ -9,6 +9,7 @@ more than one chunk. Pure logic: no llama.cpp here (tested with a simulated runn
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.engine.sequence import Sequence, SeqStatus
@@ -46,6 +47,9 @@ class Scheduler:
         self.reuse = reuse
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
+        # Asked before admitting a waiting sequence: True keeps it waiting this step (the
+        # cache router uses it for in-flight sharing). Later arrivals may be admitted meanwhile.
+        self.defer: Callable[[Sequence], bool] | None = None
 
     # ------------------------------------------------------------- admission
     def add(self, seq: Sequence) -> None:
@@ -54,14 +58,17 @@ class Scheduler:
         self.waiting.append(seq)
 
     def admit(self) -> list[Admission]:
-        """Give free slots to waiting sequences, in arrival order."""
+        """Give free slots to waiting sequences, in arrival order (skipping deferred ones)."""
         admitted: list[Admission] = []
-        while self.waiting:
-            seq = self.waiting[0]
+        for seq in list(self.waiting):
+            if not self.slots.idle:
+                break
+            if self.defer is not None and self.defer(seq):
+                continue
             got = self.slots.acquire(seq.prompt, reuse=self.reuse)
             if got is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             slot, lcp = got
             seq.slot = slot
             seq.status = SeqStatus.PREFILLING

@@ -203,3 +203,18 @@ def test_a_failing_prepare_fails_only_that_request():
     run_until_idle(engine)
     assert c.final.finish_reason == "error" and "restore failed" in c.final.error
     assert engine.scheduler.slots.n_busy() == 0
+
+
+def test_deferred_request_waits_while_later_ones_are_admitted():
+    engine, runner = make_engine(n_slots=2)
+    held = set()
+    engine.scheduler.defer = lambda seq: seq.id in held
+    c1, c2 = Collector(), Collector()
+    s1 = engine.submit(req([1, 2, 3], max_tokens=2), c1)
+    held.add(s1.id)
+    s2 = engine.submit(req([4, 5, 6], max_tokens=2), c2)
+    engine.step()
+    assert s1.slot is None and s2.slot is not None
+    held.clear()
+    run_until_idle(engine)
+    assert c1.final.completion_tokens == 2 and c2.final.completion_tokens == 2

@@ -1,0 +1,56 @@
+"""GET /cache/stats, POST /cache/flush: what each prefix source holds, and emptying them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends
+
+from server.api.deps import ModelDep, require_api_key
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+def _stats(model, measure: bool) -> dict:
+    r, s = model.router, model.slots
+    slot_tokens = [list(x.tokens) for x in s.slots if not x.busy]
+    out = {
+        "route": "longest",
+        "note": model.cache_note,
+        "requests_by_source": dict(r.by_source) if r else None,
+        "reused_tokens_by_source": dict(r.reused_tokens) if r else None,
+        "fallbacks": r.fallbacks if r else 0,
+        "deferrals": r.deferrals if r else 0,
+        "tiers": {
+            "A": {"enabled": r is None or "A" in r.tiers, "slots": len(s.slots),
+                  "idle_tokens_kept": sum(len(t) for t in slot_tokens)},
+            "S": r.resident.stats() if r and r.resident else {"enabled": False},
+            "H": r.host.stats() if r and r.host else {"enabled": False},
+            "D": r.disk.stats() if r and r.disk else {"enabled": False},
+        },
+        "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch")},
+    }
+    if measure:
+        from server.cache.resident import union_positions
+
+        running = {q.slot.index: q.kv_tokens() for q in model.engine.scheduler.running if q.slot is not None}
+        held = [running.get(x.index, list(x.tokens) if not x.busy else []) for x in s.slots]
+        held += [o.tokens for o in r.resident.owners] if r and r.resident else []
+        out["kv"]["used_cells"] = model.runtime.used_cells()
+        out["kv"]["union_bound"] = union_positions([h for h in held if h])
+    return out
+
+
+@router.get("/cache/stats")
+async def cache_stats(model: ModelDep, measure: bool = False):
+    """`measure=true` also counts the KV cells really in use (a full state read: slow)."""
+    return await asyncio.to_thread(model.engine.run_exclusive, lambda: _stats(model, measure))
+
+
+@router.post("/cache/flush")
+async def cache_flush(model: ModelDep):
+    """Empty tiers S, H and D (slots keep their own KV until their next request)."""
+    if model.router is None:
+        return {"flushed": {}}
+    freed = await asyncio.to_thread(model.engine.run_exclusive, model.router.flush)
+    return {"flushed": freed}

@@ -1,0 +1,228 @@
+"""Cache lifecycle hints: what a client tells the server about its session.
+
+A request may carry ``{"cache": {"session": "...", "state": "active|tool_wait|done",
+"pin": true}}`` in its body, or the headers ``X-Arbor-Session``,
+``X-Arbor-Cache-State`` and ``X-Arbor-Cache-Pin``.  Other servers ignore
+both.  Eviction uses them (``eviction.LifecyclePolicy``): a session waiting
+on a tool stays warm, a finished one goes first, a pinned one stays.
+
+``parse_cache_hint`` validates; ``SessionRegistry`` remembers each session's
+latest state and the radix path tips it touched.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+if TYPE_CHECKING:
+    from server.cache.radix_tree import RadixNode, RadixTree
+
+CacheState = Literal["active", "tool_wait", "done"]
+CACHE_STATES: tuple[str, ...] = get_args(CacheState)
+
+SESSION_HEADER = "X-Arbor-Session"
+STATE_HEADER = "X-Arbor-Cache-State"
+PIN_HEADER = "X-Arbor-Cache-Pin"
+
+MAX_SESSION_LEN = 256
+_BODY_KEYS = frozenset({"session", "state", "pin"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class CacheHintError(ValueError):
+    """A cache hint is malformed; the API answers 400 with ``param`` and ``str(err)``."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class CacheHint:
+    """A validated lifecycle hint.  The empty hint (all defaults) means "no hint"."""
+
+    session: str | None = None
+    state: CacheState | None = None
+    pin: bool = False
+
+    @property
+    def is_empty(self) -> bool:
+        return self.session is None and self.state is None and not self.pin
+
+
+def _check_session(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise CacheHintError(f"{param} must be a string, got {type(value).__name__}", param)
+    if not value or len(value) > MAX_SESSION_LEN:
+        raise CacheHintError(f"{param} must be 1..{MAX_SESSION_LEN} characters long", param)
+    if not value.isprintable():
+        raise CacheHintError(f"{param} must not contain control characters", param)
+    return value
+
+
+def _check_state(value: Any, param: str) -> CacheState:
+    if not isinstance(value, str) or value not in CACHE_STATES:
+        raise CacheHintError(f"{param} must be one of {', '.join(CACHE_STATES)}; got {value!r}", param)
+    return value  # type: ignore[return-value]
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    # Starlette's Headers are case-insensitive already; plain dicts may not be.
+    value = headers.get(name)
+    if value is None:
+        lowered = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lowered), None)
+    return value
+
+
+def parse_cache_hint(
+    body: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None
+) -> CacheHint:
+    """Build a CacheHint from a request body and/or headers.
+
+    Field by field, a key present in ``body["cache"]`` wins over its header.
+    ``body["cache"]`` may be absent or null.  Rules (each violation raises
+    CacheHintError naming the offending field):
+
+    * session: a printable string of 1..256 characters;
+    * state: one of active, tool_wait, done;
+    * pin: a JSON boolean in the body; true/false/1/0/yes/no/on/off in the header;
+    * state and pin need a session (a pin is released when its session is
+      done, so a pin without a session could never be released);
+    * unknown keys in ``body["cache"]`` are rejected (a typo would otherwise
+      silently disable the hint).
+    """
+    fields: dict[str, tuple[Any, str]] = {}
+    if headers is not None:
+        for key, name in (("session", SESSION_HEADER), ("state", STATE_HEADER), ("pin", PIN_HEADER)):
+            raw = _header(headers, name)
+            if raw is not None:
+                fields[key] = (raw.strip(), name)
+        if "pin" in fields:
+            raw, name = fields["pin"]
+            low = raw.lower()
+            if low not in _TRUE | _FALSE:
+                raise CacheHintError(f"{name} must be true or false, got {raw!r}", name)
+            fields["pin"] = (low in _TRUE, name)
+
+    ext = body.get("cache") if body is not None else None
+    if ext is not None:
+        if not isinstance(ext, Mapping):
+            raise CacheHintError(f"cache must be an object, got {type(ext).__name__}", "cache")
+        unknown = sorted(set(ext) - _BODY_KEYS)
+        if unknown:
+            raise CacheHintError(
+                f"unknown key(s) in cache: {', '.join(map(str, unknown))} (allowed: pin, session, state)",
+                "cache",
+            )
+        for key in _BODY_KEYS & set(ext):
+            if ext[key] is not None:
+                fields[key] = (ext[key], f"cache.{key}")
+        if "pin" in ext and ext["pin"] is not None and not isinstance(ext["pin"], bool):
+            raise CacheHintError(f"cache.pin must be a boolean, got {type(ext['pin']).__name__}", "cache.pin")
+
+    session = _check_session(*fields["session"]) if "session" in fields else None
+    state = _check_state(*fields["state"]) if "state" in fields else None
+    pin = bool(fields["pin"][0]) if "pin" in fields else False
+    if session is None and (state is not None or pin):
+        param = fields["state"][1] if state is not None else fields["pin"][1]
+        raise CacheHintError(f"{param} needs a session (cache.session or {SESSION_HEADER})", param)
+    return CacheHint(session=session, state=state, pin=pin)
+
+
+@dataclass
+class _Session:
+    state: CacheState
+    pinned: bool = False
+    tips: weakref.WeakSet[RadixNode] = field(default_factory=weakref.WeakSet)
+
+
+class SessionRegistry:
+    """Latest lifecycle state per session, and which radix paths each touched.
+
+    ``observe`` tags every node on the tip's path with the session name
+    (``RadixNode.sessions``) so a policy can rank a node without walking
+    sessions; the tree copies tags when it splits an edge.  Tips are held
+    weakly: an evicted tip disappears from ``tips()`` without leaking its
+    payload.  Pins are sticky: ``pin=True`` pins a session until it reports
+    ``done`` (which releases it) or is forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Session] = {}
+
+    def observe(self, hint: CacheHint, tip: RadixNode | None = None) -> None:
+        """Record ``hint`` for its session; ``tip`` is the end of the radix path it used.
+
+        A hint without a state means the session is active.  A new tip
+        replaces the session's tips that are its ancestors (a conversation
+        grows); tips on other branches are kept.
+        """
+        if hint.session is None:
+            return
+        info = self._sessions.get(hint.session)
+        state: CacheState = hint.state or "active"
+        if info is None:
+            info = self._sessions[hint.session] = _Session(state)
+        info.state = state
+        if state == "done":
+            info.pinned = False
+        elif hint.pin:
+            info.pinned = True
+        if tip is not None and tip.attached and not tip.is_root:
+            path = list(tip.iter_up())
+            for node in path:
+                node.sessions.add(hint.session)
+            on_path = set(map(id, path))
+            for old in list(info.tips):
+                if id(old) in on_path:
+                    info.tips.discard(old)
+            info.tips.add(tip)
+
+    def state(self, session: str) -> CacheState | None:
+        info = self._sessions.get(session)
+        return None if info is None else info.state
+
+    def is_pinned(self, session: str) -> bool:
+        info = self._sessions.get(session)
+        return info is not None and info.pinned
+
+    def tips(self, session: str) -> tuple[RadixNode, ...]:
+        """The session's path tips still in the tree."""
+        info = self._sessions.get(session)
+        if info is None:
+            return ()
+        return tuple(sorted((t for t in info.tips if t.attached), key=lambda n: n.id))
+
+    def sessions(self) -> tuple[str, ...]:
+        return tuple(self._sessions)
+
+    def states_of(self, node: RadixNode) -> tuple[CacheState, ...]:
+        """States of the known sessions whose paths pass through ``node``."""
+        return tuple(s for s in (self.state(name) for name in node.sessions) if s is not None)
+
+    def is_node_pinned(self, node: RadixNode) -> bool:
+        return any(self.is_pinned(name) for name in node.sessions)
+
+    def forget(self, session: str, nodes: Iterable[RadixNode] = ()) -> None:
+        """Drop a session and remove its tag from ``nodes`` (pass ``tree.nodes()``)."""
+        self._sessions.pop(session, None)
+        for node in nodes:
+            node.sessions.discard(session)
+
+    def forget_done(self, tree: RadixTree) -> int:
+        """Forget every finished session (bounds the registry); return how many.
+
+        Their nodes then rank as untagged (plain LRU) instead of "done first".
+        """
+        done = {name for name, info in self._sessions.items() if info.state == "done"}
+        for name in done:
+            del self._sessions[name]
+        if done:
+            for node in tree.nodes():
+                node.sessions -= done
+        return len(done)

@@ -1,0 +1,152 @@
+"""Tier S (resident): owner sequences that keep finished common prefixes in the unified KV.
+
+An owner is a llama.cpp sequence that holds the cells of one prefix, positions [0, n). A
+request attaches by `seq_cp(owner, slot, 0, n)`: in a unified KV that adds the slot's id
+to the same cells, so one physical copy serves every reader. Owners are published
+incrementally: a new owner first attaches the cells of the existing owner it shares the
+longest prefix with, then takes only the new positions from the finished request. So the
+cells the owners hold are exactly the distinct token positions of their prefixes (the
+union bound), and that is what the budget charges. Eviction removes an owner's sequence;
+its cells are freed only where no slot or other owner still holds them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from server.cache.lifecycle import CacheHint, SessionRegistry
+from server.engine.llama_runtime import LlamaRuntime
+from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
+from server.engine.slots import common_prefix_len
+
+log = logging.getLogger(__name__)
+_stamps = itertools.count(1)
+
+
+@dataclass
+class Owner:
+    seq_id: int
+    tokens: list[int]
+    last_used: int = field(default_factory=lambda: next(_stamps))
+    sessions: set[str] = field(default_factory=set)
+    attaches: int = 0
+
+
+def union_positions(prefixes: list[list[int]]) -> int:
+    """Distinct (token path) positions of a set of prefixes: the nodes of their trie."""
+    ordered = sorted(tuple(p) for p in prefixes)
+    total = sum(len(p) for p in ordered)
+    for a, b in zip(ordered, ordered[1:]):
+        total -= common_prefix_len(list(a), list(b))
+    return total
+
+
+class ResidentOwners:
+    name = "S"
+
+    def __init__(self, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
+                 registry: SessionRegistry):
+        self.runtime = runtime
+        self.seq_ids = seq_ids
+        self.budget_cells = budget_cells
+        self.registry = registry
+        self.owners: list[Owner] = []
+        self.hits = 0
+        self.evictions = 0
+        self.publishes = 0
+
+    # ----------------------------------------------------------------- lookup
+    def best(self, tokens: list[int]) -> tuple[int, Owner | None]:
+        best_n, best_owner = 0, None
+        for owner in self.owners:
+            n = common_prefix_len(owner.tokens, tokens)
+            if n > best_n:
+                best_n, best_owner = n, owner
+        return best_n, best_owner
+
+    def cells(self) -> int:
+        return union_positions([o.tokens for o in self.owners])
+
+    # ---------------------------------------------------------------- publish
+    def publish(self, tokens: list[int], src_seq: int, hint: CacheHint | None) -> Owner | None:
+        """Keep tokens[0:n] (held by `src_seq`) resident; None if it does not fit the budget."""
+        n = len(tokens)
+        base_n, base = self.best(tokens)
+        if base is not None and base_n == n:
+            base.last_used = next(_stamps)
+            self._tag(base, hint)
+            return base
+        if n - base_n > self.budget_cells:
+            return None
+        while self.cells() + (n - base_n) > self.budget_cells or self.seq_ids.in_use("owner") >= \
+                self.seq_ids.layout.owners:
+            if not self._evict_one(protect=base):
+                return None
+            base_n, base = self.best(tokens)
+        try:
+            sid = self.seq_ids.take("owner")
+        except SequenceIdsExhausted:
+            return None
+        if base is not None and base_n > 0:
+            self.runtime.seq_cp(base.seq_id, sid, 0, base_n)
+        self.runtime.seq_cp(src_seq, sid, base_n, n)
+        if self.runtime.seq_pos_max(sid) != n - 1 or self.runtime.seq_pos_min(sid) != 0:
+            log.warning("resident publish produced an incomplete owner; dropped")
+            self.runtime.seq_rm(sid, -1, -1)
+            self.seq_ids.give("owner", sid)
+            return None
+        owner = Owner(sid, list(tokens))
+        self._tag(owner, hint)
+        # An owner whose prefix the new one extends is now redundant: the new one holds it all.
+        for old in [o for o in self.owners if len(o.tokens) < n and o.tokens == tokens[: len(o.tokens)]]:
+            self._remove(old)
+        self.owners.append(owner)
+        self.publishes += 1
+        return owner
+
+    def _tag(self, owner: Owner, hint: CacheHint | None) -> None:
+        if hint is not None and hint.session:
+            owner.sessions.add(hint.session)
+
+    # --------------------------------------------------------------- eviction
+    def _rank(self, owner: Owner) -> tuple[int, int] | None:
+        """Lifecycle-aware order: pinned never, finished sessions first, tool waits last."""
+        states = [self.registry.state(s) for s in owner.sessions]
+        if any(self.registry.is_pinned(s) for s in owner.sessions):
+            return None
+        if "tool_wait" in states:
+            cls = 2
+        elif states and all(s == "done" for s in states):
+            cls = 0
+        else:
+            cls = 1
+        return cls, owner.last_used
+
+    def _evict_one(self, protect: Owner | None = None) -> bool:
+        ranked = [(r, o) for o in self.owners if o is not protect and (r := self._rank(o)) is not None]
+        if not ranked:
+            return False
+        _, victim = min(ranked, key=lambda x: x[0])
+        self._remove(victim)
+        self.evictions += 1
+        return True
+
+    def _remove(self, owner: Owner) -> None:
+        self.runtime.seq_rm(owner.seq_id, -1, -1)
+        if self.runtime.seq_pos_max(owner.seq_id) != -1:
+            log.error("resident owner %d still holds cells after removal", owner.seq_id)
+        self.seq_ids.give("owner", owner.seq_id)
+        self.owners.remove(owner)
+
+    def flush(self) -> int:
+        cells = self.cells()
+        for owner in list(self.owners):
+            self._remove(owner)
+        return cells
+
+    def stats(self) -> dict:
+        return {"entries": len(self.owners), "tokens": sum(len(o.tokens) for o in self.owners),
+                "cells": self.cells(), "budget_cells": self.budget_cells, "hits": self.hits,
+                "evictions": self.evictions, "publishes": self.publishes}

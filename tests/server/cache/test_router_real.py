@@ -1,0 +1,190 @@
+"""The cache router on the real engine (embedded model), in process.
+
+Correctness: cache-on answers equal cache-off answers. Faults: a corrupt, missing or
+foreign segment, exhausted scratch sequences and a restore failing halfway all give the
+right answer through the fallback, and KV cell usage returns to what the slots hold.
+Sharing: concurrent requests over a common prefix hold one physical copy of it.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.server.cache.engine_harness import (
+    chat_tokens, generate, generate_many, kept_cells, reset_kv, used_cells,
+)
+from tests.server.conftest import embedded_model_available
+
+pytestmark = pytest.mark.model
+
+SYSTEM = ("You are the assistant of an edge maintenance team. You answer briefly, cite device ids, and never "
+          "invent telemetry. Devices: pump-1, pump-2, compressor-7, fan-3. Shifts: day and night.")
+QUESTIONS = ["Which device failed last night?", "What does a rising vibration mean?", "List the devices.",
+             "Who is on the night shift?", "Is fan-3 healthy?", "Summarise the last alarm."]
+
+
+def load(tmp_path: Path | None, **overrides):
+    why = embedded_model_available()
+    if why:
+        pytest.skip(why)
+    from server import bootstrap
+    from server.settings import ServerSettings
+
+    kw = dict(parallel=4, ctx_size=4096, batch_size=256, threads=2, cache_min_tokens=16, resident_cells=1024,
+              cache_tiers=("A", "S", "H"), max_queue=64)
+    if tmp_path is not None:
+        kw.update(cache_tiers=("A", "S", "H", "D"), cache_dir=tmp_path / "kv")
+    kw.update(overrides)
+    return bootstrap.load(ServerSettings(**kw))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Cache-off engine: the answers every cache configuration must reproduce."""
+    model = load(None, no_cache=True, parallel=2)
+    yield model
+    model.close()
+
+
+@pytest.fixture()
+def cached(tmp_path):
+    model = load(tmp_path)
+    yield model
+    model.close()
+
+
+def test_cache_on_matches_cache_off_over_shared_prefixes_and_branches(reference, tmp_path):
+    """>= 50 prompts from shared trunks and branches, run greedily with and without cache."""
+    model = load(tmp_path, parallel=2)
+    try:
+        rng = random.Random(7)
+        systems = [SYSTEM, SYSTEM + " Escalate safety issues first.", "You are a financial research assistant."]
+        prompts = []
+        for i in range(50):
+            sys_prompt = systems[i % len(systems)]
+            turns = rng.sample(QUESTIONS, k=1 + i % 3)
+            prompts.append(chat_tokens(model, sys_prompt, " Then: ".join(turns)))
+        same = 0
+        sources = set()
+        for p in prompts:
+            want = generate(reference, p, max_tokens=6)
+            got = generate(model, p, max_tokens=6)
+            same += got.text == want.text
+            sources.add(got.final.cache.source)
+            assert got.final.prompt_tokens == want.final.prompt_tokens
+        computed = sum(1 for _ in prompts)
+        assert computed == 50
+        assert same >= 45, f"only {same}/50 greedy answers identical"
+        assert sources & {"A", "S", "H"}, sources
+    finally:
+        model.close()
+
+
+def _store_trunk(model, n_other=4):
+    """Run a trunk request, then push it out of every slot, so only tiers H/D hold it."""
+    trunk = chat_tokens(model, SYSTEM, QUESTIONS[0])
+    generate(model, trunk, max_tokens=2)
+    if model.router.disk is not None:
+        model.router.disk.wait_idle()
+    reset_kv(model)
+    return trunk
+
+
+def _assert_no_leak(model):
+    assert model.seq_ids.in_use("scratch") == 0
+    assert used_cells(model) == kept_cells(model)
+
+
+def test_host_tier_restores_a_trunk_no_slot_holds(cached, reference):
+    trunk = _store_trunk(cached)
+    follow = trunk[:-3] + chat_tokens(cached, "", QUESTIONS[1])[3:]
+    got = generate(cached, follow, max_tokens=6)
+    assert got.final.cache.source == "H" and got.final.cache.reused_tokens >= len(trunk) - 10
+    assert got.final.cache.restored_bytes > 0
+    assert got.text == generate(reference, follow, max_tokens=6).text
+    _assert_no_leak(cached)
+
+
+def test_disk_tier_survives_a_restart(tmp_path, reference):
+    model = load(tmp_path)
+    try:
+        trunk = _store_trunk(model)
+    finally:
+        model.close()
+    model = load(tmp_path)  # same cache dir: the index is reloaded from the files
+    try:
+        assert model.router.disk.stats()["entries"] >= 1
+        got = generate(model, trunk, max_tokens=6)
+        assert got.final.cache.source == "D"
+        assert got.text == generate(reference, trunk, max_tokens=6).text
+        _assert_no_leak(model)
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "missing", "halfway", "scratch"])
+def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
+    model = load(tmp_path, cache_tiers=("A", "D"), cache_dir=tmp_path / "kv")
+    try:
+        trunk = _store_trunk(model)
+        files = sorted((tmp_path / "kv").glob("*.kvseg"))
+        assert files
+        if fault == "corrupt":
+            data = bytearray(files[-1].read_bytes())
+            data[-10] ^= 0xFF
+            files[-1].write_bytes(bytes(data))
+        elif fault == "missing":
+            for f in files:
+                f.unlink()
+        elif fault == "halfway":
+            model.router.kv.fail_next_restore_after_blob = True
+        elif fault == "scratch":
+            taken = [model.seq_ids.take("scratch") for _ in range(model.seq_ids.layout.scratch)]
+        got = generate(model, trunk, max_tokens=6)
+        if fault == "scratch":
+            for sid in taken:
+                model.seq_ids.give("scratch", sid)
+        assert got.final.cache.source == "none" and got.final.cached_tokens == 0
+        assert model.router.fallbacks == 1
+        assert got.text == generate(reference, trunk, max_tokens=6).text
+        _assert_no_leak(model)
+    finally:
+        model.close()
+
+
+def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
+    kv = tmp_path / "kv"
+    model = load(tmp_path)
+    try:
+        _store_trunk(model)
+    finally:
+        model.close()
+    original = sorted(kv.glob("*.kvseg"))[0]
+    data = original.read_bytes().replace(b'"fingerprint": "', b'"fingerprint": "x', 1)
+    (kv / "foreign.kvseg").write_bytes(data)
+    (kv / "garbage.kvseg").write_bytes(b"not a segment")
+    model = load(tmp_path)
+    try:
+        assert model.router.disk.skipped_files == 2
+    finally:
+        model.close()
+
+
+def test_four_concurrent_requests_share_one_copy_of_their_prefix(cached):
+    """In-flight sharing: the later requests wait for the first to compute the common
+    prefix and attach it, so the KV holds the prefix once."""
+    reset_kv(cached)
+    long_system = SYSTEM + " " + " ".join(f"Rule {i}: log every reading of device {i % 4}." for i in range(12))
+    prompts = [chat_tokens(cached, long_system, q) for q in QUESTIONS[:4]]
+    results = generate_many(cached, prompts, max_tokens=4)
+    shared_len = min(len(p) for p in prompts) - 20
+    assert sum(r.final.cached_tokens for r in results) >= 3 * shared_len
+    assert {r.final.cache.source for r in results} & {"S"}
+    cells = used_cells(cached)
+    bound = kept_cells(cached)
+    no_sharing = sum(len(s.tokens) for s in cached.slots.slots)
+    assert cells <= bound * 1.02, (cells, bound)
+    assert cells < no_sharing * 0.8, (cells, no_sharing)
