@@ -1,0 +1,1 @@
+"""The agent: one LangGraph graph (model -> tools loop), its model adapter and tool handling."""

@@ -1,0 +1,34 @@
+"""What a graph run needs besides its state: passed as LangGraph's runtime context.
+
+The graph itself is built once per app; the scenario, ids, model adapter and recorder of a
+particular turn travel in this context (rebuilt from the database when an approval resumes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.agent.model_client import ModelAdapter
+from app.tracing import TraceRecorder
+from tools.base import ToolContext
+
+
+@dataclass
+class TurnContext:
+    session_id: str
+    branch_id: str
+    turn_id: str
+    run_id: str
+    scenario: Any  # scenarios.scenario.Scenario (duck-typed: system_prompt, tools, tool(name))
+    adapter: ModelAdapter
+    recorder: TraceRecorder
+    tool_context: ToolContext
+    tool_budget_chars: int
+    force_tool: bool = False
+    tool_choice: str | dict | None = None
+
+    @property
+    def cache_session(self) -> str:
+        """The session key of the cache hints: one per branch of a session."""
+        return f"{self.session_id}/{self.branch_id}"

@@ -1,0 +1,116 @@
+"""The agent graph: model -> tools loop with a step budget and an approval interrupt.
+
+    START -> model --(answer)------------------------------> END
+               |---(tool calls, budget left)--> tools ----> model
+               |---(a proposed action)-------> approval --> tools
+               '---(tool calls, budget spent)-> budget_exhausted -> END
+
+Nodes return partial state updates; routing lives in app/agent/routers.py. Events for the
+client (token, model_call, tool_call, tool_result) go out through LangGraph's custom stream
+(`runtime.stream_writer`); an approval is a LangGraph `interrupt` whose payload names the
+tool call, resumed with ``Command(resume={"approved": bool, "comment": str})``.
+
+The approval node only asks; it runs nothing, because LangGraph re-executes an interrupted
+node from its start when resumed. Tools run afterwards, once, in the tools node.
+"""
+
+from __future__ import annotations
+
+import time
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+
+from app.agent.context import TurnContext
+from app.agent.model_client import ModelBackendError
+from app.agent.requests import step_body
+from app.agent.routers import route_after_model
+from app.agent.state import AgentState
+from app.agent.tool_calls import approval_needed, execute_tool_call, parse_arguments
+from app.db.models import utcnow
+
+
+async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
+    ctx = runtime.context
+    write = runtime.stream_writer
+    step = state.get("steps", 0) + 1
+    model = await ctx.adapter.model_name()
+    body = step_body(ctx.adapter, ctx.scenario, model, state["messages"], step=step, max_steps=state["max_steps"],
+                     force_tool=ctx.force_tool, tool_choice=ctx.tool_choice, cache_session=ctx.cache_session)
+    started_at, t0 = utcnow(), time.perf_counter()
+    try:
+        result = await ctx.adapter.stream(body, on_token=lambda text: write({"type": "token", "text": text}))
+    except ModelBackendError as exc:
+        ctx.recorder.model_call(step=step, body=body, started_at=started_at,
+                                duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc), error_type=exc.kind)
+        raise
+    span_id = ctx.recorder.model_call(step=step, body=body, started_at=started_at,
+                                      duration_ms=result.duration_ms, result=result)
+    write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,
+           "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
+           "cache_source": (result.cache or {}).get("source"), "ttft_ms": result.ttft_ms,
+           "duration_ms": result.duration_ms, "finish_reason": result.finish_reason})
+    message = result.assistant_message()
+    update: dict = {"messages": [message], "steps": step, "awaiting": []}
+    for call in result.tool_calls:
+        write({"type": "tool_call", "tool_call_id": call["id"], "name": call["function"]["name"],
+               "arguments": call["function"]["arguments"], "step": step})
+    if result.tool_calls:
+        update["awaiting"] = [c["id"] for c in result.tool_calls if approval_needed(ctx, c)]
+    else:
+        update["final_answer"] = result.content
+        update["outcome"] = "answered"
+    return update
+
+
+def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
+    """Ask the operator about each proposed action of the last model message, in order."""
+    decided = state.get("decisions") or {}
+    calls = {c["id"]: c for c in state["messages"][-1]["tool_calls"]}
+    decisions: dict[str, dict] = {}
+    for call_id in state["awaiting"]:
+        if call_id in decided:
+            continue
+        call = calls[call_id]
+        answer = interrupt({"tool_call_id": call_id, "tool_name": call["function"]["name"],
+                            "arguments": parse_arguments(call["function"]["arguments"])})
+        answer = answer if isinstance(answer, dict) else {"approved": bool(answer)}
+        decisions[call_id] = {"approved": bool(answer.get("approved")), "comment": str(answer.get("comment") or "")}
+    return {"decisions": decisions}
+
+
+async def run_tools(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
+    ctx = runtime.context
+    decisions = state.get("decisions") or {}
+    messages = []
+    for call in state["messages"][-1]["tool_calls"]:
+        outcome = await execute_tool_call(ctx, call, decisions.get(call["id"]))
+        runtime.stream_writer(outcome.event)
+        messages.append(outcome.message)
+    return {"messages": messages, "awaiting": []}
+
+
+def stop_at_budget(state: AgentState) -> dict:
+    """Answer the unexecuted tool calls (keeps the history valid) and end the turn."""
+    last = state["messages"][-1]
+    note = f"Not executed: the step budget of {state['max_steps']} model calls for this turn is spent."
+    messages = [{"role": "tool", "tool_call_id": c["id"], "content": note} for c in last["tool_calls"]]
+    answer = last.get("content") or (
+        f"Stopped: the step budget of {state['max_steps']} model calls ran out before a final answer.")
+    return {"messages": messages, "final_answer": answer, "outcome": "budget_exhausted"}
+
+
+def build_graph(checkpointer=None):
+    """The compiled agent graph; pass a LangGraph checkpointer (needed for approvals)."""
+    graph = StateGraph(AgentState, context_schema=TurnContext)
+    graph.add_node("model", call_model)
+    graph.add_node("approval", request_approvals)
+    graph.add_node("tools", run_tools)
+    graph.add_node("budget_exhausted", stop_at_budget)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route_after_model, ["tools", "approval", "budget_exhausted", END])
+    graph.add_edge("approval", "tools")
+    graph.add_edge("tools", "model")
+    graph.add_edge("budget_exhausted", END)
+    return graph.compile(checkpointer=checkpointer)

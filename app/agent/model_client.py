@@ -1,0 +1,231 @@
+"""The model adapter: chat completions over any OpenAI-compatible server, streamed.
+
+It uses `openai.AsyncOpenAI` (base URL, key and timeout from the settings) and works
+against arbor-server, llama-server, vLLM or SGLang. The request body is built here in one
+place (`build_body`) so the exact body sent is also what the trace and the manifest store.
+
+Cache hints (the cache issue's lifecycle extension, ignored by other servers) travel twice:
+as the body extension ``"cache": {"session", "state"}`` and as ``X-Arbor-Session`` /
+``X-Arbor-Cache-State`` headers. A hint is attached to a request, so its ``state`` says what
+the session does once the server has answered *this* request:
+
+- ``tool_wait``: the client will run tools next (the request forces a tool call);
+- ``done``: the turn ends with this answer (the request forbids tools: last step);
+- ``active``: otherwise (the model decides).
+
+Failures become `ModelBackendError` with a readable message and a `kind`
+(``unreachable``, ``timeout``, ``http_error``, ``bad_response``); the turn fails with that
+message and can be retried.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from app.settings import WorkbenchSettings
+
+TokenSink = Callable[[str], Awaitable[None] | None]
+
+
+class ModelBackendError(RuntimeError):
+    """The model backend is down, timed out, or answered with an error."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class ModelCallResult:
+    """One completed model call, assembled from the stream."""
+
+    content: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    cache: dict | None = None  # the server's "arbor.cache" extension, when it sends one
+    timings: dict | None = None  # llama-server style timings, when present
+    ttft_ms: float | None = None
+    duration_ms: float = 0.0
+
+    def assistant_message(self) -> dict:
+        """The OpenAI assistant message this call adds to the conversation."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
+
+
+def cache_state_for(tool_choice: Any, offers_tools: bool) -> str:
+    """The lifecycle state a request announces (see the module docstring)."""
+    if not offers_tools or tool_choice == "none":
+        return "done"
+    if tool_choice == "required" or isinstance(tool_choice, dict):
+        return "tool_wait"
+    return "active"
+
+
+class ModelAdapter:
+    """Streams chat completions from the configured backend."""
+
+    def __init__(self, settings: WorkbenchSettings) -> None:
+        self.settings = settings
+        self.base_url = settings.llm_base_url
+        # No silent retries: a failed turn is reported and the user retries it.
+        self.client = openai.AsyncOpenAI(base_url=settings.llm_base_url, api_key=settings.llm_api_key,
+                                         timeout=settings.llm_timeout_s, max_retries=0)
+        self._model: str | None = settings.llm_model or None
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def model_name(self) -> str:
+        """LLM_MODEL, or the first model the backend lists when LLM_MODEL is empty."""
+        if self._model is None:
+            models = await self.list_models()
+            if not models:
+                raise ModelBackendError(f"model backend at {self.base_url} lists no models; set LLM_MODEL",
+                                        "bad_response")
+            self._model = models[0]
+        return self._model
+
+    async def list_models(self) -> list[str]:
+        try:
+            page = await self.client.models.list()
+        except openai.OpenAIError as exc:
+            raise self._translate(exc) from None
+        return [m.id for m in page.data]
+
+    def build_body(self, model: str, messages: list[dict], tools: list[dict], tool_choice: Any,
+                   cache_session: str) -> dict:
+        """The exact request body of one model step."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": self.settings.llm_max_tokens,
+        }
+        if self.settings.llm_temperature is not None:
+            body["temperature"] = self.settings.llm_temperature
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+        body["cache"] = {"session": cache_session, "state": cache_state_for(tool_choice, bool(tools))}
+        return body
+
+    @staticmethod
+    def hint_headers(body: dict) -> dict[str, str]:
+        hint = body.get("cache") or {}
+        if not hint:
+            return {}
+        return {"X-Arbor-Session": str(hint["session"]), "X-Arbor-Cache-State": str(hint["state"])}
+
+    async def stream(self, body: dict, on_token: TokenSink | None = None) -> ModelCallResult:
+        """Send `body` (streaming) and assemble the answer; tokens go to `on_token` as they come."""
+        standard = {k: v for k, v in body.items() if k != "cache"}
+        extra_body = {"cache": body["cache"]} if "cache" in body else None
+        result = ModelCallResult()
+        calls: dict[int, dict] = {}
+        start = time.perf_counter()
+        try:
+            stream = await self.client.chat.completions.create(
+                **standard, extra_body=extra_body, extra_headers=self.hint_headers(body))
+            async for chunk in stream:
+                data = chunk.model_dump(exclude_unset=True)
+                self._absorb_extras(result, data)
+                for choice in data.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content")
+                    if text or delta.get("tool_calls"):
+                        if result.ttft_ms is None:
+                            result.ttft_ms = (time.perf_counter() - start) * 1000
+                    if text:
+                        result.content += text
+                        if on_token is not None:
+                            maybe = on_token(text)
+                            if maybe is not None:
+                                await maybe
+                    for piece in delta.get("tool_calls") or []:
+                        self._merge_tool_call(calls, piece)
+                    if choice.get("finish_reason"):
+                        result.finish_reason = choice["finish_reason"]
+        except openai.OpenAIError as exc:
+            raise self._translate(exc) from None
+        result.duration_ms = (time.perf_counter() - start) * 1000
+        result.tool_calls = [self._finish_call(calls[i], i) for i in sorted(calls)]
+        return result
+
+    # -- helpers --------------------------------------------------------------------------
+    @staticmethod
+    def _absorb_extras(result: ModelCallResult, data: dict) -> None:
+        result.model = data.get("model") or result.model
+        usage = data.get("usage")
+        if usage:
+            result.prompt_tokens = usage.get("prompt_tokens")
+            result.completion_tokens = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:
+                result.cached_tokens = details["cached_tokens"]
+        if data.get("timings"):
+            result.timings = data["timings"]
+            if result.cached_tokens is None and "cache_n" in data["timings"]:
+                result.cached_tokens = data["timings"]["cache_n"]
+        arbor = data.get("arbor")
+        if isinstance(arbor, dict) and isinstance(arbor.get("cache"), dict):
+            result.cache = arbor["cache"]
+
+    @staticmethod
+    def _merge_tool_call(calls: dict[int, dict], piece: dict) -> None:
+        index = piece.get("index", 0)
+        call = calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
+        if piece.get("id"):
+            call["id"] = piece["id"]
+        function = piece.get("function") or {}
+        if function.get("name"):
+            call["name"] += function["name"]
+        if function.get("arguments"):
+            call["arguments"] += function["arguments"]
+
+    @staticmethod
+    def _finish_call(call: dict, index: int) -> dict:
+        # Some servers send no id; the conversation needs one to pair the tool result.
+        call_id = call["id"] or f"call_{index}_{int(time.time() * 1000) % 10_000_000}"
+        return {"id": call_id, "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"] or "{}"}}
+
+    def _translate(self, exc: Exception) -> ModelBackendError:
+        if isinstance(exc, openai.APITimeoutError):
+            return ModelBackendError(
+                f"model backend at {self.base_url} timed out after {self.settings.llm_timeout_s:g} s", "timeout")
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc
+            return ModelBackendError(f"model backend unreachable at {self.base_url}: {cause}", "unreachable")
+        if isinstance(exc, openai.APIStatusError):
+            detail = _error_detail(exc)
+            return ModelBackendError(
+                f"model backend at {self.base_url} answered HTTP {exc.status_code}: {detail}", "http_error")
+        return ModelBackendError(f"model backend at {self.base_url} sent an unusable response: {exc}",
+                                 "bad_response")
+
+
+def _error_detail(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    try:
+        return json.dumps(body)[:500] if body is not None else exc.message
+    except (TypeError, ValueError):
+        return exc.message

@@ -1,0 +1,1 @@
+"""The workbench's JSON + SSE HTTP API (mounted under /api)."""

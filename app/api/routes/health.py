@@ -1,0 +1,33 @@
+"""GET /api/health: the workbench, its database and the model backend."""
+
+from __future__ import annotations
+
+import openai
+from fastapi import APIRouter
+from sqlalchemy import text
+
+from app.api.deps import DbDep, WorkbenchDep
+
+router = APIRouter(tags=["health"])
+
+_PROBE_TIMEOUT_S = 3.0
+
+
+@router.get("/health")
+async def health(workbench: WorkbenchDep, db: DbDep) -> dict:
+    """status "ok" when the model backend answers GET /models, "degraded" otherwise (still HTTP 200:
+    the workbench itself is up; turns fail with a readable error until the backend is back)."""
+    settings = workbench.settings
+    db.exec(text("SELECT 1"))
+    llm: dict = {"base_url": settings.llm_base_url, "configured_model": settings.llm_model or None,
+                 "reachable": False, "models": [], "error": None}
+    try:
+        client = workbench.adapter.client.with_options(timeout=min(_PROBE_TIMEOUT_S, settings.llm_timeout_s))
+        page = await client.models.list()
+        llm["models"] = [m.id for m in page.data]
+        llm["reachable"] = True
+    except openai.OpenAIError as exc:
+        llm["error"] = workbench.adapter._translate(exc).args[0]
+    return {"status": "ok" if llm["reachable"] else "degraded", "database": "ok", "llm": llm,
+            "scenarios": [s.name for s in workbench.catalog.list()],
+            "incident_base_url": settings.incident_base_url}

@@ -1,0 +1,108 @@
+"""Sessions, their branches (fork / switch), branch history and the request preview."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, Field
+from sqlmodel import select
+
+from app.agent.model_client import ModelBackendError
+from app.agent.requests import step_body
+from app.api.deps import AgentSessionDep, CatalogDep, DbDep, TurnServiceDep, WorkbenchDep
+from app.db.models import AgentSession, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic
+from app.services import sessions as sessions_service
+
+router = APIRouter(prefix="/sessions", tags=["sessions"])
+
+
+class SessionUpdate(BaseModel):
+    title: str | None = Field(default=None, max_length=200)
+    active_branch_id: str | None = None
+
+
+class PreviewRequest(BaseModel):
+    message: str
+    branch_id: str | None = None
+    force_tool: bool = False
+    tool_choice: str | dict | None = None
+
+
+@router.post("", status_code=201)
+def create_session(request: SessionCreate, db: DbDep, catalog: CatalogDep) -> SessionDetail:
+    catalog.get(request.scenario)
+    session = sessions_service.create_session(db, request.scenario, request.title)
+    return sessions_service.session_detail(db, session)
+
+
+@router.get("")
+def list_sessions(db: DbDep, scenario: str | None = None) -> list[SessionPublic]:
+    query = select(AgentSession).order_by(AgentSession.created_at.desc())
+    if scenario:
+        query = query.where(AgentSession.scenario == scenario)
+    return [SessionPublic.model_validate(s) for s in db.exec(query).all()]
+
+
+@router.get("/{session_id}")
+def get_session(session: AgentSessionDep, db: DbDep) -> SessionDetail:
+    return sessions_service.session_detail(db, session)
+
+
+@router.patch("/{session_id}")
+def update_session(request: SessionUpdate, session: AgentSessionDep, db: DbDep) -> SessionDetail:
+    """Rename, or switch the active branch (cheap: only a pointer moves)."""
+    if request.active_branch_id is not None:
+        session = sessions_service.activate_branch(db, session, request.active_branch_id)
+    if request.title is not None:
+        session.title = request.title
+        db.add(session)
+        db.commit()
+        db.refresh(session)
+    return sessions_service.session_detail(db, session)
+
+
+@router.delete("/{session_id}", status_code=204)
+def delete_session(session: AgentSessionDep, db: DbDep) -> Response:
+    sessions_service.delete_session(db, session)
+    return Response(status_code=204)
+
+
+@router.post("/{session_id}/branches", status_code=201)
+def fork_branch(request: BranchCreate, session: AgentSessionDep, db: DbDep) -> BranchPublic:
+    """Fork a branch from `turn_id` (its history up to and including that turn); it becomes active."""
+    branch = sessions_service.fork_branch(db, session, request.turn_id, request.name)
+    return BranchPublic.model_validate(branch)
+
+
+@router.get("/{session_id}/branches/{branch_id}")
+def branch_history(branch_id: str, session: AgentSessionDep, db: DbDep) -> dict:
+    """The branch, the turns on its path (root first) and the conversation they form."""
+    branch = sessions_service.get_branch(db, session, branch_id)
+    path = sessions_service.path_to(db, branch.head_turn_id)
+    return {"branch": BranchPublic.model_validate(branch).model_dump(mode="json"),
+            "turns": [TurnPublic.model_validate(t).model_dump(mode="json") for t in path],
+            "messages": sessions_service.history(db, branch)}
+
+
+@router.post("/{session_id}/preview")
+async def preview_request(request: PreviewRequest, session: AgentSessionDep, db: DbDep, catalog: CatalogDep,
+                          turns: TurnServiceDep, workbench: WorkbenchDep) -> dict[str, Any]:
+    """The exact body and headers the first model step of this message would send (nothing is sent)."""
+    message = turns.validate_message(request.message)
+    scenario = catalog.get(session.scenario)
+    branch = sessions_service.get_branch(db, session, request.branch_id)
+    warnings = []
+    try:
+        model = await workbench.adapter.model_name()
+    except ModelBackendError as exc:
+        model = workbench.settings.llm_model or "<first model of GET /models>"
+        warnings.append(f"model name not resolved: {exc}")
+    conversation = [*sessions_service.history(db, branch), {"role": "user", "content": message}]
+    body = step_body(workbench.adapter, scenario, model, conversation, step=1,
+                     max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
+                     tool_choice=request.tool_choice, cache_session=f"{session.id}/{branch.id}")
+    return {"url": f"{workbench.settings.llm_base_url}/chat/completions", "body": body,
+            "headers": workbench.adapter.hint_headers(body), "branch_id": branch.id,
+            "prompt_chars": sum(len(str(m.get("content") or "")) for m in body["messages"]),
+            "warnings": warnings}

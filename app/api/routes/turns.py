@@ -1,0 +1,26 @@
+"""POST /api/sessions/{id}/turns runs a turn (SSE by default); GET /api/turns/{id} reads one."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import DbDep, TurnServiceDep
+from app.api.streaming import collected, event_stream
+from app.db.models import TurnCreate, TurnPublic
+from app.services import sessions as sessions_service
+
+router = APIRouter(tags=["turns"])
+
+
+@router.post("/sessions/{session_id}/turns")
+async def run_turn(session_id: str, request: TurnCreate, turns: TurnServiceDep):
+    """Run one turn on `branch_id` (default: the active branch). `stream` false waits and answers JSON."""
+    handle = turns.start_turn(session_id, request)
+    if request.stream:
+        return event_stream(handle)
+    return await collected(handle, turns)
+
+
+@router.get("/turns/{turn_id}")
+def get_turn(turn_id: str, db: DbDep) -> TurnPublic:
+    return TurnPublic.model_validate(sessions_service.get_turn(db, turn_id))

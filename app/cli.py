@@ -1,0 +1,75 @@
+"""`arbor`: the workbench command line (serve, verify, replay)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+    from app.settings import WorkbenchSettings
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = WorkbenchSettings(**overrides)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from app.verify import verify
+
+    return verify(args.base_url, chat=args.chat, timeout_s=args.timeout, keep=args.keep)
+
+
+def _register_replay(subparsers: argparse._SubParsersAction) -> None:
+    """`arbor replay` lives in app/replay/cli.py (`register(subparsers)`); say so if it is missing."""
+    try:
+        from app.replay.cli import register
+    except ImportError as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        parser = subparsers.add_parser("replay", help="replay request manifests (unavailable)")
+        parser.add_argument("rest", nargs=argparse.REMAINDER)
+
+        def unavailable(_: argparse.Namespace) -> int:
+            print(f"arbor replay is not available: app.replay.cli could not be imported ({reason})",
+                  file=sys.stderr)
+            return 2
+
+        parser.set_defaults(func=unavailable)
+        return
+    register(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="arbor", description="Arbor agent workbench")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+
+    serve = subparsers.add_parser("serve", help="run the workbench (settings from the environment)")
+    serve.add_argument("--host", default=None, help="bind address (default ARBOR_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default ARBOR_PORT or 8090)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=_serve)
+
+    verify = subparsers.add_parser("verify", help="check a running workbench end to end")
+    verify.add_argument("--base-url", default="http://127.0.0.1:8090", help="the workbench URL")
+    verify.add_argument("--chat", action="store_true",
+                        help="also run one real turn per scenario (first step forced to a tool)")
+    verify.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request (default 600)")
+    verify.add_argument("--keep", action="store_true", help="keep the sessions verify creates")
+    verify.set_defaults(func=_verify)
+
+    _register_replay(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

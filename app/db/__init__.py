@@ -1,0 +1,1 @@
+"""Persistence of sessions, turns, branches, runs, trace spans, artifacts and approvals (SQLModel)."""

@@ -1,0 +1,33 @@
+"""Database engine creation: SQLite file by default, any SQLAlchemy URL (PostgreSQL) otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel, create_engine
+
+from app.db import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+
+
+def make_engine(database_url: str) -> Engine:
+    """Create the engine and the tables (idempotent). SQLite gets WAL and foreign keys on."""
+    if database_url.startswith("sqlite"):
+        path = database_url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # The API serves from one event loop but runs stream in background tasks; SQLite
+        # connections may therefore be used from more than one thread.
+        engine = create_engine(database_url, connect_args={"check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:  # pragma: no cover - trivial
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+    else:
+        engine = create_engine(database_url, pool_pre_ping=True)
+    SQLModel.metadata.create_all(engine)
+    return engine

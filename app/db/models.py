@@ -1,0 +1,274 @@
+"""SQLModel tables and their API shapes (Base / Create / Public families).
+
+A session is a tree of turns. Every turn has a parent turn (None for the first turn) and the
+branch it was created on. A branch is a named pointer to a head turn: the history of a branch
+is the path from its head up to the root. Forking a branch from turn T creates a branch whose
+head is T, so it shares exactly T's history (the prefix an inference server's cache reuses).
+
+A run is one execution of the agent graph for a turn (its LangGraph thread); spans record
+every model and tool call of the run; artifacts keep tool results in full when the context
+only received a trimmed version; approvals are proposed actions waiting for the operator.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Column, Text
+from sqlmodel import Field, SQLModel
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _json(nullable: bool = True) -> Any:
+    return Field(default=None, sa_column=Column(JSON, nullable=nullable))
+
+
+# -- sessions -------------------------------------------------------------------------------
+class SessionBase(SQLModel):
+    scenario: str = Field(index=True, max_length=64)
+    title: str = Field(default="", max_length=200)
+
+
+class SessionCreate(SessionBase):
+    """POST /api/sessions body."""
+
+
+class AgentSession(SessionBase, table=True):
+    __tablename__ = "sessions"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    created_at: datetime = Field(default_factory=utcnow)
+    active_branch_id: str | None = Field(default=None)
+
+
+class SessionPublic(SessionBase):
+    id: str
+    created_at: datetime
+    active_branch_id: str | None
+
+
+# -- branches -------------------------------------------------------------------------------
+class BranchBase(SQLModel):
+    name: str = Field(default="main", max_length=100)
+
+
+class BranchCreate(SQLModel):
+    """POST /api/sessions/{id}/branches body: fork from `turn_id` (null = an empty branch)."""
+    turn_id: str | None = None
+    name: str | None = Field(default=None, max_length=100)
+
+
+class Branch(BranchBase, table=True):
+    __tablename__ = "branches"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    fork_turn_id: str | None = Field(default=None)  # no FK: turns already reference branches
+    head_turn_id: str | None = Field(default=None)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class BranchPublic(BranchBase):
+    id: str
+    session_id: str
+    fork_turn_id: str | None
+    head_turn_id: str | None
+    created_at: datetime
+
+
+# -- turns ----------------------------------------------------------------------------------
+class TurnBase(SQLModel):
+    user_message: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class TurnCreate(SQLModel):
+    """POST /api/sessions/{id}/turns body (validated further in the route)."""
+    message: str
+    branch_id: str | None = None
+    force_tool: bool = False
+    tool_choice: str | dict | None = None
+    stream: bool = True
+
+
+class Turn(TurnBase, table=True):
+    __tablename__ = "turns"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    branch_id: str = Field(foreign_key="branches.id", index=True)
+    parent_turn_id: str | None = Field(default=None, foreign_key="turns.id")
+    depth: int = 0
+    # running | awaiting_approval | completed | failed
+    status: str = Field(default="running", max_length=32)
+    # answered | budget_exhausted (when completed)
+    outcome: str | None = Field(default=None, max_length=32)
+    final_answer: str | None = Field(default=None, sa_column=Column(Text))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    # the OpenAI messages this turn added to the conversation (user, assistant, tool ...)
+    messages: list[dict] | None = _json()
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class TurnPublic(TurnBase):
+    id: str
+    session_id: str
+    branch_id: str
+    parent_turn_id: str | None
+    depth: int
+    status: str
+    outcome: str | None
+    final_answer: str | None
+    error: str | None
+    messages: list[dict] | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+# -- runs -----------------------------------------------------------------------------------
+class Run(SQLModel, table=True):
+    __tablename__ = "runs"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    branch_id: str = Field(foreign_key="branches.id")
+    turn_id: str = Field(foreign_key="turns.id", index=True)
+    thread_id: str = Field(max_length=64)  # the LangGraph thread holding the graph state
+    status: str = Field(default="running", max_length=32)
+    options: dict | None = _json()  # force_tool, tool_choice
+    started_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class RunPublic(SQLModel):
+    id: str
+    turn_id: str
+    branch_id: str
+    status: str
+    started_at: datetime
+    ended_at: datetime | None
+    error: str | None
+
+
+# -- trace spans ----------------------------------------------------------------------------
+class Span(SQLModel, table=True):
+    """One model call (kind "model") or tool call (kind "tool").
+
+    `attributes` uses OpenTelemetry GenAI names (gen_ai.operation.name, gen_ai.request.model,
+    gen_ai.usage.input_tokens, gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens,
+    gen_ai.tool.name, gen_ai.tool.call.id, ...) plus `arbor.*` names for what GenAI lacks
+    (arbor.cache.source, arbor.ttft_ms, arbor.tool.trimmed ...).
+    """
+    __tablename__ = "spans"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    branch_id: str = Field(foreign_key="branches.id")
+    turn_id: str = Field(foreign_key="turns.id", index=True)
+    run_id: str = Field(foreign_key="runs.id")
+    kind: str = Field(max_length=16)
+    name: str = Field(max_length=200)
+    status: str = Field(default="ok", max_length=16)  # ok | error
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    started_at: datetime = Field(default_factory=utcnow)
+    duration_ms: float | None = None
+    ttft_ms: float | None = None
+    attributes: dict | None = _json()
+    request: dict | None = _json()   # model: exact request body; tool: {"arguments": ...}
+    response: dict | None = _json()  # model: assistant message + usage; tool: {"result": ..., "context": ...}
+    artifact_id: str | None = Field(default=None)
+
+
+class SpanPublic(SQLModel):
+    id: str
+    turn_id: str
+    run_id: str
+    branch_id: str
+    kind: str
+    name: str
+    status: str
+    error: str | None
+    started_at: datetime
+    duration_ms: float | None
+    ttft_ms: float | None
+    attributes: dict | None
+    request: dict | None
+    response: dict | None
+    artifact_id: str | None
+
+
+# -- artifacts ------------------------------------------------------------------------------
+class Artifact(SQLModel, table=True):
+    """A tool result kept in full when only a trimmed version entered the context."""
+    __tablename__ = "artifacts"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    turn_id: str = Field(foreign_key="turns.id")
+    tool_name: str = Field(max_length=100)
+    tool_call_id: str = Field(max_length=100)
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    chars: int
+    context_chars: int
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ArtifactPublic(SQLModel):
+    id: str
+    session_id: str
+    turn_id: str
+    tool_name: str
+    tool_call_id: str
+    content: str
+    chars: int
+    context_chars: int
+    created_at: datetime
+
+
+# -- approvals ------------------------------------------------------------------------------
+class ApprovalDecision(SQLModel):
+    """POST /api/approvals/{id} body."""
+    approved: bool
+    comment: str = Field(default="", max_length=2000)
+    stream: bool = True
+
+
+class Approval(SQLModel, table=True):
+    __tablename__ = "approvals"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    branch_id: str = Field(foreign_key="branches.id")
+    turn_id: str = Field(foreign_key="turns.id", index=True)
+    run_id: str = Field(foreign_key="runs.id")
+    tool_call_id: str = Field(max_length=100)
+    tool_name: str = Field(max_length=100)
+    arguments: dict | None = _json()
+    status: str = Field(default="pending", max_length=16)  # pending | approved | rejected
+    comment: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: datetime = Field(default_factory=utcnow)
+    decided_at: datetime | None = None
+
+
+class ApprovalPublic(SQLModel):
+    id: str
+    session_id: str
+    branch_id: str
+    turn_id: str
+    tool_call_id: str
+    tool_name: str
+    arguments: dict | None
+    status: str
+    comment: str | None
+    created_at: datetime
+    decided_at: datetime | None
+
+
+class SessionDetail(SessionPublic):
+    """GET /api/sessions/{id}: the session with its whole turn tree and branches."""
+    branches: list[BranchPublic]
+    turns: list[TurnPublic]
+    pending_approvals: list[ApprovalPublic]

@@ -1,0 +1,93 @@
+"""Request manifests: every model request of a session as one JSON line.
+
+The format is shared with the replay tools (app/replay/), which import this module:
+
+    {"t": 12.5, "session_id": "...", "branch_id": "...", "body": {...}, "expected_output_tokens": 87}
+
+- ``t``: seconds since the session started when the request was sent (float, >= 0);
+- ``session_id`` / ``branch_id``: the workbench ids the request belongs to;
+- ``body``: the exact OpenAI Chat Completions request body the workbench sent (model,
+  messages, tools, tool_choice, stream, stream_options, max_tokens, the ``cache`` hint ...);
+- ``expected_output_tokens``: completion tokens the server produced for it (``None`` when
+  unknown), so a replay can ask for the same amount of output.
+
+Lines are written in arrival order (``t`` ascending).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+
+class ManifestError(ValueError):
+    """A manifest line that is not valid JSON or lacks a field; the message names the line."""
+
+
+@dataclass(frozen=True)
+class ManifestLine:
+    t: float
+    session_id: str
+    branch_id: str
+    body: dict[str, Any]
+    expected_output_tokens: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ManifestLine":
+        missing = [k for k in ("t", "session_id", "branch_id", "body") if k not in data]
+        if missing:
+            raise ManifestError(f"manifest line lacks {', '.join(missing)}")
+        if not isinstance(data["body"], dict) or not isinstance(data["body"].get("messages"), list):
+            raise ManifestError("manifest line body must be a chat request object with a messages list")
+        expected = data.get("expected_output_tokens")
+        return cls(
+            t=float(data["t"]),
+            session_id=str(data["session_id"]),
+            branch_id=str(data["branch_id"]),
+            body=data["body"],
+            expected_output_tokens=None if expected is None else int(expected),
+        )
+
+
+def dumps_manifest(lines: Iterable[ManifestLine]) -> str:
+    """The JSONL text of `lines` (one line each, trailing newline)."""
+    return "".join(line.to_json() + "\n" for line in lines)
+
+
+def write_manifest(lines: Iterable[ManifestLine], target: str | Path | IO[str]) -> int:
+    """Write `lines` as JSONL to a path or text stream; returns the number of lines."""
+    text_lines = [line.to_json() + "\n" for line in lines]
+    if isinstance(target, (str, Path)):
+        Path(target).write_text("".join(text_lines), encoding="utf-8")
+    else:
+        target.writelines(text_lines)
+    return len(text_lines)
+
+
+def parse_manifest(text: str, source: str = "<manifest>") -> Iterator[ManifestLine]:
+    """Parse JSONL text; blank lines are skipped; bad lines raise ManifestError with their number."""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"{source}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise ManifestError(f"{source}:{number}: a manifest line must be a JSON object")
+        try:
+            yield ManifestLine.from_dict(data)
+        except (ManifestError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{source}:{number}: {exc}") from None
+
+
+def read_manifest(path: str | Path) -> list[ManifestLine]:
+    """Read a manifest file (see `parse_manifest`)."""
+    path = Path(path)
+    return list(parse_manifest(path.read_text(encoding="utf-8"), source=str(path)))

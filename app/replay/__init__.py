@@ -1,0 +1,1 @@
+"""Replay and benchmarks: manifests, workload generators, the replay runner, comparisons."""

@@ -1,0 +1,320 @@
+"""Workload generators: seeded, deterministic request manifests with known sharing.
+
+Four shapes, each returning a :class:`GeneratedWorkload` (manifest lines + the workload's
+ideal computed prompt tokens, see ``ideal.py``):
+
+- :func:`shared_prefix_groups` — groups x prompts per group, each group with its own system
+  prompt and every prompt with its own question (like SGLang's generated-shared-prefix);
+- :func:`agent_sessions` — multi-turn tool-using agent sessions in the style of the three
+  scenarios: a shared system prompt and tool schemas, a per-session task, then a growing
+  history of assistant tool calls and tool results;
+- :func:`branch_fanout` — a trunk conversation and N branches that fork from its end;
+- :func:`unique_prompts` — prompts that share nothing the generator controls.
+
+Lengths are approximate, in words (about one token each for this text). The ideal is
+computed on the server's tokens when a body tokenizer is given, else on word pieces of a
+template-free rendering (``request_text.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.manifest import ManifestLine
+from app.replay.ideal import IdealResult, ideal_computed, word_tokens
+from app.replay.request_text import render_request_text
+from app.replay.synthetic_text import SyntheticText
+
+#: Turns a request body into the tokens of its prompt (ids from a server, or words).
+BodyTokenizer = Callable[[dict], Sequence[Hashable]]
+
+#: Generated bodies name no model unless asked: the runner fills in the server's first
+#: model id (servers such as vLLM and arbor-server refuse names they do not serve).
+DEFAULT_MODEL: str | None = None
+#: Branch id of lines that belong to a plain, unbranched session.
+MAIN_BRANCH = "main"
+
+
+def words_of_body(body: dict) -> list[str]:
+    """Default body tokenizer: word pieces of the template-free rendering."""
+    return word_tokens(render_request_text(body))
+
+
+def workload_ideal(lines: Sequence[ManifestLine], tokenize: BodyTokenizer | None = None) -> IdealResult:
+    """Ideal computed prompt tokens of ``lines`` in manifest (arrival) order."""
+    tokenizer = tokenize or words_of_body
+    unit = "words" if tokenize is None else "tokens"
+    return ideal_computed((tokenizer(line.body) for line in lines), unit=unit)
+
+
+@dataclass
+class GeneratedWorkload:
+    """A generated manifest with its parameters and ideal."""
+
+    kind: str
+    params: dict[str, Any]
+    lines: list[ManifestLine]
+    ideal: IdealResult = field(default=None)  # type: ignore[assignment]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "params": self.params, "requests": len(self.lines),
+                "sessions": len({line.session_id for line in self.lines}), "ideal": self.ideal.to_dict()}
+
+
+def _body(model: str | None, messages: list[dict], max_tokens: int, tools: list[dict] | None = None) -> dict:
+    body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+    if model:
+        body["model"] = model
+    if tools:
+        body["tools"] = tools
+    return body
+
+
+def _finish(kind: str, params: dict, lines: list[ManifestLine], tokenize: BodyTokenizer | None) -> GeneratedWorkload:
+    return GeneratedWorkload(kind=kind, params=params, lines=lines, ideal=workload_ideal(lines, tokenize))
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _non_negative(**values: float) -> None:
+    for name, value in values.items():
+        if value < 0:
+            raise ValueError(f"{name} must not be negative, got {value}")
+
+
+# -- shared-prefix groups ------------------------------------------------------------------
+
+ORDERS = ("grouped", "interleaved", "shuffled")
+
+
+def shared_prefix_groups(
+    groups: int = 4,
+    prompts_per_group: int = 8,
+    system_len: int = 512,
+    question_len: int = 64,
+    output_len: int = 32,
+    order: str = "interleaved",
+    interval_s: float = 0.0,
+    seed: int = 0,
+    model: str | None = DEFAULT_MODEL,
+    tokenize: BodyTokenizer | None = None,
+) -> GeneratedWorkload:
+    """Groups of single-turn prompts sharing a per-group system prompt.
+
+    ``order``: ``grouped`` (all of group 0, then group 1, ...), ``interleaved`` (round robin
+    over groups, which makes a single cached slot useless), or ``shuffled`` (seeded).
+    Request ``i`` in the final order arrives at ``t = i * interval_s``.
+    """
+    _positive(groups=groups, prompts_per_group=prompts_per_group, system_len=system_len,
+              question_len=question_len, output_len=output_len)
+    _non_negative(interval_s=interval_s)
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    text = SyntheticText(seed)
+    systems = [text.paragraph(system_len - 3, lead=f"Group {g} context:") for g in range(groups)]
+    cells = [(g, p, text.paragraph(question_len - 3, lead=f"Question {g}.{p}:"))
+             for g in range(groups) for p in range(prompts_per_group)]
+    if order == "interleaved":
+        cells.sort(key=lambda cell: (cell[1], cell[0]))
+    elif order == "shuffled":
+        text.rng.shuffle(cells)
+    lines = [
+        ManifestLine(
+            t=round(i * interval_s, 6), session_id=f"group{g}-prompt{p}", branch_id=MAIN_BRANCH,
+            body=_body(model, [{"role": "system", "content": systems[g]},
+                               {"role": "user", "content": question}], output_len),
+            expected_output_tokens=output_len,
+        )
+        for i, (g, p, question) in enumerate(cells)
+    ]
+    params = dict(groups=groups, prompts_per_group=prompts_per_group, system_len=system_len,
+                  question_len=question_len, output_len=output_len, order=order, interval_s=interval_s, seed=seed)
+    return _finish("shared-prefix", params, lines, tokenize)
+
+
+# -- multi-turn agent sessions -------------------------------------------------------------
+
+def _tool(name: str, description: str, **properties: str) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {k: {"type": "string", "description": v}
+                                                        for k, v in properties.items()},
+                       "required": list(properties)}}}
+
+
+#: Per scenario: the agent's role line and the tools it can call (synthetic stand-ins).
+SCENARIOS: dict[str, tuple[str, list[dict]]] = {
+    "financial_research": (
+        "You are a financial research agent. Answer with figures from filings and prices, cite sources.",
+        [_tool("get_filing", "Fetch a company filing section", company="ticker", section="section name"),
+         _tool("get_price_history", "Daily closing prices", company="ticker", period="date range"),
+         _tool("compute_ratio", "Compute a financial ratio", company="ticker", ratio="ratio name")],
+    ),
+    "field_maintenance": (
+        "You are a field maintenance assistant. Diagnose equipment from manuals and sensor data.",
+        [_tool("lookup_manual", "Search the equipment manual", equipment="model", query="topic"),
+         _tool("get_sensor_readings", "Recent sensor readings", equipment="asset id", sensor="sensor"),
+         _tool("create_work_order", "Open a work order", equipment="asset id", summary="what to do")],
+    ),
+    "edge_incident": (
+        "You are an incident responder for an edge cluster. Find the cause, then mitigate safely.",
+        [_tool("query_logs", "Search service logs", service="service", pattern="text to find"),
+         _tool("get_service_status", "Health and metrics of a service", service="service"),
+         _tool("restart_service", "Restart a service", service="service", reason="why")],
+    ),
+}
+
+
+def agent_sessions(
+    scenario: str = "edge_incident",
+    sessions: int = 4,
+    turns: int = 4,
+    system_len: int = 400,
+    user_len: int = 40,
+    tool_result_len: int = 150,
+    tool_call_len: int = 12,
+    output_len: int = 48,
+    session_interval_s: float = 0.0,
+    think_time_s: float = 0.0,
+    seed: int = 0,
+    model: str | None = DEFAULT_MODEL,
+    tokenize: BodyTokenizer | None = None,
+) -> GeneratedWorkload:
+    """``sessions`` agent sessions of ``turns`` requests each, in arrival-time order.
+
+    Every session sends the scenario's system prompt (``system_len`` words) and tools, then
+    its own task; each later request appends the assistant's tool call (recorded, so the
+    replay is deterministic) and the tool's result (``tool_result_len`` words). Session ``s``
+    starts at ``s * session_interval_s``; turn ``k`` is due ``k * think_time_s`` later (the
+    runner also waits for the session's previous turn). The last turn expects the answer
+    (``output_len``); the others expect a tool call (``tool_call_len``).
+    """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+    _positive(sessions=sessions, turns=turns, system_len=system_len, user_len=user_len,
+              tool_result_len=tool_result_len, tool_call_len=tool_call_len, output_len=output_len)
+    _non_negative(session_interval_s=session_interval_s, think_time_s=think_time_s)
+    role_line, tools = SCENARIOS[scenario]
+    text = SyntheticText(seed)
+    system = text.paragraph(max(1, system_len - len(role_line.split())), lead=role_line)
+    lines: list[ManifestLine] = []
+    for s in range(sessions):
+        session_id = f"{scenario}-{s}"
+        messages: list[dict] = [{"role": "system", "content": system},
+                                {"role": "user", "content": text.paragraph(user_len - 2, lead=f"Task {s}:")}]
+        start = s * session_interval_s
+        for k in range(turns):
+            last = k == turns - 1
+            expected = output_len if last else tool_call_len
+            lines.append(ManifestLine(
+                t=round(start + k * think_time_s, 6), session_id=session_id, branch_id=MAIN_BRANCH,
+                body=_body(model, [dict(m) for m in messages], expected, tools), expected_output_tokens=expected))
+            if last:
+                break
+            tool = tools[text.rng.randrange(len(tools))]["function"]
+            arguments = {name: text.words(2) for name in tool["parameters"]["properties"]}
+            call_id = f"call_{s}_{k}"
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": tool["name"], "arguments": json.dumps(arguments)}}]})
+            messages.append({"role": "tool", "tool_call_id": call_id,
+                             "content": text.paragraph(tool_result_len - 2, lead=f"Result {s}.{k}:")})
+    lines.sort(key=lambda line: line.t)  # stable: a session's turns keep their order
+    params = dict(scenario=scenario, sessions=sessions, turns=turns, system_len=system_len, user_len=user_len,
+                  tool_result_len=tool_result_len, tool_call_len=tool_call_len, output_len=output_len,
+                  session_interval_s=session_interval_s, think_time_s=think_time_s, seed=seed)
+    return _finish("agent-sessions", params, lines, tokenize)
+
+
+# -- branch fan-out ------------------------------------------------------------------------
+
+TRUNK_BRANCH = "trunk"
+
+
+def branch_fanout(
+    branches: int = 4,
+    trunk_len: int = 1024,
+    branch_len: int = 64,
+    branch_turns: int = 1,
+    trunks: int = 1,
+    reply_len: int = 32,
+    output_len: int = 32,
+    seed: int = 0,
+    model: str | None = DEFAULT_MODEL,
+    tokenize: BodyTokenizer | None = None,
+) -> GeneratedWorkload:
+    """``trunks`` conversations, each forking into ``branches`` branches at its end.
+
+    Per trunk (one session): one trunk request (system prompt + a ``trunk_len``-word
+    document + question, branch id ``trunk``), then each branch ``b{i}`` asks its own follow
+    up (``branch_len`` words) after the trunk's recorded answer, for ``branch_turns`` turns.
+    All lines have ``t = 0``: the runner starts a branch when the trunk request is done, so
+    branches run side by side (they are what resident sharing and fan-out are for).
+    """
+    _positive(branches=branches, trunk_len=trunk_len, branch_len=branch_len, branch_turns=branch_turns,
+              trunks=trunks, reply_len=reply_len, output_len=output_len)
+    text = SyntheticText(seed)
+    lines: list[ManifestLine] = []
+    for r in range(trunks):
+        session_id = f"fanout-{r}"
+        trunk = [{"role": "system", "content": text.paragraph(30, lead=f"Assistant for case {r}.")},
+                 {"role": "user", "content": text.paragraph(trunk_len, lead=f"Document {r}:")}]
+        lines.append(ManifestLine(t=0.0, session_id=session_id, branch_id=TRUNK_BRANCH,
+                                  body=_body(model, trunk, output_len), expected_output_tokens=output_len))
+        trunk_reply = {"role": "assistant", "content": text.paragraph(reply_len - 2, lead="Summary:")}
+        for b in range(branches):
+            messages = [*trunk, trunk_reply]
+            for k in range(branch_turns):
+                messages.append({"role": "user", "content": text.paragraph(branch_len - 2, lead=f"Branch {b}.{k}:")})
+                lines.append(ManifestLine(t=0.0, session_id=session_id, branch_id=f"b{b}",
+                                          body=_body(model, [dict(m) for m in messages], output_len),
+                                          expected_output_tokens=output_len))
+                messages.append({"role": "assistant", "content": text.paragraph(reply_len)})
+    params = dict(branches=branches, trunk_len=trunk_len, branch_len=branch_len, branch_turns=branch_turns,
+                  trunks=trunks, reply_len=reply_len, output_len=output_len, seed=seed)
+    return _finish("branch-fanout", params, lines, tokenize)
+
+
+# -- unique prompts ------------------------------------------------------------------------
+
+def unique_prompts(
+    count: int = 16,
+    prompt_len: int = 256,
+    output_len: int = 32,
+    interval_s: float = 0.0,
+    seed: int = 0,
+    model: str | None = DEFAULT_MODEL,
+    tokenize: BodyTokenizer | None = None,
+) -> GeneratedWorkload:
+    """``count`` single-message prompts, each starting with its own marker (no system prompt).
+
+    Whatever the server's chat template adds in front (a default system prompt, role tags)
+    is still shared; the ideal computed on the server's tokens accounts for it.
+    """
+    _positive(count=count, prompt_len=prompt_len, output_len=output_len)
+    _non_negative(interval_s=interval_s)
+    text = SyntheticText(seed)
+    lines = [
+        ManifestLine(t=round(i * interval_s, 6), session_id=f"unique-{i}", branch_id=MAIN_BRANCH,
+                     body=_body(model, [{"role": "user",
+                                         "content": text.paragraph(prompt_len - 1, lead=f"#{i}-{seed}")}], output_len),
+                     expected_output_tokens=output_len)
+        for i in range(count)
+    ]
+    params = dict(count=count, prompt_len=prompt_len, output_len=output_len, interval_s=interval_s, seed=seed)
+    return _finish("unique", params, lines, tokenize)
+
+
+GENERATORS: dict[str, Callable[..., GeneratedWorkload]] = {
+    "shared-prefix": shared_prefix_groups,
+    "agent-sessions": agent_sessions,
+    "branch-fanout": branch_fanout,
+    "unique": unique_prompts,
+}

@@ -1,0 +1,184 @@
+"""Replay a manifest against an OpenAI-compatible server and measure every request.
+
+Two modes:
+- ``concurrency=N``: at most N requests in flight, started in manifest order;
+- ``schedule=True``: each request starts at its line's ``t`` (seconds after the run starts).
+In both, a request first waits for the request it depends on (``ordering.py``: the previous
+turn of its session/branch), so a later turn never overtakes an earlier one.
+
+Requests are always streamed (TTFT needs it) with ``stream_options.include_usage``; the
+body is otherwise sent as recorded. Errors are recorded per request and the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from app.manifest import ManifestLine
+from app.replay.endpoint import auth_headers, completion_path, server_root
+from app.replay.generators import workload_ideal
+from app.replay.ideal import IdealResult, ideal_computed
+from app.replay.ordering import predecessors
+from app.replay.results import RequestResult, RunResult
+from app.replay.server_probe import ServerTokenizer, ServerTokenizerUnavailable, first_model_id, server_info
+from app.replay.streamed_request import send_streaming
+from app.replay.summary import summarize
+
+IDEAL_MODES = ("auto", "server", "words", "off")
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """How to replay. ``concurrency`` is ignored when ``schedule`` is true."""
+
+    base_url: str
+    concurrency: int = 1
+    schedule: bool = False
+    api_key: str | None = None
+    model: str | None = None
+    timeout_s: float = 600.0
+    force_output_length: bool = False
+    session_hints: bool = True
+    ideal: str = "auto"
+    progress: bool = True
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.ideal not in IDEAL_MODES:
+            raise ValueError(f"ideal must be one of {', '.join(IDEAL_MODES)}, got {self.ideal!r}")
+        server_root(self.base_url)  # validates the URL early
+
+
+def prepare_body(line: ManifestLine, settings: ReplaySettings, default_model: str | None) -> dict[str, Any]:
+    """The body actually sent: streaming with usage, a model name, an output length."""
+    body = copy.deepcopy(line.body)
+    body["stream"] = True
+    body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    if settings.model:
+        body["model"] = settings.model
+    elif not body.get("model") and default_model:
+        body["model"] = default_model
+    expected = line.expected_output_tokens
+    if expected:
+        if settings.force_output_length:
+            # Same output length on every server: ask for exactly ``expected`` tokens.
+            body.pop("max_completion_tokens", None)
+            body["max_tokens"] = expected
+            body["ignore_eos"] = True
+        elif "max_tokens" not in body and "max_completion_tokens" not in body:
+            body["max_tokens"] = expected
+    return body
+
+
+def _hint_headers(line: ManifestLine, has_follower: bool) -> dict[str, str]:
+    # Lifecycle hints (arbor-server; other servers ignore unknown headers): a request that a
+    # later turn of the same session waits on leaves the session waiting on a tool.
+    return {"X-Arbor-Session": line.session_id,
+            "X-Arbor-Cache-State": "tool_wait" if has_follower else "done"}
+
+
+async def _compute_ideal(lines: Sequence[ManifestLine], settings: ReplaySettings, client: httpx.AsyncClient,
+                         root: str, headers: dict[str, str]) -> tuple[IdealResult | None, str | None]:
+    """The workload's ideal, on the server's tokens when possible; (ideal, note)."""
+    if settings.ideal == "off":
+        return None, None
+    if settings.ideal in ("auto", "server"):
+        tokenizer = ServerTokenizer(client, root, headers)
+        try:
+            prompts = [await tokenizer.tokens(line.body) for line in lines]
+            return ideal_computed(prompts, unit="tokens"), None
+        except ServerTokenizerUnavailable as exc:
+            if settings.ideal == "server":
+                return None, f"server tokenization failed: {exc}"
+            note = f"server tokenization unavailable ({exc}); ideal computed on words"
+            return workload_ideal(lines), note
+    return workload_ideal(lines), None
+
+
+async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> RunResult:
+    """Replay ``lines`` and return per-request results, summary and metadata."""
+    root = server_root(settings.base_url)
+    headers = auth_headers(settings.api_key)
+    waits = predecessors(lines)
+    followed = {w for w in waits if w is not None}
+    limits = httpx.Limits(max_connections=None if settings.schedule else settings.concurrency,
+                          max_keepalive_connections=None if settings.schedule else settings.concurrency)
+    timeout = httpx.Timeout(settings.timeout_s, connect=min(30.0, settings.timeout_s))
+    results: list[RequestResult | None] = [None] * len(lines)
+    done = [asyncio.Event() for _ in lines]
+
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        info = await server_info(client, root, headers)
+        default_model = first_model_id(info)
+        gate = contextlib.nullcontext() if settings.schedule else asyncio.Semaphore(settings.concurrency)
+        bar = tqdm(total=len(lines), unit="req", desc="replay", disable=not settings.progress)
+        run_start = time.perf_counter()
+
+        async def one(index: int) -> None:
+            line = lines[index]
+            result = RequestResult(index=index, session_id=line.session_id, branch_id=line.branch_id,
+                                   scheduled_t=line.t)
+            try:
+                if waits[index] is not None:
+                    await done[waits[index]].wait()
+                if settings.schedule:
+                    delay = line.t - (time.perf_counter() - run_start)
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                body = prepare_body(line, settings, default_model)
+                request_headers = dict(headers)
+                if settings.session_hints:
+                    request_headers.update(_hint_headers(line, index in followed))
+                async with gate:
+                    m = await send_streaming(client, root + completion_path(body), body, request_headers)
+                result.start_s = m.started - run_start
+                result.latency_s = m.finished - m.started if m.finished is not None else None
+                result.ttft_s = m.first_token - m.started if m.first_token is not None else None
+                for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "cached_tokens_from",
+                             "cache_source", "finish_reason", "status", "error"):
+                    setattr(result, name, getattr(m, name))
+            except Exception as exc:  # noqa: BLE001 - one bad line must not stop the replay
+                result.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                results[index] = result
+                done[index].set()
+                bar.update(1)
+
+        await asyncio.gather(*(one(i) for i in range(len(lines))))
+        wall_s = time.perf_counter() - run_start
+        bar.close()
+        ideal, ideal_note = await _compute_ideal(lines, settings, client, root, headers)
+
+    finished = [r for r in results if r is not None]
+    metadata: dict[str, Any] = {
+        "label": settings.label,
+        "base_url": settings.base_url,
+        "started_at": started_at,
+        "mode": "schedule" if settings.schedule else "concurrency",
+        "concurrency": None if settings.schedule else settings.concurrency,
+        "force_output_length": settings.force_output_length,
+        "requests": len(lines),
+        "server": info,
+    }
+    if ideal_note:
+        metadata["ideal_note"] = ideal_note
+    summary = summarize(finished, wall_s, ideal)
+    if ideal is not None and ideal.unit == "tokens":
+        summary["ideal"]["prompt_token_mismatches"] = sum(
+            1 for r, n in zip(finished, ideal.prompt_tokens) if r.prompt_tokens is not None and r.prompt_tokens != n)
+    return RunResult(metadata=metadata, summary=summary, requests=finished)

@@ -1,0 +1,168 @@
+"""Sessions as trees of turns, and branches as pointers into them.
+
+History of a branch = the messages of the turns on the path root -> branch head. Forking
+from turn T makes a branch whose head is T: it shares T's history exactly, and switching
+branches only moves a pointer (`active_branch_id`), nothing is copied.
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Session, col, select
+
+from app.db.models import (
+    AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail, Span, Turn,
+    TurnPublic, utcnow,
+)
+from app.errors import Conflict, NotFound, WorkbenchError
+
+ACTIVE_TURN_STATES = ("running", "awaiting_approval")
+
+
+def create_session(db: Session, scenario: str, title: str = "") -> AgentSession:
+    session = AgentSession(scenario=scenario, title=title)
+    db.add(session)
+    db.flush()
+    main = Branch(session_id=session.id, name="main")
+    db.add(main)
+    db.flush()
+    session.active_branch_id = main.id
+    db.add(session)
+    db.commit()
+    db.refresh(session)
+    return session
+
+
+def get_session(db: Session, session_id: str) -> AgentSession:
+    session = db.get(AgentSession, session_id)
+    if session is None:
+        raise NotFound(f"unknown session {session_id!r}", "unknown_session")
+    return session
+
+
+def get_branch(db: Session, session: AgentSession, branch_id: str | None) -> Branch:
+    """The branch `branch_id` of `session` (its active branch when None)."""
+    branch_id = branch_id or session.active_branch_id
+    branch = db.get(Branch, branch_id) if branch_id else None
+    if branch is None:
+        raise NotFound(f"unknown branch {branch_id!r}", "unknown_branch")
+    if branch.session_id != session.id:
+        raise WorkbenchError(f"branch {branch_id!r} belongs to another session", "branch_not_in_session")
+    return branch
+
+
+def get_turn(db: Session, turn_id: str) -> Turn:
+    turn = db.get(Turn, turn_id)
+    if turn is None:
+        raise NotFound(f"unknown turn {turn_id!r}", "unknown_turn")
+    return turn
+
+
+def path_to(db: Session, head_turn_id: str | None) -> list[Turn]:
+    """The turns from the root to `head_turn_id`, in order."""
+    path: list[Turn] = []
+    turn_id = head_turn_id
+    while turn_id is not None:
+        turn = get_turn(db, turn_id)
+        path.append(turn)
+        turn_id = turn.parent_turn_id
+    return list(reversed(path))
+
+
+def history(db: Session, branch: Branch) -> list[dict]:
+    """The conversation of `branch` (OpenAI messages, no system prompt)."""
+    messages: list[dict] = []
+    for turn in path_to(db, branch.head_turn_id):
+        messages.extend(turn.messages or [])
+    return messages
+
+
+def fork_branch(db: Session, session: AgentSession, turn_id: str | None, name: str | None) -> Branch:
+    """A new branch of `session` whose head is `turn_id` (None: an empty branch); made active."""
+    if turn_id is not None:
+        turn = get_turn(db, turn_id)
+        if turn.session_id != session.id:
+            raise WorkbenchError(
+                f"turn {turn_id!r} belongs to session {turn.session_id!r}, not {session.id!r}; "
+                "a branch can only fork from a turn of its own session", "turn_not_in_session")
+        if turn.status != "completed":
+            raise Conflict(f"turn {turn_id!r} is {turn.status}; fork from a completed turn", "turn_not_completed")
+    count = len(db.exec(select(Branch).where(Branch.session_id == session.id)).all())
+    branch = Branch(session_id=session.id, name=name or f"branch-{count + 1}", fork_turn_id=turn_id,
+                    head_turn_id=turn_id)
+    db.add(branch)
+    db.flush()
+    session.active_branch_id = branch.id
+    db.add(session)
+    db.commit()
+    db.refresh(branch)
+    return branch
+
+
+def activate_branch(db: Session, session: AgentSession, branch_id: str) -> AgentSession:
+    branch = get_branch(db, session, branch_id)
+    session.active_branch_id = branch.id
+    db.add(session)
+    db.commit()
+    db.refresh(session)
+    return session
+
+
+def busy_turn(db: Session, branch: Branch) -> Turn | None:
+    """A turn of `branch` that is still running or waiting for the operator, if any."""
+    return db.exec(select(Turn).where(Turn.branch_id == branch.id, col(Turn.status).in_(ACTIVE_TURN_STATES))).first()
+
+
+def session_detail(db: Session, session: AgentSession) -> SessionDetail:
+    branches = db.exec(select(Branch).where(Branch.session_id == session.id).order_by(Branch.created_at)).all()
+    turns = db.exec(select(Turn).where(Turn.session_id == session.id).order_by(Turn.created_at)).all()
+    approvals = db.exec(select(Approval).where(Approval.session_id == session.id,
+                                               Approval.status == "pending")).all()
+    return SessionDetail(
+        **session.model_dump(),
+        branches=[BranchPublic.model_validate(b) for b in branches],
+        turns=[TurnPublic.model_validate(t) for t in turns],
+        pending_approvals=[ApprovalPublic.model_validate(a) for a in approvals],
+    )
+
+
+def delete_session(db: Session, session: AgentSession) -> None:
+    if db.exec(select(Turn).where(Turn.session_id == session.id, col(Turn.status) == "running")).first():
+        raise Conflict(f"session {session.id!r} has a running turn; delete it when the turn ends", "session_busy")
+    for model in (Span, Artifact, Approval, Run):
+        for row in db.exec(select(model).where(model.session_id == session.id)).all():
+            db.delete(row)
+    db.flush()
+    # Turns reference each other (parent) and branches; clear the pointers first.
+    branches = db.exec(select(Branch).where(Branch.session_id == session.id)).all()
+    turns = db.exec(select(Turn).where(Turn.session_id == session.id)).all()
+    for turn in turns:
+        turn.parent_turn_id = None
+        db.add(turn)
+    session.active_branch_id = None
+    db.add(session)
+    db.flush()
+    for turn in turns:
+        db.delete(turn)
+    db.flush()
+    for branch in branches:
+        db.delete(branch)
+    db.flush()
+    db.delete(session)
+    db.commit()
+
+
+def mark_interrupted_turns(db: Session) -> int:
+    """At start-up: turns left 'running' by a stopped process are failed (retry makes a new turn)."""
+    message = "the workbench stopped while this turn was running; send the message again"
+    turns = db.exec(select(Turn).where(Turn.status == "running")).all()
+    runs = db.exec(select(Run).where(Run.status == "running")).all()
+    for row in [*turns, *runs]:
+        row.status = "failed"
+        row.error = message
+        if isinstance(row, Turn):
+            row.finished_at = utcnow()
+        else:
+            row.ended_at = utcnow()
+        db.add(row)
+    db.commit()
+    return len(turns)

@@ -1,0 +1,77 @@
+"""Reading traces back: spans with a token summary, artifacts, and the request manifest."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlmodel import Session, select
+
+from app.db.models import AgentSession, Artifact, Span, SpanPublic
+from app.errors import NotFound
+from app.manifest import ManifestLine
+
+
+def _naive_utc(moment: datetime) -> datetime:
+    # SQLite hands datetimes back without tzinfo; compare everything as naive UTC.
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
+    return moment
+
+
+def session_spans(db: Session, session: AgentSession, turn_id: str | None = None,
+                  branch_id: str | None = None) -> list[Span]:
+    query = select(Span).where(Span.session_id == session.id)
+    if turn_id:
+        query = query.where(Span.turn_id == turn_id)
+    if branch_id:
+        query = query.where(Span.branch_id == branch_id)
+    return list(db.exec(query.order_by(Span.started_at)).all())
+
+
+def summarize(spans: list[Span]) -> dict:
+    """Token and call totals; computed = prompt tokens the server did not take from its cache."""
+    model = [s for s in spans if s.kind == "model" and s.status == "ok"]
+    prompt = sum((s.attributes or {}).get("gen_ai.usage.input_tokens") or 0 for s in model)
+    cached = sum((s.attributes or {}).get("gen_ai.usage.cache_read.input_tokens") or 0 for s in model)
+    output = sum((s.attributes or {}).get("gen_ai.usage.output_tokens") or 0 for s in model)
+    return {
+        "model_calls": sum(1 for s in spans if s.kind == "model"),
+        "model_errors": sum(1 for s in spans if s.kind == "model" and s.status == "error"),
+        "tool_calls": sum(1 for s in spans if s.kind == "tool"),
+        "tool_errors": sum(1 for s in spans if s.kind == "tool" and s.status == "error"),
+        "input_tokens": prompt,
+        "cached_input_tokens": cached,
+        "computed_input_tokens": prompt - cached,
+        "output_tokens": output,
+        "cache_hit_ratio": round(cached / prompt, 4) if prompt else None,
+    }
+
+
+def trace(db: Session, session: AgentSession, turn_id: str | None = None, branch_id: str | None = None) -> dict:
+    spans = session_spans(db, session, turn_id, branch_id)
+    return {"session_id": session.id, "summary": summarize(spans),
+            "spans": [SpanPublic.model_validate(s).model_dump(mode="json") for s in spans]}
+
+
+def get_artifact(db: Session, artifact_id: str) -> Artifact:
+    artifact = db.get(Artifact, artifact_id)
+    if artifact is None:
+        raise NotFound(f"unknown artifact {artifact_id!r}", "unknown_artifact")
+    return artifact
+
+
+def manifest_lines(db: Session, session: AgentSession, branch_id: str | None = None) -> list[ManifestLine]:
+    """One line per model request that got an answer, in the order they were sent.
+
+    Failed requests (backend down) are left out: there is nothing to replay them against.
+    """
+    start = _naive_utc(session.created_at)
+    lines = []
+    for span in session_spans(db, session, branch_id=branch_id):
+        if span.kind != "model" or span.status != "ok" or not span.request:
+            continue
+        lines.append(ManifestLine(
+            t=round(max(0.0, (_naive_utc(span.started_at) - start).total_seconds()), 6),
+            session_id=session.id, branch_id=span.branch_id, body=span.request,
+            expected_output_tokens=(span.attributes or {}).get("gen_ai.usage.output_tokens")))
+    return lines

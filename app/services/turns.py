@@ -1,0 +1,272 @@
+"""Running turns: validate, record, drive the agent graph, stream its events.
+
+A turn runs as a background task that pushes events into a queue; the HTTP response
+(SSE or a collected JSON answer) reads that queue. The run therefore finishes and is
+recorded even when the client disconnects.
+
+Event types (each a dict with "type"):
+  turn            {turn_id, run_id, session_id, branch_id, parent_turn_id, resumed}
+  token           {text}
+  model_call      {step, span_id, prompt_tokens, completion_tokens, cached_tokens, cache_source,
+                   ttft_ms, duration_ms, finish_reason}
+  tool_call       {tool_call_id, name, arguments (JSON text), step}
+  tool_result     {tool_call_id, name, content, error, trimmed, full_chars, artifact_id, duration_ms, span_id}
+  approval_request{approval_id, turn_id, tool_call_id, tool_name, arguments}    (the stream ends here)
+  final           {turn_id, branch_id, content, outcome, steps}                  (the stream ends here)
+  error           {turn_id, message, error_type, retryable}                      (the stream ends here)
+
+Each LangGraph thread is one run of one turn (thread id "turn-<turn id>"); the conversation
+history comes from the turn tree, so forks and branch switches never copy graph state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.types import Command
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.agent.context import TurnContext
+from app.agent.model_client import ModelAdapter, ModelBackendError
+from app.db.models import AgentSession, Approval, Branch, Run, Turn, TurnCreate, TurnPublic, utcnow
+from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
+from app.scenario_catalog import ScenarioCatalog
+from app.services import sessions as sessions_service
+from app.settings import WorkbenchSettings
+from app.tracing import TraceRecorder
+from tools.base import ToolContext
+
+log = logging.getLogger(__name__)
+
+_END = object()
+TERMINAL_EVENTS = ("final", "error", "approval_request")
+
+
+@dataclass
+class TurnHandle:
+    """A running (or resumed) turn: its ids and the queue of its events."""
+
+    turn_id: str
+    run_id: str
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    task: asyncio.Task | None = None
+
+    async def events(self) -> AsyncIterator[dict]:
+        while True:
+            event = await self.queue.get()
+            if event is _END:
+                return
+            yield event
+
+    async def collect(self) -> list[dict]:
+        return [event async for event in self.events()]
+
+
+class TurnService:
+    def __init__(self, settings: WorkbenchSettings, engine: Engine, graph: Any, adapter: ModelAdapter,
+                 catalog: ScenarioCatalog) -> None:
+        self.settings, self.engine, self.graph, self.adapter, self.catalog = settings, engine, graph, adapter, catalog
+        self._tasks: set[asyncio.Task] = set()
+        self.tool_context = ToolContext(incident_base_url=settings.incident_base_url,
+                                        http_timeout_s=settings.incident_timeout_s)
+
+    # -- public operations ---------------------------------------------------------------------
+    def validate_message(self, message: str) -> str:
+        if not message or not message.strip():
+            raise WorkbenchError("message must not be empty", "empty_message", 422)
+        if len(message) > self.settings.max_message_chars:
+            raise MessageTooLong(f"message has {len(message)} characters; the limit is "
+                                 f"{self.settings.max_message_chars} (ARBOR_MAX_MESSAGE_CHARS)")
+        return message
+
+    def start_turn(self, session_id: str, request: TurnCreate) -> TurnHandle:
+        """Validate and record a new turn, then run it in the background."""
+        message = self.validate_message(request.message)
+        with Session(self.engine) as db:
+            session = sessions_service.get_session(db, session_id)
+            scenario = self.catalog.get(session.scenario)
+            branch = sessions_service.get_branch(db, session, request.branch_id)
+            if request.tool_choice is not None:
+                _check_tool_choice(request.tool_choice, scenario)
+            busy = sessions_service.busy_turn(db, branch)
+            if busy is not None:
+                raise Conflict(f"branch {branch.id!r} already has a turn that is {busy.status} ({busy.id}); "
+                               "wait for it, answer its approval, or fork a new branch", "branch_busy")
+            past = sessions_service.history(db, branch)
+            parent = db.get(Turn, branch.head_turn_id) if branch.head_turn_id else None
+            turn = Turn(session_id=session.id, branch_id=branch.id, parent_turn_id=branch.head_turn_id,
+                        depth=(parent.depth + 1) if parent else 0, user_message=message, status="running")
+            db.add(turn)
+            db.flush()
+            run = Run(session_id=session.id, branch_id=branch.id, turn_id=turn.id, thread_id=f"turn-{turn.id}",
+                      options={"force_tool": request.force_tool, "tool_choice": request.tool_choice,
+                               "history_len": len(past)})
+            db.add(run)
+            db.commit()
+            handle = TurnHandle(turn.id, run.id)
+            first = {"type": "turn", "turn_id": turn.id, "run_id": run.id, "session_id": session.id,
+                     "branch_id": branch.id, "parent_turn_id": turn.parent_turn_id, "resumed": False}
+            context = self._context(session, turn, run, scenario)
+        graph_input = {"messages": [*past, {"role": "user", "content": message}], "steps": 0,
+                       "max_steps": self.settings.step_budget, "awaiting": [], "decisions": {},
+                       "final_answer": None, "outcome": None}
+        handle.queue.put_nowait(first)
+        self._launch(handle, graph_input, context, run.thread_id)
+        return handle
+
+    def decide(self, approval_id: str, approved: bool, comment: str) -> TurnHandle:
+        """Record the operator's decision and resume the paused run."""
+        with Session(self.engine) as db:
+            approval = db.get(Approval, approval_id)
+            if approval is None:
+                raise NotFound(f"unknown approval {approval_id!r}", "unknown_approval")
+            if approval.status != "pending":
+                raise Conflict(f"approval {approval_id!r} is already {approval.status}", "approval_decided")
+            turn = db.get(Turn, approval.turn_id)
+            run = db.get(Run, approval.run_id)
+            session = db.get(AgentSession, approval.session_id)
+            if turn is None or run is None or session is None or turn.status != "awaiting_approval":
+                raise Conflict(f"the turn of approval {approval_id!r} is not waiting for a decision",
+                               "approval_stale")
+            scenario = self.catalog.get(session.scenario)
+            approval.status = "approved" if approved else "rejected"
+            approval.comment = comment
+            approval.decided_at = utcnow()
+            turn.status = run.status = "running"
+            for row in (approval, turn, run):
+                db.add(row)
+            db.commit()
+            handle = TurnHandle(turn.id, run.id)
+            first = {"type": "turn", "turn_id": turn.id, "run_id": run.id, "session_id": session.id,
+                     "branch_id": turn.branch_id, "parent_turn_id": turn.parent_turn_id, "resumed": True}
+            context = self._context(session, turn, run, scenario)
+            thread_id = run.thread_id
+        handle.queue.put_nowait(first)
+        self._launch(handle, Command(resume={"approved": approved, "comment": comment}), context, thread_id)
+        return handle
+
+    async def shutdown(self) -> None:
+        """Wait briefly for running turns, then cancel what is left (they are marked failed)."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=5)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- the run itself --------------------------------------------------------------------------
+    def _context(self, session: AgentSession, turn: Turn, run: Run, scenario: Any) -> TurnContext:
+        options = run.options or {}
+        recorder = TraceRecorder(self.engine, session_id=session.id, branch_id=turn.branch_id, turn_id=turn.id,
+                                 run_id=run.id, base_url=self.settings.llm_base_url)
+        return TurnContext(session_id=session.id, branch_id=turn.branch_id, turn_id=turn.id, run_id=run.id,
+                           scenario=scenario, adapter=self.adapter, recorder=recorder,
+                           tool_context=self.tool_context, tool_budget_chars=self.settings.tool_result_budget_chars,
+                           force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"))
+
+    def _launch(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._drive(handle, graph_input, context, thread_id))
+        handle.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drive(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> None:
+        emit = handle.queue.put_nowait
+        config = {"configurable": {"thread_id": thread_id}}
+        try:
+            interrupts: list[Any] = []
+            async for mode, chunk in self.graph.astream(graph_input, config, context=context,
+                                                        stream_mode=["custom", "updates"]):
+                if mode == "custom":
+                    emit(chunk)
+                elif isinstance(chunk, dict) and "__interrupt__" in chunk:
+                    interrupts.extend(chunk["__interrupt__"])
+            if interrupts:
+                emit(self._pause(context, interrupts[0].value))
+            else:
+                state = await self.graph.aget_state(config)
+                emit(self._complete(context, state.values))
+        except ModelBackendError as exc:
+            emit(self._fail(context, str(exc), f"model_backend_{exc.kind}", retryable=True))
+        except asyncio.CancelledError:
+            self._fail(context, "the workbench stopped while this turn was running", "cancelled", retryable=True)
+            raise
+        except Exception as exc:  # keep the process up and the session usable
+            log.exception("turn %s failed", context.turn_id)
+            emit(self._fail(context, f"internal error: {type(exc).__name__}: {exc}", "internal_error",
+                            retryable=True))
+        finally:
+            handle.queue.put_nowait(_END)
+
+    def _pause(self, context: TurnContext, request: dict) -> dict:
+        with Session(self.engine) as db:
+            approval = db.exec(select(Approval).where(Approval.run_id == context.run_id,
+                                                      Approval.tool_call_id == request["tool_call_id"])).first()
+            if approval is None:
+                approval = Approval(session_id=context.session_id, branch_id=context.branch_id,
+                                    turn_id=context.turn_id, run_id=context.run_id,
+                                    tool_call_id=request["tool_call_id"], tool_name=request["tool_name"],
+                                    arguments=request.get("arguments"))
+                db.add(approval)
+            turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
+            turn.status = run.status = "awaiting_approval"
+            db.add(turn)
+            db.add(run)
+            db.commit()
+            db.refresh(approval)
+            return {"type": "approval_request", "approval_id": approval.id, "turn_id": context.turn_id,
+                    "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name,
+                    "arguments": approval.arguments}
+
+    def _complete(self, context: TurnContext, values: dict) -> dict:
+        with Session(self.engine) as db:
+            turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
+            start = (run.options or {}).get("history_len", 0)
+            turn.messages = values["messages"][start:]
+            turn.final_answer = values.get("final_answer") or ""
+            turn.outcome = values.get("outcome")
+            turn.status = run.status = "completed"
+            turn.finished_at = run.ended_at = utcnow()
+            branch = db.get(Branch, turn.branch_id)
+            branch.head_turn_id = turn.id
+            for row in (turn, run, branch):
+                db.add(row)
+            db.commit()
+            return {"type": "final", "turn_id": turn.id, "branch_id": turn.branch_id, "content": turn.final_answer,
+                    "outcome": turn.outcome, "steps": values.get("steps", 0)}
+
+    def _fail(self, context: TurnContext, message: str, error_type: str, retryable: bool) -> dict:
+        with Session(self.engine) as db:
+            turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
+            turn.status = run.status = "failed"
+            turn.error = run.error = message
+            turn.finished_at = run.ended_at = utcnow()
+            db.add(turn)
+            db.add(run)
+            db.commit()
+        return {"type": "error", "turn_id": context.turn_id, "message": message, "error_type": error_type,
+                "retryable": retryable}
+
+    def turn_public(self, turn_id: str) -> TurnPublic:
+        with Session(self.engine) as db:
+            return TurnPublic.model_validate(sessions_service.get_turn(db, turn_id))
+
+
+def _check_tool_choice(choice: Any, scenario: Any) -> None:
+    if isinstance(choice, str):
+        if choice not in ("auto", "required", "none"):
+            raise WorkbenchError(f"tool_choice must be auto, required, none or a function object, got {choice!r}",
+                                 "invalid_tool_choice", 422)
+        return
+    name = ((choice or {}).get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if choice.get("type") != "function" or not name:
+        raise WorkbenchError('tool_choice object must be {"type": "function", "function": {"name": ...}}',
+                             "invalid_tool_choice", 422)
+    known = [t.name for t in scenario.tools]
+    if name not in known:
+        raise WorkbenchError(f"tool_choice names unknown tool {name!r}; known: {', '.join(known)}",
+                             "invalid_tool_choice", 422)

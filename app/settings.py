@@ -1,0 +1,102 @@
+"""Typed workbench settings, read from the environment (and an optional `.env` file).
+
+Environment names: LLM_BASE_URL, LLM_MODEL, LLM_API_KEY, LLM_TIMEOUT_S, LLM_MAX_TOKENS,
+LLM_TEMPERATURE, INCIDENT_BASE_URL, INCIDENT_TIMEOUT_S, ARBOR_DATA_DIR, DATABASE_URL,
+ARBOR_HOST, ARBOR_PORT, ARBOR_STEP_BUDGET, ARBOR_TOOL_RESULT_MAX_CHARS,
+ARBOR_TOOL_RESULT_MAX_TOKENS, ARBOR_MAX_MESSAGE_CHARS.
+
+Bad values fail at start-up with pydantic's readable validation message, never later.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _check_http_url(value: str, name: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"{name} must be an http(s) URL, got {value!r}")
+    return value.rstrip("/")
+
+
+class WorkbenchSettings(BaseSettings):
+    """Everything the workbench reads from its environment."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+
+    # -- the OpenAI-compatible model backend (arbor-server, llama-server, vLLM, SGLang) ---------
+    llm_base_url: str = Field("http://127.0.0.1:8080/v1", validation_alias="LLM_BASE_URL")
+    llm_model: str = Field("", validation_alias="LLM_MODEL",
+                           description="model id sent in requests; empty = the first id of GET /models")
+    llm_api_key: str = Field("not-needed", validation_alias="LLM_API_KEY")
+    llm_timeout_s: float = Field(120.0, gt=0, le=3600, validation_alias="LLM_TIMEOUT_S")
+    llm_max_tokens: int = Field(512, ge=1, le=32768, validation_alias="LLM_MAX_TOKENS",
+                                description="max_tokens of each model step")
+    llm_temperature: float | None = Field(None, ge=0, le=2, validation_alias="LLM_TEMPERATURE")
+
+    # -- tools ---------------------------------------------------------------------------------
+    incident_base_url: str = Field("http://127.0.0.1:8765", validation_alias="INCIDENT_BASE_URL")
+    incident_timeout_s: float = Field(5.0, gt=0, le=120, validation_alias="INCIDENT_TIMEOUT_S")
+
+    # -- storage -------------------------------------------------------------------------------
+    data_dir: Path = Field(Path("./var"), validation_alias="ARBOR_DATA_DIR")
+    database_url: str = Field("", validation_alias="DATABASE_URL",
+                              description="SQLAlchemy URL; empty = sqlite file arbor.db in the data dir")
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", validation_alias="ARBOR_HOST")
+    port: int = Field(8090, ge=1, le=65535, validation_alias="ARBOR_PORT")
+
+    # -- agent limits --------------------------------------------------------------------------
+    step_budget: int = Field(6, ge=1, le=50, validation_alias="ARBOR_STEP_BUDGET",
+                             description="most model calls in one turn")
+    tool_result_max_chars: int = Field(4000, ge=200, le=1_000_000, validation_alias="ARBOR_TOOL_RESULT_MAX_CHARS")
+    tool_result_max_tokens: int = Field(1000, ge=50, le=250_000, validation_alias="ARBOR_TOOL_RESULT_MAX_TOKENS",
+                                        description="estimated at 4 characters per token")
+    max_message_chars: int = Field(8000, ge=1, le=1_000_000, validation_alias="ARBOR_MAX_MESSAGE_CHARS")
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _llm_url(cls, value: str) -> str:
+        return _check_http_url(value, "LLM_BASE_URL")
+
+    @field_validator("incident_base_url")
+    @classmethod
+    def _incident_url(cls, value: str) -> str:
+        return _check_http_url(value, "INCIDENT_BASE_URL")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        if value and not value.startswith(("sqlite", "postgresql")):
+            raise ValueError(f"DATABASE_URL must be a sqlite:// or postgresql:// URL, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _default_database(self) -> "WorkbenchSettings":
+        if not self.database_url:
+            self.database_url = f"sqlite:///{(self.data_dir / 'arbor.db').resolve()}"
+        return self
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The LangGraph checkpointer's SQLite file (graph state of paused and finished runs)."""
+        return self.data_dir / "checkpoints.sqlite"
+
+    @property
+    def tool_result_budget_chars(self) -> int:
+        """The tighter of the two tool-result budgets, in characters."""
+        return min(self.tool_result_max_chars, self.tool_result_max_tokens * 4)
+
+    def ensure_data_dir(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> WorkbenchSettings:
+    """The process-wide settings (tests build their own `WorkbenchSettings` instead)."""
+    return WorkbenchSettings()

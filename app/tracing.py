@@ -1,0 +1,145 @@
+"""Run traces: one span per model call and per tool call, stored in the database.
+
+Span attributes use the OpenTelemetry GenAI semantic-convention names
+(https://opentelemetry.io/docs/specs/semconv/gen-ai/), so they map 1:1 onto an OTel
+exporter if one is added later; what GenAI has no name for uses an ``arbor.`` prefix.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlparse
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from app.agent.model_client import ModelCallResult
+from app.db.models import Artifact, Span, new_id, utcnow
+
+
+def model_span_attributes(body: dict, result: ModelCallResult | None, base_url: str, *,
+                          session_id: str, branch_id: str, step: int, error_type: str | None) -> dict:
+    """GenAI attributes of a chat call (`result` is None when the call failed)."""
+    server = urlparse(base_url)
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": body.get("model"),
+        "gen_ai.request.max_tokens": body.get("max_tokens"),
+        "gen_ai.conversation.id": session_id,
+        "server.address": server.hostname,
+        "server.port": server.port,
+        "arbor.branch.id": branch_id,
+        "arbor.step": step,
+        "arbor.request.tool_choice": body.get("tool_choice", "auto") if body.get("tools") else None,
+        "arbor.cache.hint.state": (body.get("cache") or {}).get("state"),
+    }
+    if "temperature" in body:
+        attrs["gen_ai.request.temperature"] = body["temperature"]
+    if error_type:
+        attrs["error.type"] = error_type
+    if result is not None:
+        attrs.update({
+            "gen_ai.response.model": result.model,
+            "gen_ai.response.finish_reasons": [result.finish_reason] if result.finish_reason else [],
+            "gen_ai.usage.input_tokens": result.prompt_tokens,
+            "gen_ai.usage.output_tokens": result.completion_tokens,
+            "gen_ai.usage.cache_read.input_tokens": result.cached_tokens,
+            "arbor.ttft_ms": result.ttft_ms,
+            "arbor.tool_calls": len(result.tool_calls),
+        })
+        if result.prompt_tokens is not None:
+            attrs["arbor.usage.computed_input_tokens"] = result.prompt_tokens - (result.cached_tokens or 0)
+        if result.cache:
+            attrs["arbor.cache.source"] = result.cache.get("source")
+            attrs["arbor.cache.reused_tokens"] = result.cache.get("reused_tokens")
+            attrs["arbor.cache.restored_bytes"] = result.cache.get("restored_bytes")
+            attrs["arbor.cache.restore_ms"] = result.cache.get("restore_ms")
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+def tool_span_attributes(name: str, call_id: str, *, branch_id: str, error_type: str | None,
+                         trimmed: bool, full_chars: int | None, context_chars: int | None,
+                         artifact_id: str | None, requires_approval: bool, decision: str | None) -> dict:
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": name,
+        "gen_ai.tool.call.id": call_id,
+        "gen_ai.tool.type": "function",
+        "arbor.branch.id": branch_id,
+        "arbor.tool.trimmed": trimmed,
+        "arbor.tool.full_chars": full_chars,
+        "arbor.tool.context_chars": context_chars,
+        "arbor.artifact.id": artifact_id,
+        "arbor.tool.requires_approval": requires_approval,
+        "arbor.approval.decision": decision,
+    }
+    if error_type:
+        attrs["error.type"] = error_type
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+class TraceRecorder:
+    """Writes the spans and artifacts of one run (ids fixed at construction)."""
+
+    def __init__(self, engine: Engine, *, session_id: str, branch_id: str, turn_id: str, run_id: str,
+                 base_url: str) -> None:
+        self.engine = engine
+        self.session_id, self.branch_id, self.turn_id, self.run_id = session_id, branch_id, turn_id, run_id
+        self.base_url = base_url
+
+    def _save(self, row: Any) -> str:
+        row_id = row.id  # read before commit expires the instance
+        with Session(self.engine) as db:
+            db.add(row)
+            db.commit()
+        return row_id
+
+    def model_call(self, *, step: int, body: dict, started_at: datetime, duration_ms: float,
+                   result: ModelCallResult | None = None, error: str | None = None,
+                   error_type: str | None = None) -> str:
+        """Record a chat call; `body` is the exact request body. Returns the span id."""
+        response = None
+        if result is not None:
+            response = {
+                "message": result.assistant_message(),
+                "finish_reason": result.finish_reason,
+                "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                          "cached_tokens": result.cached_tokens},
+                "timings": result.timings,
+                "cache": result.cache,
+            }
+        span = Span(
+            id=new_id(), session_id=self.session_id, branch_id=self.branch_id, turn_id=self.turn_id,
+            run_id=self.run_id, kind="model", name=f"chat {body.get('model')}",
+            status="error" if error else "ok", error=error, started_at=started_at, duration_ms=duration_ms,
+            ttft_ms=result.ttft_ms if result else None,
+            attributes=model_span_attributes(body, result, self.base_url, session_id=self.session_id,
+                                             branch_id=self.branch_id, step=step, error_type=error_type),
+            request=body, response=response,
+        )
+        return self._save(span)
+
+    def tool_call(self, *, name: str, call_id: str, arguments: Any, started_at: datetime, duration_ms: float,
+                  context_text: str, error: str | None, error_type: str | None, trimmed: bool,
+                  full_chars: int | None, artifact_id: str | None, requires_approval: bool,
+                  decision: str | None) -> str:
+        span = Span(
+            id=new_id(), session_id=self.session_id, branch_id=self.branch_id, turn_id=self.turn_id,
+            run_id=self.run_id, kind="tool", name=f"execute_tool {name}",
+            status="error" if error else "ok", error=error, started_at=started_at, duration_ms=duration_ms,
+            attributes=tool_span_attributes(name, call_id, branch_id=self.branch_id, error_type=error_type,
+                                            trimmed=trimmed, full_chars=full_chars,
+                                            context_chars=len(context_text), artifact_id=artifact_id,
+                                            requires_approval=requires_approval, decision=decision),
+            request={"arguments": arguments},
+            response={"content": context_text, "trimmed": trimmed, "full_chars": full_chars},
+            artifact_id=artifact_id,
+        )
+        return self._save(span)
+
+    def artifact(self, *, artifact_id: str, tool_name: str, call_id: str, content: str, context_chars: int) -> None:
+        self._save(Artifact(id=artifact_id, session_id=self.session_id, turn_id=self.turn_id, tool_name=tool_name,
+                            tool_call_id=call_id, content=content, chars=len(content),
+                            context_chars=context_chars, created_at=utcnow()))
