@@ -208,27 +208,32 @@ class DiskTier:
             seg.path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ match
-    def match(self, tokens: list[int]) -> tuple[int, list[RadixNode]]:
-        """Longest prefix with payloads on whole nodes (no partial edges): (length, nodes)."""
+    def match(self, tokens: list[int]) -> tuple[int, list[tuple[RadixNode, int]]]:
+        """Longest prefix held on disk: (length, [(node, tokens used from it)]). The last
+        node may be used only partly (the prefix ends inside its edge)."""
         with self._lock:
             m = self.tree.match_prefix(tokens, require_payload=True, touch=True)
-            return m.length, list(m.path)
+            used = [(n, len(n.key)) for n in m.path]
+            if m.partial_node is not None and m.partial_node.payload is not None and m.partial_tokens > 0:
+                used.append((m.partial_node, m.partial_tokens))
+            return m.length + (m.partial_tokens if len(used) > len(m.path) else 0), used
 
-    def load(self, nodes: list[RadixNode]) -> TierMatch:
+    def load(self, used: list[tuple[RadixNode, int]]) -> TierMatch:
         """Read and check the files of a matched path; a bad file is dropped from the index."""
         segments = []
-        for node in nodes:
+        for node, n in used:
             seg: DiskSegment = node.payload
             try:
-                segments.append(read_segment_file(seg.path, self.fingerprint))
+                kv = read_segment_file(seg.path, self.fingerprint)
             except DiskSegmentError as exc:
                 log.warning("disk cache: %s; dropped", exc)
                 with self._lock:
-                    if node.attached and node.lock_ref == 0:
+                    if node.attached and node.lock_ref == 0 and node.payload is seg:
                         self.tree.remove_payload(node)
                         seg.path.unlink(missing_ok=True)
                 raise
-        return TierMatch(sum(s.n_tokens for s in segments), segments, nodes[-1] if nodes else None)
+            segments.append(kv if n == kv.n_tokens else kv.slice(0, n))
+        return TierMatch(sum(s.n_tokens for s in segments), segments, used[-1][0] if used else None)
 
     # ------------------------------------------------------------------ store
     def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:

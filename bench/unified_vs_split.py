@@ -1,0 +1,61 @@
+"""What unified KV costs: a bare llama_decode loop over N sequences, unified against split
+streams, in one process, same model, same tokens.
+
+    python -m bench.unified_vs_split [--model M.gguf] [--seqs 4] [--tokens 20] [--prompt 64]
+
+Each sequence first gets a prompt of --prompt tokens, then --tokens decode steps run with one
+token per sequence per batch. Resident sharing needs unified KV (seq_cp shares cells only
+within one stream), so its cost in decode speed is ours to know.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
+from server.model_file import embedded_model_path
+
+
+def decode_rate(model: Path, unified: bool, n_seqs: int, n_tokens: int, prompt_len: int, threads: int) -> float:
+    rt = LlamaRuntime(RuntimeConfig(model, n_ctx=4096, n_batch=512, n_seq_max=n_seqs, n_threads=threads,
+                                    n_threads_batch=threads, kv_unified=unified))
+    try:
+        prompt = rt.tokenize("The history of engineering " * 40, add_special=False, parse_special=False)[:prompt_len]
+        for s in range(n_seqs):
+            rt.decode([BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)])
+        t0 = time.perf_counter()
+        for step in range(n_tokens):
+            rt.decode([BatchEntry(100 + step, len(prompt) + step, s, True) for s in range(n_seqs)])
+        return n_seqs * n_tokens / (time.perf_counter() - t0)
+    finally:
+        rt.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--seqs", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=20)
+    p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("bench/results/unified_vs_split.json"))
+    a = p.parse_args(argv)
+    model = a.model or embedded_model_path()
+    rows = {"unified": [], "split": []}
+    for _ in range(a.repeats):  # interleaved, so drift on a shared machine hits both alike
+        rows["unified"].append(decode_rate(model, True, a.seqs, a.tokens, a.prompt, a.threads))
+        rows["split"].append(decode_rate(model, False, a.seqs, a.tokens, a.prompt, a.threads))
+    best = {k: max(v) for k, v in rows.items()}
+    out = {"model": str(model), "seqs": a.seqs, "tokens": a.tokens, "prompt": a.prompt, "tok_s": rows,
+           "best_tok_s": best, "unified_over_split": best["unified"] / best["split"]}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
