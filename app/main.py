@@ -68,6 +68,6 @@ def create_app(settings: WorkbenchSettings | None = None, catalog: ScenarioCatal
     install_error_handlers(app)
     app.include_router(api_router())
     # -- web pages (frontend/, issue 5): HTML routes and /static ----------------------------
-    from frontend import pages  # noqa: E402  (late: pages import app.replay)
+    from frontend import pages  # imported here: frontend itself imports app
     app.include_router(pages.router); pages.mount_static(app)
     return app

@@ -107,7 +107,9 @@ def _cdf_figure(runs: Sequence[RunResult], labels: Sequence[str]) -> Figure:
         for run, label in zip(runs, labels):
             values = np.sort([getattr(r, attr) for r in run.requests if r.ok and getattr(r, attr) is not None])
             if len(values):
-                ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=label)
+                xs = np.concatenate([values[:1], values])  # start the curve at 0
+                ys = np.arange(0, len(values) + 1) / len(values)
+                ax.step(xs, ys, where="post", label=label)
         ax.set_title(title)
         ax.set_xlabel("seconds")
         ax.set_ylabel("fraction of requests")
@@ -149,7 +151,7 @@ def _tokens_figure(runs: Sequence[RunResult], labels: Sequence[str]) -> Figure:
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.set_ylabel("prompt tokens")
     ax.set_title("Prompt tokens: reused vs computed")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     return fig
 
 

@@ -2,7 +2,7 @@
 
 Checks what must hold on any correct server: every request answers with usage, the ideal
 is computed on the server's own tokens and agrees with its usage counts, and no cache
-computes fewer prompt tokens than the ideal.
+computes fewer prompt tokens than the ideal allows (see the slack below).
 """
 
 import importlib.util
@@ -77,5 +77,9 @@ async def test_agent_workload_against_arbor_server(arbor_server):
     s = result.summary
     ideal = s["ideal"]
     assert ideal["unit"] == "tokens" and ideal["prompt_token_mismatches"] == 0
-    assert s["tokens"]["computed"] >= ideal["ideal_computed_tokens"]  # no cache beats the ideal
+    # The ideal counts prefixes of earlier *prompts*; a slot that keeps its generated tokens (source A)
+    # may also reuse the first tokens of a recorded assistant turn when the model happened to generate
+    # them, so each request may beat it by at most its predecessor's output length.
+    slack = sum(r.completion_tokens for r in result.requests)
+    assert ideal["ideal_computed_tokens"] - slack <= s["tokens"]["computed"] <= s["tokens"]["prompt"]
     assert s["tokens"]["cached"] > 0  # later turns extend earlier ones: some prefix is reused

@@ -1,0 +1,1 @@
+"""Benchmark tools: synthetic models and (with the lead) the benchmark runner."""

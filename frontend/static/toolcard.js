@@ -1,0 +1,60 @@
+// A tool call as a card: arguments, result (or error), duration, trimming, approval decision.
+
+import { h, replace, badge } from "./dom.js";
+import { fmtMs, fmtInt, pretty } from "./format.js";
+
+const LONG_RESULT_CHARS = 1200;
+const LONG_RESULT_LINES = 14;
+
+/**
+ * toolCard({id, name, arguments}) -> {el, setResult(result), setWaiting(text)}.
+ * result: {content, error, duration_ms, trimmed, full_chars, artifact_id, decision}.
+ */
+export function toolCard(call) {
+  const status = h("span", { class: "tool-status" }, badge("running", "running"));
+  const resultBox = h("div", { class: "tool-result" });
+  const el = h("article", { class: "tool-card", dataset: { toolCallId: call.id || "", tool: call.name || "", state: "running" } },
+    h("header", { class: "tool-head" },
+      h("span", { class: "tool-icon", "aria-hidden": "true" }, "⚙"),
+      h("span", { class: "visually-hidden" }, "Tool call "),
+      h("code", { class: "tool-name" }, call.name || "(unnamed tool)"),
+      status),
+    h("div", { class: "tool-args" }, h("span", { class: "label" }, "Arguments"),
+      h("pre", { class: "code" }, pretty(call.arguments ?? {}))),
+    resultBox);
+
+  function setResult(result) {
+    const failed = Boolean(result.error);
+    el.dataset.state = failed ? "error" : "ok";
+    const parts = [failed ? badge("error", "error") : badge("ok", "done")];
+    if (result.duration_ms !== undefined && result.duration_ms !== null) parts.push(h("span", { class: "duration" }, fmtMs(result.duration_ms)));
+    if (result.decision) parts.push(badge(result.decision === "approved" ? "ok" : "warn", `operator ${result.decision}`));
+    replace(status, parts);
+    const body = [];
+    if (failed) body.push(h("p", { class: "error tool-error" }, h("span", { "aria-hidden": "true" }, "✗ "), result.error));
+    if (result.content !== undefined && result.content !== null && result.content !== "" && result.content !== result.error) {
+      const text = pretty(result.content);
+      const pre = h("pre", { class: "code" }, text);
+      const lines = text.split("\n").length;
+      if (text.length > LONG_RESULT_CHARS || lines > LONG_RESULT_LINES) {
+        // long results fold away so the conversation stays readable; one click (or Enter) opens them
+        body.push(h("details", { class: "tool-output" }, h("summary", {}, `Result (${fmtInt(lines)} lines, ${fmtInt(text.length)} characters)`), pre));
+      } else {
+        body.push(h("span", { class: "label" }, "Result"), pre);
+      }
+    }
+    if (result.trimmed) {
+      const note = [`The model saw a trimmed result${result.full_chars ? ` (full: ${fmtInt(result.full_chars)} characters)` : ""}.`];
+      if (result.artifact_id) note.push(" ", h("a", { href: `/api/artifacts/${encodeURIComponent(result.artifact_id)}`, target: "_blank", rel: "noopener" }, "Full result"));
+      body.push(h("p", { class: "muted small" }, h("span", { "aria-hidden": "true" }, "✂ "), ...note));
+    }
+    replace(resultBox, body);
+  }
+
+  function setWaiting(text) {
+    el.dataset.state = "waiting";
+    replace(status, badge("wait", text));
+  }
+
+  return { el, setResult, setWaiting };
+}

@@ -1,0 +1,77 @@
+"""Browser fixtures: Debian's Chromium through Playwright, the live workbench, screenshots on failure."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.frontend.support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    REPO,
+    ConversationScript,
+    incident_service,
+    live_workbench,
+)
+
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright Python package is not installed")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="session")
+def incident_url():
+    with incident_service("degraded") as url:
+        yield url
+
+
+@pytest.fixture
+def script() -> ConversationScript:
+    return ConversationScript()
+
+
+@pytest.fixture
+def workbench(tmp_path, incident_url, script):
+    with live_workbench(tmp_path / "var", incident_url, script) as live:
+        yield live
+
+
+@pytest.fixture
+def page(request, browser):
+    """A fresh page at 1280x900; on failure its screenshot goes to test-artifacts/."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.js_errors = errors
+    yield page
+    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+    if failed:
+        ARTIFACTS.mkdir(exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)[-150:]
+        try:
+            page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        except Exception as exc:  # noqa: BLE001  a crashed page must not hide the test's own failure
+            print(f"screenshot failed: {exc}")
+    context.close()

@@ -1,0 +1,200 @@
+"""The Session page in Chromium: streamed answers, tool cards, forks and branch switches, approvals."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.fakes.scripted_openai import ScriptedReply, tool_call
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+
+def open_new_session(page, workbench, scenario_title: str) -> str:
+    """From the home page, start a session of the scenario titled `scenario_title`."""
+    page.goto(workbench.url + "/")
+    card = page.locator("article.scenario", has=page.get_by_role("heading", name=scenario_title))
+    card.get_by_role("button", name="New session").click()
+    page.wait_for_url(re.compile(r"/sessions/[0-9a-f]+$"))
+    expect(page.locator("#session-title")).to_contain_text(scenario_title)
+    return page.url.rsplit("/", 1)[1]
+
+
+def send(page, text: str) -> None:
+    page.get_by_label("Message").fill(text)
+    page.get_by_role("button", name="Send").click()
+
+
+def last_turn(page):
+    return page.locator("#conversation > li.turn").last
+
+
+def test_message_streams_an_answer_and_shows_the_tool_card(page, workbench, script):
+    script.on("Which companies",
+              ScriptedReply(tool_calls=[tool_call("list_companies", {}, "call_list")]),
+              ScriptedReply(content="There are **three** companies:\n\n- Northwind Robotics\n- Cedar Grid Energy\n"
+                                    "- Lumen Bay Health", cached_tokens=40, cache_source="S"))
+    open_new_session(page, workbench, "Financial research")
+    send(page, "Which companies are covered?")
+
+    turn = last_turn(page)
+    expect(turn).to_have_attribute("data-status", "completed")
+    answer = turn.locator(".md.answer")
+    expect(answer).to_contain_text("There are three companies")
+    expect(answer.locator("strong")).to_have_text("three")
+    expect(answer.locator("li")).to_have_count(3)
+    # the answer arrived as SSE token events, parsed from the fetch body stream
+    assert int(page.evaluate("document.body.dataset.streamedTokens")) > 1
+    events = page.evaluate("document.body.dataset.lastEvents").split(",")
+    assert events[0] == "turn" and events[-1] == "final"
+    assert {"token", "tool_call", "tool_result", "model_call"} <= set(events)
+
+    card = turn.locator("article.tool-card")
+    expect(card).to_have_count(1)
+    expect(card.locator(".tool-name")).to_have_text("list_companies")
+    expect(card).to_have_attribute("data-state", "ok")
+    expect(card.locator(".tool-result")).to_contain_text("Northwind Robotics")
+    expect(card.locator(".duration")).to_contain_text("ms")
+    expect(turn.locator(".model-stats")).to_contain_text("2 model calls")
+    expect(turn.locator(".model-stats")).to_contain_text("40 reused")
+    expect(turn.locator(".model-stats")).to_contain_text("cache S")
+    # the page still shows the same after a reload (rendered from the stored turn)
+    page.reload()
+    expect(last_turn(page).locator("article.tool-card .tool-name")).to_have_text("list_companies")
+    expect(last_turn(page).locator(".md.answer strong")).to_have_text("three")
+    assert page.js_errors == []
+
+
+def test_fork_from_first_turn_and_switch_between_branches(page, workbench, script):
+    script.on("first question", ScriptedReply(content="Answer one."))
+    script.on("second question", ScriptedReply(content="Answer two on main."))
+    script.on("other path", ScriptedReply(content="Answer on the fork."))
+    open_new_session(page, workbench, "Field maintenance")
+    send(page, "first question")
+    expect(last_turn(page)).to_contain_text("Answer one.")
+    send(page, "second question")
+    expect(page.locator("#conversation > li.turn")).to_have_count(2)
+    expect(last_turn(page)).to_contain_text("Answer two on main.")
+
+    page.locator("#conversation > li.turn").first.get_by_role("button", name=re.compile("Fork a new branch from turn #1")).click()
+    branches = page.locator("#branch-list > li.branch")
+    expect(branches).to_have_count(2)
+    current = page.locator("#branch-list > li.branch.current")
+    expect(current).not_to_have_attribute("data-branch-name", "main")
+    expect(page.locator("#conversation > li.turn")).to_have_count(1)
+    expect(page.locator("#conversation")).not_to_contain_text("second question")
+
+    send(page, "other path please")
+    expect(page.locator("#conversation > li.turn")).to_have_count(2)
+    expect(last_turn(page)).to_contain_text("Answer on the fork.")
+    main = page.locator("#branch-list > li.branch[data-branch-name='main']")
+    expect(main).to_contain_text("shares 1 turn with the current branch, diverges after #1")
+    # the tree shows the fork point with both continuations below it
+    fork_node = page.locator("#turn-tree li.tree-node", has_text="first question").first
+    expect(fork_node.locator(".tag.fork-point").first).to_be_visible()
+    expect(fork_node.locator(":scope > ul > li")).to_have_count(2)
+
+    main.get_by_role("button", name="Switch to branch main").click()
+    expect(page.locator("#branch-list > li.branch.current")).to_have_attribute("data-branch-name", "main")
+    expect(page.locator("#current-branch-name")).to_have_text("main")
+    turns = page.locator("#conversation > li.turn")
+    expect(turns).to_have_count(2)
+    expect(turns.nth(1)).to_contain_text("second question")
+    expect(page.locator("#conversation")).not_to_contain_text("other path please")
+    # the fork's request history shared the first turn: the model saw turn 1, not turn 2
+    fork_body = next(b for b in workbench.fake.bodies if "other path please" in str(b["messages"][-1]))
+    seen = " ".join(str(m.get("content")) for m in fork_body["messages"])
+    assert "first question" in seen and "second question" not in seen
+    assert page.js_errors == []
+
+
+def test_approve_a_proposed_action(page, workbench, script):
+    proposal = {"action": "restart_service", "target": "edge-event-api", "reason": "queue backlog keeps growing"}
+    script.on("Diagnose",
+              ScriptedReply(tool_calls=[tool_call("service_status", {}, "c_status"),
+                                        tool_call("propose_action", proposal, "c_prop")]),
+              ScriptedReply(content="Diagnosis: the service is degraded. The restart was decided by the operator."))
+    open_new_session(page, workbench, "Edge incident")
+    send(page, "Diagnose the event service")
+
+    box = page.locator("section.approval")
+    expect(box).to_be_visible()
+    expect(box).to_contain_text("propose_action")
+    expect(box).to_contain_text("queue backlog keeps growing")
+    expect(page.get_by_label("Message")).to_be_disabled()
+    expect(last_turn(page)).to_have_attribute("data-status", "awaiting_approval")
+    box.get_by_label("Comment").fill("ok, restart it")
+    box.get_by_role("button", name="Approve").click()
+
+    turn = last_turn(page)
+    expect(turn).to_have_attribute("data-status", "completed")
+    expect(turn.locator(".md.answer")).to_contain_text("Diagnosis: the service is degraded.")
+    status_card = turn.locator("article.tool-card[data-tool='service_status']")
+    expect(status_card).to_have_attribute("data-state", "ok")
+    expect(status_card.locator(".tool-result")).to_contain_text("degraded")
+    proposal_card = turn.locator("article.tool-card[data-tool='propose_action']")
+    expect(proposal_card).to_contain_text("operator approved")
+    expect(page.locator("section.approval")).to_have_count(0)
+    expect(page.get_by_label("Message")).to_be_enabled()
+
+    approvals = workbench.api("GET", "/api/approvals", params={"status": ""}).json()
+    assert [(a["status"], a["comment"]) for a in approvals] == [("approved", "ok, restart it")]
+    assert page.js_errors == []
+
+
+def test_failed_turn_shows_the_error_and_retry_works(page, workbench, script):
+    script.on_call("flaky", lambda attempt, body: ScriptedReply(status=503) if attempt == 0
+                   else ScriptedReply(content="Second time lucky."))
+    open_new_session(page, workbench, "Financial research")
+    send(page, "flaky question")
+    failed = page.locator("#conversation > li.turn[data-status='failed']")
+    expect(failed).to_have_count(1)
+    expect(failed.locator(".turn-error")).to_contain_text("failed")
+    failed.get_by_role("button", name="Retry this message").click()
+    done = page.locator("#conversation > li.turn[data-status='completed']")
+    expect(done).to_have_count(1)
+    expect(done).to_contain_text("Second time lucky.")
+    assert page.js_errors == []
+
+
+def test_keyboard_alone_starts_a_session_and_sends(page, workbench, script):
+    script.on("keyboard", ScriptedReply(content="Typed without a mouse."))
+    page.goto(workbench.url + "/")
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        focused = page.evaluate("[document.activeElement.className, document.activeElement.textContent]")
+        if "new-session" in focused[0]:
+            break
+    else:
+        pytest.fail("no New session button reachable with Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(r"/sessions/[0-9a-f]+$"))
+    page.get_by_label("Message").focus()
+    page.keyboard.type("keyboard only")
+    page.keyboard.press("Control+Enter")
+    expect(last_turn(page)).to_contain_text("Typed without a mouse.")
+    # focus is visible: the focused button draws an outline
+    page.keyboard.press("Tab")
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"
+
+
+def test_unknown_session_says_so(page, workbench):
+    page.goto(workbench.url + "/sessions/does-not-exist")
+    expect(page.locator("#session-error")).to_contain_text("does not exist")
+
+
+def test_refused_message_is_explained_and_kept(page, workbench):
+    page.goto(workbench.url + "/")
+    page.locator("article.scenario[data-scenario='field_maintenance']").get_by_role("button", name="New session").click()
+    page.wait_for_url(re.compile(r"/sessions/[0-9a-f]+$"))
+    too_long = "x" * (workbench.settings.max_message_chars + 1)
+    page.get_by_label("Message").fill(too_long)
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#session-error")).to_contain_text("Not sent")
+    expect(page.locator("#session-error")).to_contain_text(str(workbench.settings.max_message_chars))
+    expect(page.get_by_label("Message")).to_have_value(too_long)
+    expect(page.locator("#conversation > li.turn")).to_have_count(0)
+    assert workbench.fake.requests == []
