@@ -89,7 +89,9 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     grammar = None
     functions = [t.function.model_dump() for t in offered or []]
     if choice == "required":
-        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is not False)
+        # Like llama-server, several calls only when asked for: small models otherwise repeat
+        # calls until max_tokens cuts one in half.
+        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is True)
     elif not isinstance(choice, str):
         named = [f for f in functions if f["name"] == choice.function["name"]]
         grammar = tool_call_grammar(named, allow_many=False)

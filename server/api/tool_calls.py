@@ -78,6 +78,7 @@ class ToolCallStreamParser:
         self._buf = ""
         self._mode = "start"  # start | content | in_call | json
         self.calls: list[ParsedToolCall] = []
+        self.truncated_call = False  # a call after the parsed ones was cut off and dropped
 
     def feed(self, delta: str) -> list[ContentDelta | ParsedToolCall]:
         self._buf += delta
@@ -135,5 +136,9 @@ class ToolCallStreamParser:
             if calls is not None:
                 self.calls.extend(calls)
                 return list(calls)
+            if self.calls:
+                # a further call cut off by max_tokens: its half-written markup is no content
+                self.truncated_call = True
+                return []
             return [ContentDelta(TOOL_CALL_OPEN + buf)]
         return [ContentDelta(buf)] if buf else []

@@ -148,9 +148,11 @@ class Engine:
             cancelled = self.scheduler.take_cancelled()
         for seq in cancelled:
             self._finish(seq, "cancelled")
-        with self._lock:
-            admissions = self.scheduler.admit()
-        for adm in admissions:
+        while True:
+            with self._lock:
+                adm = self.scheduler.admit_one()
+            if adm is None:
+                break
             adm.seq.t_prefill_start = time.perf_counter()
             try:
                 self.runner.prepare(adm)

