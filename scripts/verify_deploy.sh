@@ -30,7 +30,7 @@ poll_s=${ARBOR_VERIFY_POLL_S:-5}
 
 # service name, container port, health path
 services=(
-  "incident-api 8765 /health"
+  "incident-api 8765 /status"
   "server 8080 /health"
   "workbench 8090 /api/health"
 )

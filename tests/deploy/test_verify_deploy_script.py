@@ -16,7 +16,7 @@ import pytest
 from tests.deploy.deploy_files import VERIFY_SCRIPT
 
 HERE = Path(__file__).parent
-ENDPOINTS = {"incident-api": "/health", "server": "/health", "workbench": "/api/health"}
+ENDPOINTS = {"incident-api": "/status", "server": "/health", "workbench": "/api/health"}
 
 
 class HealthServer:

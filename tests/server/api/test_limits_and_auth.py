@@ -34,11 +34,11 @@ def test_api_key_required_except_health(small_server):
 
 def test_full_queue_answers_503_with_retry_after(small_server):
     url = small_server.v1 + "/chat/completions"
-    body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 200, "ignore_eos": True}
+    body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 60, "ignore_eos": True}
     results: list[int] = []
 
     def call():
-        results.append(httpx.post(url, json=body, headers=AUTH, timeout=120).status_code)
+        results.append(httpx.post(url, json=body, headers=AUTH, timeout=600).status_code)
 
     running = threading.Thread(target=call)
     running.start()
@@ -49,8 +49,8 @@ def test_full_queue_answers_503_with_retry_after(small_server):
     r = httpx.post(url, json=body, headers=AUTH, timeout=30)
     assert r.status_code == 503 and r.headers["retry-after"]
     assert r.json()["error"]["code"] == "queue_full"
-    running.join(120)
-    queued.join(120)
+    running.join(600)
+    queued.join(600)
     assert results == [200, 200]
 
 

@@ -1,0 +1,140 @@
+"""Cache micro-benchmarks on the real engine (issue 3, items 3-5), in one process:
+
+1. device KV: 4 concurrent requests with prompts sharing their first half: KV cells used
+   against the union bound and against no sharing;
+2. host bytes: 8 prompts sharing their first half stored in tier H, against per-sequence
+   state snapshots;
+3. restoring N tokens from host RAM and from disk against recomputing them.
+
+    python -m bench.cache_micro [--prompt 2048] [--restore-tokens 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from server import bootstrap
+from server.cache.disk_tier import read_segment_file, write_segment_file
+from server.cache.resident import union_positions
+from server.engine.llama_runtime import BatchEntry
+from server.settings import ServerSettings
+from tests.server.cache.engine_harness import generate_many, kept_cells, reset_kv, used_cells
+
+
+def words(n: int, seed: int) -> str:
+    vocab = ["pump", "valve", "sensor", "drift", "alarm", "reading", "shift", "report", "node", "fleet"]
+    return " ".join(f"{vocab[(i * 7 + seed) % len(vocab)]}{(i + seed) % 97}" for i in range(n))
+
+
+def tokens_of(model, text: str, n: int) -> list[int]:
+    toks = model.runtime.tokenize(text, add_special=False, parse_special=False)
+    if len(toks) < n:
+        raise ValueError("text too short")
+    return toks[:n]
+
+
+def device_kv(model, prompt_len: int) -> dict:
+    reset_kv(model)
+    half = prompt_len // 2
+    shared = tokens_of(model, words(prompt_len, 0), half)
+    prompts = [shared + tokens_of(model, words(prompt_len, 100 + i), prompt_len - half) for i in range(4)]
+    t0 = time.perf_counter()
+    results = generate_many(model, prompts, max_tokens=2)
+    wall = time.perf_counter() - t0
+    cells = used_cells(model)
+    slot_tokens = [list(s.tokens) for s in model.slots.slots if s.tokens]
+    bound = union_positions(slot_tokens + ([o.tokens for o in model.router.resident.owners]
+                                           if model.router.resident else []))
+    no_sharing = sum(len(t) for t in slot_tokens)
+    return {"prompt_tokens": prompt_len, "requests": 4, "used_cells": cells, "union_bound": bound,
+            "bookkept": kept_cells(model), "no_sharing_cells": no_sharing,
+            "cells_over_bound": cells / bound, "reduction_vs_no_sharing": 1 - cells / no_sharing,
+            "sources": [r.final.cache.source for r in results], "wall_s": wall}
+
+
+def host_bytes(model, prompt_len: int) -> dict:
+    reset_kv(model)
+    model.engine.run_exclusive(model.router.host.flush)
+    half = prompt_len // 2
+    shared = tokens_of(model, words(prompt_len, 1), half)
+    prompts = [shared + tokens_of(model, words(prompt_len, 200 + i), prompt_len - half) for i in range(8)]
+    snapshot_bytes = 0
+    stored: list[list[int]] = []
+    for p in prompts:
+        generate_many(model, [p], max_tokens=1)
+        slot = max(model.slots.slots, key=lambda s: s.last_used)
+        snapshot_bytes += len(model.engine.run_exclusive(lambda: model.runtime.state_seq_get(slot.seq_id)))
+        stored.append(list(slot.tokens))
+    st = model.router.host.stats()
+    per_token = st["bytes"] / st["tokens"]
+    bound_bytes = union_positions(stored) * per_token
+    return {"prompts": 8, "prompt_tokens": prompt_len, "host_bytes": st["bytes"], "union_bound_bytes": bound_bytes,
+            "per_sequence_snapshot_bytes": snapshot_bytes, "bytes_over_bound": st["bytes"] / bound_bytes,
+            "reduction_vs_snapshots": 1 - st["bytes"] / snapshot_bytes}
+
+
+def restore_vs_recompute(model, n: int, repeats: int = 3) -> dict:
+    rt, kv = model.runtime, model.router.kv
+    toks = tokens_of(model, words(n + 50, 3), n)
+    slot = model.slots.slots[0].seq_id
+
+    def job():
+        rt.seq_rm(slot, -1, -1)
+        best_compute = best_host = best_disk = float("inf")
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(repeats):
+                rt.seq_rm(slot, -1, -1)
+                t0 = time.perf_counter()
+                for i in range(0, n, rt.n_batch):
+                    chunk = toks[i:i + rt.n_batch]
+                    rt.decode([BatchEntry(t, i + j, slot, False) for j, t in enumerate(chunk)])
+                best_compute = min(best_compute, time.perf_counter() - t0)
+                seg = kv.extract(slot, 0, n).compact()
+                f = write_segment_file(Path(tmp), "bench", toks, seg)
+                rt.seq_rm(slot, -1, -1)
+                t0 = time.perf_counter()
+                kv.restore([seg], slot)
+                best_host = min(best_host, time.perf_counter() - t0)
+                rt.seq_rm(slot, -1, -1)
+                t0 = time.perf_counter()
+                kv.restore([read_segment_file(f.path, "bench")], slot)
+                best_disk = min(best_disk, time.perf_counter() - t0)
+        rt.seq_rm(slot, -1, -1)
+        model.slots.slots[0].tokens = []
+        return best_compute, best_host, best_disk, seg.nbytes
+
+    compute, host, disk, nbytes = model.engine.run_exclusive(job)
+    return {"tokens": n, "bytes": nbytes, "recompute_s": compute, "host_restore_s": host, "disk_restore_s": disk,
+            "host_speedup": compute / host, "disk_speedup": compute / disk}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompt", type=int, default=2048)
+    p.add_argument("--host-prompt", type=int, default=512)
+    p.add_argument("--restore-tokens", type=int, default=1024)
+    p.add_argument("--out", type=Path, default=Path("bench/results/cache_micro.json"))
+    a = p.parse_args(argv)
+    ctx = 4 * (a.prompt + 64)
+    model = bootstrap.load(ServerSettings(parallel=4, ctx_size=ctx, batch_size=512, threads=2,
+                                          cache_tiers=("A", "S", "H"), cache_min_tokens=16, resident_cells=a.prompt))
+    try:
+        out = {"restore_vs_recompute": restore_vs_recompute(model, a.restore_tokens)}
+        print(json.dumps(out["restore_vs_recompute"]), flush=True)
+        out["host_bytes"] = host_bytes(model, a.host_prompt)
+        print(json.dumps(out["host_bytes"]), flush=True)
+        out["device_kv"] = device_kv(model, a.prompt)
+        print(json.dumps(out["device_kv"]), flush=True)
+    finally:
+        model.close()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=2))
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
