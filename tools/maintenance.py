@@ -8,8 +8,10 @@ or metrics raise `ToolError` naming what exists.
 
 from __future__ import annotations
 
+import json
 import statistics
 from datetime import datetime
+from pathlib import Path
 
 from scenarios.field_maintenance.fleet import Fleet, load_fleet
 from tools.anomaly import detect, slope
@@ -18,7 +20,17 @@ from tools.text_search import rank
 
 LEVELS = ("info", "warning", "error")
 _MAX_EPISODES = 10
-_DEVICE = {"type": "string", "description": "e.g. PUMP-02"}
+
+
+def _device_ids() -> list[str]:
+    """The fleet's device ids, listed in the schema: a small model picks from an enum far more
+    reliably than it invents an id (unconstrained, it may write digits until max_tokens)."""
+    fleet = json.loads((Path(__file__).resolve().parents[1] / "scenarios" / "field_maintenance" / "data"
+                        / "fleet.json").read_text())
+    return [d["id"] for d in fleet["devices"]]
+
+
+_DEVICE = {"type": "string", "enum": _device_ids()}
 
 
 def _fleet() -> Fleet:

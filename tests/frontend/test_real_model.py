@@ -39,8 +39,8 @@ def test_a_forced_tool_turn_on_the_embedded_model(page, real_server, incident_ur
         page.get_by_label("Require a tool call in the first step").check()
         send(page, "What is the status of the fleet?")
         turn = last_turn(page)
-        expect(turn).to_have_attribute("data-status", "completed")
-        expect(turn.locator('article.tool-card[data-state="ok"]').first).to_be_visible()
+        expect(turn).to_have_attribute("data-status", "completed", timeout=600_000)
+        expect(turn.locator('article.tool-card[data-state="ok"]').first).to_be_visible(timeout=30_000)
         expect(turn.locator(".md.answer")).not_to_be_empty()
         assert int(page.evaluate("document.body.dataset.streamedTokens")) > 0
         assert not page.js_errors

@@ -73,7 +73,7 @@ def test_detector_on_synthetic_series():
 async def test_device_status_overview_and_detail():
     overview = await call("device_status")
     assert {d["id"]: d["status"] for d in overview["devices"]}["PUMP-02"] == "alarm"
-    detail = await call("device_status", device_id="pump-02")
+    detail = await call("device_status", device_id="PUMP-02")
     assert detail["id"] == "PUMP-02"
     assert detail["latest"]["bearing_temp_c"]["state"] == "warning"
     assert "A210" in detail["week_alarms"]
@@ -121,7 +121,7 @@ async def test_search_manual():
 
 
 @pytest.mark.parametrize("name, arguments, message", [
-    ("device_status", {"device_id": "PUMP-99"}, "unknown device 'PUMP-99'; known: PUMP-01, PUMP-02"),
+    ("device_status", {"device_id": "PUMP-99"}, "'device_id' must be one of PUMP-01, PUMP-02"),
     ("trend_statistics", {"device_id": "PUMP-01", "metric": "rpm"},
      "PUMP-01 has no metric 'rpm'; it has: vibration_mm_s"),
     ("trend_statistics", {"device_id": "PUMP-01", "hours": 2}, "'hours' must be at least 6"),
