@@ -66,6 +66,12 @@ class ResidentOwners:
                 best_n, best_owner = n, owner
         return best_n, best_owner
 
+    def note_attach(self, owner: Owner) -> None:
+        """A request attached this owner: count the hit and refresh its place in the LRU order."""
+        owner.attaches += 1
+        owner.last_used = next(_stamps)
+        self.hits += 1
+
     def cells(self) -> int:
         return union_positions([o.tokens for o in self.owners])
 

@@ -17,7 +17,6 @@ wait for it and then attach (in-flight sharing), instead of computing it twice.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -143,9 +142,7 @@ class CacheRouter:
             if self.runtime.seq_pos_max(slot_seq) != c.length - 1:
                 raise RestoreError("attaching the shared prefix did not give the expected cells")
             if c.owner is not None:
-                c.owner.attaches += 1
-                c.owner.last_used = time.monotonic_ns()
-                self.resident.hits += 1
+                self.resident.note_attach(c.owner)
             return CacheReport("S", c.length)
         # H or D: keep what the slot already holds (A) and restore only the rest.
         keep = min(a_len, c.length)
@@ -194,13 +191,11 @@ class CacheRouter:
             return None
         try:
             if self.host is not None:
-                before = self.host.tree.match_prefix(tokens, require_payload=True, touch=False).length
                 result = self.host.store(tokens, lambda s, e: self.kv.extract(slot_seq, s, e))
                 if self.disk is not None and result.last_node.attached:
                     path = [n for n in result.last_node.iter_up()][::-1]
                     ranges = [(n.start(), n.payload) for n in path if n.payload is not None]
                     self.disk.store(tokens, ranges)
-                _ = before
                 return result.last_node if result.last_node.attached else None
             have, _ = self.disk.match(tokens)  # whole or partial: what is on disk already
             if have < len(tokens):
