@@ -62,7 +62,6 @@ class Engine:
         self._n_tokens_decoded = 0
         self._busy_seconds = 0.0
         self._jobs: list = []  # callables to run on the engine thread between steps
-        self.step_listeners: list = []  # callables(items) run after each step, for tests/metrics
 
     # --------------------------------------------------------------- control
     def start(self) -> None:
@@ -181,8 +180,6 @@ class Engine:
                 continue
             if item.seq.on_token(token, self.runner.piece, self.runner.is_eog):
                 self._finish(item.seq, None)
-        for listener in self.step_listeners:
-            listener(items)
         return True
 
     def _finish(self, seq: Sequence, reason: str | None, error: str | None = None) -> None:
