@@ -49,6 +49,11 @@ def engine_section(res: Path) -> list[str]:
         for lv in run["levels"]:
             out.append(f"| {run['name']} | {lv['concurrency']} | {_f(lv['decode_tok_s'], 1)} | "
                        f"{_f(lv['ttft_p50_s'])} | {_f(lv['ttft_mean_s'])} |")
+    inproc = _load(res / "engine_inprocess.json")
+    if inproc is not None:
+        out += ["", "The engine alone, without HTTP (`python -m bench.engine_inprocess`, same settings, run "
+                    "separately): " + ", ".join(f"{lv['decode_tok_s']:.1f} tok/s at {lv['concurrency']}"
+                                                for lv in inproc["levels"]) + "."]
     if not data.get("llama_server"):
         out += ["", "Stock llama-server was not installed when this ran, so there is no side-by-side row "
                     "(see 'What is missing')."]
