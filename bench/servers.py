@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,18 +53,21 @@ class Server:
         return self.base_url + "/v1"
 
 
-def _wait(server: Server, timeout: float = 180) -> None:
+def wait_healthy(proc: subprocess.Popen, base_url: str, timeout: float = 180, what: str = "server",
+                 detail: Callable[[], str] = lambda: "") -> None:
+    """Poll base_url/health until 200; raise with `detail()` (e.g. the log) if the process
+    exits or the time runs out. Shared by the benchmarks and the tests' server fixtures."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited ({server.proc.returncode}): {' '.join(server.command)}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{detail()}")
         try:
-            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{server.name} did not become healthy")
+        time.sleep(0.3)
+    raise RuntimeError(f"{what} did not become healthy:\n{detail()}")
 
 
 @contextmanager
@@ -73,7 +77,7 @@ def running(name: str, command: list[str], port: int, log_dir: Path):
     proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     server = Server(name, f"http://127.0.0.1:{port}", command, proc)
     try:
-        _wait(server)
+        wait_healthy(proc, server.base_url, what=f"{name}: {' '.join(command)}")
         yield server
     finally:
         proc.terminate()

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
+
+from bench import servers as bench_servers
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = bench_servers.free_port
 
 
 def embedded_model_available() -> str | None:
@@ -67,17 +63,7 @@ def start_server(tmp_dir: Path, *args: str, env: dict | None = None, wait: bool 
 
 
 def wait_healthy(server: RunningServer, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"arbor-server exited with {server.proc.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"arbor-server did not become healthy:\n{server.log()}")
+    bench_servers.wait_healthy(server.proc, server.base_url, timeout, "arbor-server", server.log)
 
 
 def stop_server(server: RunningServer) -> None:
