@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from app.agent.compaction import Compaction, compact
 from app.agent.context_limit import ContextLimit, ContextLimitReader
 from app.agent.model_client import ModelBackendError
-from app.agent.token_estimate import TokenEstimator
+from app.agent.token_estimate import TokenEstimator, prompt_tools
 from app.settings import WorkbenchSettings
 
 MIN_ANSWER_TOKENS = 16  # below this the call is not worth making
@@ -47,8 +47,9 @@ class ContextBudget:
         self.estimator = TokenEstimator()
 
     async def fit(self, model: str, system: dict, conversation: list[dict], history_len: int,
-                  tools: list[dict]) -> FittedRequest:
-        """Fit `conversation` (its first `history_len` messages are past turns) after `system`."""
+                  tools: list[dict] | None) -> FittedRequest:
+        """Fit `conversation` (its first `history_len` messages are past turns) after `system`;
+        `tools`: the tools the prompt will carry (`token_estimate.prompt_tools`)."""
         limit = await self.reader.get(model)
         if limit is None:
             return FittedRequest(conversation, self.max_tokens)
@@ -70,8 +71,10 @@ class ContextBudget:
 
     def observe(self, body: dict, prompt_tokens: int | None) -> None:
         """Calibrate the estimate with the server's count of an answered request."""
-        self.estimator.observe(body["messages"], body.get("tools"), prompt_tokens)
+        self.estimator.observe(body["messages"], prompt_tools(body.get("tools"), body.get("tool_choice")),
+                               prompt_tokens)
 
     def tighten(self, body: dict, error_message: str) -> None:
         """The server refused `body` as too long: estimate harder before the retry."""
-        self.estimator.tighten(body["messages"], body.get("tools"), error_message)
+        self.estimator.tighten(body["messages"], prompt_tools(body.get("tools"), body.get("tool_choice")),
+                               error_message)

@@ -8,7 +8,7 @@ import asyncio
 import json
 
 from app.agent.context_limit import ContextLimitReader
-from app.agent.token_estimate import TokenEstimator, prompt_tokens_in_error
+from app.agent.token_estimate import TokenEstimator, prompt_tokens_in_error, prompt_tools, request_chars
 from tests.app.support import make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, scripted_server, tool_call
 
@@ -58,6 +58,18 @@ def test_estimator_learns_from_the_server_and_from_a_refusal():
     estimator.tighten(messages, None, "the prompt has 2000 tokens and a slot holds 1500")
     assert estimator.tokens(messages, None) >= 2000 > before
     assert prompt_tokens_in_error("you requested 5000 tokens (4000 in the messages, 1000 in the completion)") == 4000
+
+
+def test_requests_with_and_without_tools_in_the_prompt_are_calibrated_apart():
+    estimator = TokenEstimator()
+    messages = [{"role": "user", "content": "a" * 3000}]
+    tools = [{"type": "function", "function": {"name": "t", "parameters": {"x": "b" * 3000}}}]
+    assert prompt_tools(tools, "none") is None and prompt_tools(tools, "required") == tools
+    estimator.observe(messages, None, 300)  # a tool-less prompt: 10 characters per token
+    with_tools = estimator.tokens(messages, tools)
+    assert with_tools >= request_chars(messages, tools) / 3  # still the conservative default
+    estimator.observe(messages, tools, 3000)
+    assert estimator.tokens(messages, None) < 400 and estimator.tokens(messages, tools) >= 3000
 
 
 def test_a_long_session_is_compacted_to_fit_and_every_turn_answers(tmp_path):
