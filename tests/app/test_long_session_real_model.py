@@ -1,10 +1,11 @@
 """A session longer than the context, end to end on the embedded model (issue 16).
 
 arbor-server runs with the settings of ``make run`` (scripts/run.sh: the default 4 slots and
-8,192 cells, cache tiers A,S,H,D with a cache directory). Eight turns, each a forced tool call
-and then an answer of up to 512 tokens, must all end with an answer; the conversation
-outgrows the context, so the workbench compacts it, and every compacted request has its
-"compacted" span in the trace. Then a fork from turn 6 answers too.
+8,192 cells, cache tiers A,S,H,D with a cache directory). Eight turns, each a question with a
+page of field notes, a forced tool call and an answer of up to 512 tokens, must all end with
+an answer; the conversation outgrows the context (about 1,300 tokens a turn), so the
+workbench compacts it, and every compacted request has its "compacted" span in the trace.
+Then a fork from turn 6 answers too.
 
 Structure, not wording, is asserted. The per-turn figures are printed (run with ``-s``).
 """
@@ -32,6 +33,16 @@ QUESTIONS = [
     "Write the complete shift handover for the whole fleet, device by device.",
     "Summarise everything so far as a long, numbered action list for tomorrow.",
 ]
+DEVICES = ("PUMP-02", "COMP-01", "TX-01", "GEN-01", "FAN-01", "PUMP-01")
+
+
+def _field_notes(n: int) -> str:
+    """A technician's page of readings (about 1,100 characters), different for every turn."""
+    lines = [f"{h:02d}:00 {DEVICES[(n + h) % len(DEVICES)]} pressure {4 + (h * 7 + n) % 13 / 10:.1f} bar, "
+             f"temperature {60 + (h * 5 + n) % 17} C, vibration {(h * 3 + n) % 9 / 10:.1f} mm/s" for h in range(16)]
+    return "\n\nMy field notes from today:\n" + "\n".join(lines)
+
+
 COMPACTION_MARKS = (NOTE_HEAD, "compacted by the workbench", "shortened by the workbench")
 
 
@@ -68,7 +79,7 @@ def test_eight_long_turns_run_to_the_end_with_compaction_and_a_fork_from_turn_6(
                                  llm_timeout_s=600, llm_max_tokens=MAX_TOKENS, llm_temperature=0.0, step_budget=2)
     with workbench_client(settings, catalog=ScenarioCatalog()) as client:
         sid = client.post("/api/sessions", json={"scenario": "field_maintenance"}).json()["id"]
-        finals = [_turn(client, sid, question) for question in QUESTIONS]
+        finals = [_turn(client, sid, question + _field_notes(n)) for n, question in enumerate(QUESTIONS)]
         assert len(finals) == 8 and all(f["content"].strip() for f in finals)
 
         spans = client.get(f"/api/sessions/{sid}/trace").json()["spans"]
@@ -99,7 +110,7 @@ def test_eight_long_turns_run_to_the_end_with_compaction_and_a_fork_from_turn_6(
 
         # a fork from turn 6 works on turn 6's history
         turns = client.get(f"/api/sessions/{sid}").json()["turns"]
-        sixth = next(t for t in turns if t["user_message"] == QUESTIONS[5])
+        sixth = next(t for t in turns if t["user_message"].startswith(QUESTIONS[5]))
         assert client.post(f"/api/sessions/{sid}/branches", json={"turn_id": sixth["id"]}).status_code == 201
         fork_final = _turn(client, sid, "Instead, write a long report on PUMP-01.")
         assert fork_final["content"].strip()
