@@ -23,6 +23,8 @@ class ServerSettings(BaseSettings):
     batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step")
     threads: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1), ge=1)
     alias: str | None = Field(None, description="model name clients use; default: the file name")
+    strict_model_name: bool = Field(False, description="answer 404 to a request naming another model "
+                                                       "(default: serve the one model whatever the name, as llama-server does)")
     api_key: str | None = None
     chat_template_file: Path | None = None
     no_cache: bool = Field(False, description="disable every kind of prefix reuse (benchmark baseline)")

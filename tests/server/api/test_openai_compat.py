@@ -53,6 +53,14 @@ def test_chat_non_stream_has_usage_timings_and_cache_extension(arbor_server, cli
     assert extra["arbor"]["cache"]["source"] in ("A", "S", "H", "D", "none")
 
 
+def test_any_model_name_gets_the_served_model(client):
+    """As llama-server does: a client hard-wired to another name is served, and told which model answered."""
+    r = client.chat.completions.create(model="gpt-4o-mini", messages=SHORT, max_tokens=2, temperature=0)
+    assert r.model == "SmolLM2-135M-Instruct.Q4_1"
+    stream = client.completions.create(model="gpt-4o-mini", prompt="1, 2,", max_tokens=2, stream=True)
+    assert {chunk.model for chunk in stream} == {"SmolLM2-135M-Instruct.Q4_1"}
+
+
 def test_same_prompt_twice_reuses_the_slot_prefix(client):
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
     first = client.chat.completions.create(messages=msgs, model="", max_tokens=4, temperature=0)
