@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from server import bootstrap
 from server.api.errors import install_error_handlers
+from server.api.generation import deliver_to_loop
 from server.api.routes import cache, chat, completions, info, tokens
 from server.api.state import ServerState
 from server.settings import ServerSettings
@@ -28,7 +29,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def lifespan(app: FastAPI):
         async def load():
             try:
-                state.loaded = await asyncio.to_thread(bootstrap.load, settings)
+                deliver = deliver_to_loop(asyncio.get_running_loop())
+                state.loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
                 state.metrics.add_live_gauges(lambda: _live_gauges(state))
             except Exception as exc:  # reported by /health and every route
                 log.error("model failed to load: %s", exc)

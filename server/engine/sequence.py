@@ -75,7 +75,8 @@ class Finished:
     stop_word: str | None = None
 
 
-EventSink = Callable[[TextDelta | Finished], None]
+Event = TextDelta | Finished
+EventSink = Callable[[Event], None]
 
 
 class Sequence:
