@@ -6,36 +6,84 @@ stops early (client disconnected, handler cancelled) the request is cancelled an
 engine frees its slot at its next step. Non-streaming handlers pass the HTTP request as
 `watch` so a disconnect is noticed while nothing is being sent.
 
-Hand-off: the engine is built with `deliver_to_loop(loop)`, so each engine step's events
-for every stream cross to the event loop in one `call_soon_threadsafe` (one wake-up of the
-loop per step, not one per token per stream), and the sinks below run on the loop thread.
-A reader that falls behind gets the text that piled up as one `TextDelta`, so it writes
-one SSE chunk per wake-up however many tokens arrived.
+Hand-off: the engine is built with a `LoopDelivery`, so each engine step's events for
+every stream cross to the event loop at once (one wake-up of the loop per step, not one per
+token per stream), and the sinks below run on the loop thread. A reader that falls behind
+gets the text that piled up as one `TextDelta`, so it writes one SSE chunk per wake-up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import ctypes
+import os
 from collections.abc import AsyncIterator
 
 from fastapi import Request
 
 from server.api.errors import APIError
 from server.api.metrics import ServerMetrics
-from server.engine.engine import Deliver, Engine, deliver_inline
+from server.engine.engine import Engine, deliver_inline
 from server.engine.scheduler import QueueFull
 from server.engine.sequence import Event, Finished, GenerationRequest, TextDelta
 
 DISCONNECT_POLL_S = 0.25
 
 
-def deliver_to_loop(loop: asyncio.AbstractEventLoop) -> Deliver:
-    """The engine's `deliver` for the HTTP server: run one step's sinks on `loop`."""
+def _gil_holding_write():
+    """write(2) called without releasing the GIL (ctypes.PyDLL keeps it; os.write drops it)."""
+    try:
+        write = ctypes.PyDLL(None).write
+    except (OSError, AttributeError):  # no C library symbols in this process: fall back
+        return lambda fd: os.write(fd, b"\x01")
+    write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    write.restype = ctypes.c_ssize_t
+    return lambda fd: write(fd, b"\x01", 1)
 
-    def deliver(events) -> None:
-        loop.call_soon_threadsafe(deliver_inline, events)
 
-    return deliver
+class LoopDelivery:
+    """The engine's `deliver` for the HTTP server: runs each step's sinks on `loop`.
+
+    Why not `loop.call_soon_threadsafe`: its wake-up is a socket send that releases the GIL,
+    so the woken event loop takes the GIL and the engine thread waits for it (up to the
+    interpreter's 5 ms switch interval) before it can start the next decode. Here the
+    engine queues the step's events and wakes the loop with a write that keeps the GIL, so
+    the loop runs while the engine's next llama_decode runs (which releases the GIL): HTTP
+    work overlaps compute instead of taking turns with it. At most one wake-up is pending.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._steps: collections.deque[list] = collections.deque()
+        self._wake_pending = False
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._wake = _gil_holding_write()
+        loop.add_reader(self._rfd, self._drain)
+
+    def __call__(self, events: list) -> None:  # engine thread
+        self._steps.append(events)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake(self._wfd)
+
+    def _drain(self) -> None:  # event loop
+        try:
+            os.read(self._rfd, 4096)
+        except BlockingIOError:
+            pass
+        self._wake_pending = False  # before draining: a step queued after this wakes us again
+        while self._steps:
+            deliver_inline(self._steps.popleft())
+
+    def close(self) -> None:
+        """After the engine stopped: deliver what is left, release the pipe."""
+        self._drain()
+        self._loop.remove_reader(self._rfd)
+        os.close(self._rfd)
+        os.close(self._wfd)
 
 
 def coalesce(events: list[Event]) -> list[Event]:
