@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from server.api.errors import APIError
 from server.api.tool_calls import ParsedToolCall
 from server.engine.sequence import Finished
 
@@ -130,5 +131,6 @@ def sse_with_text(body: dict[str, Any]) -> Callable[[str], str]:
     return lambda text: head + json.dumps(text, ensure_ascii=False) + tail
 
 
-def error_event(message: str, type_: str = "server_error") -> str:
-    return sse({"error": {"message": message, "type": type_, "param": None, "code": None}})
+def error_event(error: APIError) -> str:
+    """An error inside an already started event stream (the HTTP status is already 200)."""
+    return sse(error.body())

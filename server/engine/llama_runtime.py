@@ -21,6 +21,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from server.engine.kv_full import KVCacheFull
+
 log = logging.getLogger(__name__)
 
 # llama.cpp refuses more sequences than this per context (LLAMA_MAX_SEQ).
@@ -258,14 +260,16 @@ class LlamaRuntime:
         """Run one llama_decode over `entries` (at most n_batch).
 
         Returns the batch indices of the entries that asked for logits, in order, for
-        sampling with `llama_sampler_sample(smpl, ctx, idx)`. Raises DecodeError.
+        sampling with `llama_sampler_sample(smpl, ctx, idx)`. Raises KVCacheFull when the
+        unified KV has no room for the batch (nothing was computed), else DecodeError.
         """
         return self.decode_arrays([e.token for e in entries], [e.pos for e in entries],
                                   [e.seq_id for e in entries], [1 if e.want_logits else 0 for e in entries])
 
     def decode_arrays(self, tokens: list[int], positions: list[int], seq_ids: list[int], logits: list[int]) -> list[int]:
         """`decode` on parallel lists (the engine's per-step path: the batch arrays are
-        filled by slice assignment, in C, instead of five ctypes stores per token)."""
+        filled by slice assignment, in C, instead of five ctypes stores per token).
+        Same results and errors as `decode`."""
         n = len(tokens)
         if n == 0:
             return []
@@ -278,6 +282,8 @@ class LlamaRuntime:
         b.logits[:n] = logits
         b.batch.n_tokens = n
         rc = llama_cpp.llama_decode(self.ctx, b.batch)
+        if rc == 1:
+            raise KVCacheFull(n)
         if rc != 0:
             raise DecodeError(rc)
         return [i for i, want in enumerate(logits) if want]
