@@ -37,7 +37,7 @@ COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh /opt/arbor/
 # time (compose mounts the driver); the toolkit's stubs stand in for them while building and checking.
 # hadolint ignore=SC1090
 RUN . "$CANN_ENV" \
- && hal=$(find -L "${ASCEND_TOOLKIT_HOME:-/usr/local/Ascend}/" -path '*stub*' -name libascend_hal.so -print -quit) \
+ && hal=$(find -L "${ASCEND_TOOLKIT_HOME:-/usr/local/Ascend}/" -path '*stub*' -name libascend_hal.so -print -quit 2>/dev/null || true) \
  && if [ -z "$hal" ]; then echo "server-cann: no stub libascend_hal.so under ${ASCEND_TOOLKIT_HOME:-/usr/local/Ascend}: is CANN_ENV the toolkit's set_env.sh?" >&2; exit 1; fi \
  && mkdir -p /opt/arbor/build-stubs \
  && cp -L "$(dirname "$hal")"/*.so /opt/arbor/build-stubs/
