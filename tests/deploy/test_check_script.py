@@ -52,6 +52,16 @@ def fake_llama_cpp(root: Path, *, ggml_needs: list[str] = (), search: list[Path]
     return lib
 
 
+def package_needing(tmp_path: Path, soname: str, *, kept_in: str) -> tuple[Path, Path]:
+    """(site dir of a fake llama_cpp whose libggml.so needs `soname`, the directory holding that
+    library outside llama_cpp/lib)."""
+    outside = tmp_path / kept_in
+    outside.mkdir()
+    shared_library(outside / soname, soname)
+    fake_llama_cpp(tmp_path / "site", ggml_needs=[soname], search=[outside])
+    return tmp_path / "site", outside
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama_cpp is not installed here")
 def test_passes_on_the_installed_llama_cpp_and_imports_the_server():
     done = check("--expect", "ggml-cpu", "server.api.app")
@@ -78,11 +88,8 @@ def test_passes_on_a_complete_package(tmp_path):
 @needs_gcc
 def test_a_library_that_is_not_found_fails_with_its_name(tmp_path):
     """libggml.so needs libggml-cann.so, which the build made but nobody copied."""
-    elsewhere = tmp_path / "build"
-    elsewhere.mkdir()
-    shared_library(elsewhere / "libggml-cann.so", "libggml-cann.so")
-    fake_llama_cpp(tmp_path / "site", ggml_needs=["libggml-cann.so"], search=[elsewhere])
-    done = check(pythonpath=tmp_path / "site")
+    site, _ = package_needing(tmp_path, "libggml-cann.so", kept_in="build")
+    done = check(pythonpath=site)
     assert done.returncode == 1
     assert "not found: libggml.so needs libggml-cann.so" in done.stderr
     assert "ok:" not in done.stdout, "the import must not be attempted after ldd failed"
@@ -90,13 +97,10 @@ def test_a_library_that_is_not_found_fails_with_its_name(tmp_path):
 
 @needs_gcc
 def test_a_driver_library_resolves_through_the_stubs_and_is_reported(tmp_path):
-    stubs = tmp_path / "stubs"
-    stubs.mkdir()
-    shared_library(stubs / "libcuda.so.1", "libcuda.so.1")
-    fake_llama_cpp(tmp_path / "site", ggml_needs=["libcuda.so.1"], search=[stubs])
-    without = check(pythonpath=tmp_path / "site")
+    site, stubs = package_needing(tmp_path, "libcuda.so.1", kept_in="stubs")
+    without = check(pythonpath=site)
     assert without.returncode == 1 and "libggml.so needs libcuda.so.1" in without.stderr
-    done = check("--stubs", str(stubs), pythonpath=tmp_path / "site")
+    done = check("--stubs", str(stubs), pythonpath=site)
     assert done.returncode == 0, done.stderr
     assert "resolved through build-time stubs (the host driver provides them at run time): libcuda.so.1" in done.stdout
 
