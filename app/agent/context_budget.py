@@ -47,24 +47,29 @@ class ContextBudget:
         self.estimator = TokenEstimator()
 
     async def fit(self, model: str, system: dict, conversation: list[dict], history_len: int,
-                  tools: list[dict] | None) -> FittedRequest:
-        """Fit `conversation` (its first `history_len` messages are past turns) after `system`;
-        `tools`: the tools the prompt will carry (`token_estimate.prompt_tools`)."""
+                  tools: list[dict] | None, tool_choice: object) -> FittedRequest:
+        """Fit `conversation` (its first `history_len` messages are past turns) after `system`,
+        for a request offering `tools` with `tool_choice`."""
         limit = await self.reader.get(model)
         if limit is None:
             return FittedRequest(conversation, self.max_tokens)
         reserve = min(self.max_tokens, limit.n_ctx // 2)
 
         def count(messages: list[dict]) -> int:
-            return self.estimator.tokens([system, *messages], tools)
+            # The larger of the estimates with and without the tools in the prompt, whatever
+            # this step's tool_choice: every step of a turn then compacts alike (a tool step
+            # and the answer step after it keep one prefix), erring on the safe side.
+            full = [system, *messages]
+            return max(self.estimator.tokens(full, tools or None), self.estimator.tokens(full, None))
 
         # Chunks of about n_ctx characters (a quarter to a third of the context in tokens):
         # compaction then moves a few times per context's worth of growth.
         compaction = compact(conversation, history_len, count, limit.n_ctx - reserve, chunk_chars=limit.n_ctx)
-        room = limit.n_ctx - compaction.tokens_after
+        prompt = self.estimator.tokens([system, *compaction.messages], prompt_tools(tools, tool_choice))
+        room = limit.n_ctx - prompt
         if room < MIN_ANSWER_TOKENS:
             raise ModelBackendError(
-                f"the request needs about {compaction.tokens_after} tokens even with the history compacted, and the "
+                f"the request needs about {prompt} tokens even with the history compacted, and the "
                 f"model's context holds {limit.n_ctx} (from {limit.source}): shorten the message, or lower "
                 "ARBOR_TOOL_RESULT_MAX_TOKENS so tool results take less room", "context_exceeded")
         return FittedRequest(compaction.messages, min(self.max_tokens, room), limit, compaction)

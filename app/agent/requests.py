@@ -7,7 +7,6 @@ from typing import Any
 from app.agent.context_budget import ContextBudget, FittedRequest
 from app.agent.model_client import ModelAdapter
 from app.agent.routers import tool_choice_for_step
-from app.agent.token_estimate import prompt_tools
 
 
 def step_body(adapter: ModelAdapter, scenario: Any, model: str, conversation: list[dict], *, step: int,
@@ -27,8 +26,8 @@ async def fitted_step_body(budget: ContextBudget, adapter: ModelAdapter, scenari
     current turn, which compaction never touches). `step` takes step_body's keyword arguments.
     """
     choice = tool_choice_for_step(step["step"], step["max_steps"], step["force_tool"], step["tool_choice"])
-    tools = prompt_tools(scenario_tools(scenario), choice)
-    fitted = await budget.fit(model, system_message(scenario), conversation, history_len, tools)
+    fitted = await budget.fit(model, system_message(scenario), conversation, history_len, scenario_tools(scenario),
+                              choice)
     body = step_body(adapter, scenario, model, fitted.conversation, max_tokens=fitted.max_tokens, **step)
     return body, fitted
 

@@ -154,3 +154,23 @@ def test_without_a_known_limit_requests_go_out_as_before(tmp_path):
         assert fake.bodies[0]["max_tokens"] == 123
         spans = client.get(f"/api/sessions/{sid}/trace").json()["spans"]
         assert not [s for s in spans if s["kind"] == "compaction"]
+
+
+def test_a_tool_step_and_the_answer_step_after_it_compact_alike(tmp_path):
+    """The answer step (tool_choice "none": no tools in arbor-server's prompt) is estimated
+    smaller than the tool step; it must still choose the same compaction, keeping one prefix."""
+    from app.agent.context_budget import ContextBudget
+
+    tools = [{"type": "function", "function": {"name": "t", "parameters": {"x": "b" * 2000}}}]
+    system = {"role": "system", "content": "sys"}
+    past = [m for n in range(6) for m in ({"role": "user", "content": f"q{n} " + "u" * 800},
+                                          {"role": "assistant", "content": "a" * 1600})]
+    conversation = [*past, {"role": "user", "content": "now"}]
+    with _fake() as fake:
+        budget = ContextBudget(make_settings(tmp_path, fake.base_url, llm_max_tokens=200, llm_context_tokens=2000))
+        budget.estimator.observe([system], tools, request_chars([system], tools) // 2)  # tool prompts: dense
+        budget.estimator.observe(conversation, None, request_chars(conversation, None) // 6)  # the others: loose
+        tool_step = asyncio.run(budget.fit("m", system, conversation, len(past), tools, "required"))
+        answer_step = asyncio.run(budget.fit("m", system, conversation, len(past), tools, "none"))
+    assert tool_step.compacted
+    assert tool_step.conversation == answer_step.conversation

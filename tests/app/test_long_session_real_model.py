@@ -19,8 +19,9 @@ from app.agent.compaction import NOTE_HEAD
 from tests.app.real_backends import real_backends
 from tests.app.support import workbench_client
 
-# 8 x 512 tokens decode in about 2 minutes on 2 idle cores; a busy shared machine takes several times that.
-pytestmark = [pytest.mark.model, pytest.mark.timeout(2400)]
+# 8 x 512 tokens decode in about 2 minutes on 2 idle cores; on a busy shared machine (load 8-12) the
+# session took over 40 minutes.
+pytestmark = [pytest.mark.model, pytest.mark.timeout(3600)]
 
 MAX_TOKENS = 512
 QUESTIONS = [
