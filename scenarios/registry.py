@@ -10,12 +10,13 @@ from scenarios.edge_incident.scenario import SCENARIO as EDGE_INCIDENT
 from scenarios.field_maintenance.scenario import SCENARIO as FIELD_MAINTENANCE
 from scenarios.financial_research.scenario import SCENARIO as FINANCIAL_RESEARCH
 from scenarios.scenario import Scenario
+from scenarios.story_writer.scenario import SCENARIO as STORY_WRITER
 from tools.base import UnknownTool
 
 __all__ = ["Scenario", "UnknownScenario", "UnknownTool", "get_scenario", "list_scenarios"]
 
 _SCENARIOS: dict[str, Scenario] = {
-    s.name: s for s in (FINANCIAL_RESEARCH, FIELD_MAINTENANCE, EDGE_INCIDENT)
+    s.name: s for s in (FINANCIAL_RESEARCH, FIELD_MAINTENANCE, EDGE_INCIDENT, STORY_WRITER)
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from tools.argument_validation import ArgumentProblems, validate_arguments
@@ -24,6 +25,7 @@ class ToolContext:
 
     incident_base_url: str = "http://127.0.0.1:8765"  # the simulated incident service
     http_timeout_s: float = 5.0
+    workspace_dir: Path | None = None  # where approved actions may write (story chapters); None: nowhere
 
 
 class ToolError(Exception):
@@ -43,7 +45,8 @@ class Tool:
 
     `func(ctx, **arguments)` returns a JSON-serialisable result; it may be sync or async.
     `requires_approval` marks a proposed action: the app never runs it on the model's say-so,
-    it asks the operator; `func` then only formats the proposal record.
+    it asks the operator; `func` then only formats the proposal record, unless
+    `apply_on_approval`: then the app runs `func` once the operator approved (never before).
     """
 
     name: str
@@ -51,8 +54,11 @@ class Tool:
     parameters: dict
     func: Callable[..., Any]
     requires_approval: bool = False
+    apply_on_approval: bool = False
 
     def __post_init__(self) -> None:
+        if self.apply_on_approval and not self.requires_approval:
+            raise ValueError(f"tool {self.name}: apply_on_approval needs requires_approval")
         if self.parameters.get("type") != "object":
             raise ValueError(f"tool {self.name}: parameters must be a JSON Schema of type object")
         unknown_required = set(self.parameters.get("required", [])) - set(

@@ -3,8 +3,9 @@
 Every outcome becomes a tool message the model sees next, so the run continues after a
 failure: a `ToolError` (bad arguments, unknown tool, service down) gives its readable
 message; any other exception is recorded as an error with its type and reported the same
-way. Proposed actions (`requires_approval`) are never executed: the operator's decision,
-taken before this runs (graph interrupt), becomes the result.
+way. Proposed actions (`requires_approval`) are never executed on the model's word: the
+operator's decision, taken before this runs (graph interrupt), becomes the result; a tool
+marked `apply_on_approval` (appending a story chapter) runs only after an approval.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def approval_needed(ctx: TurnContext, call: dict) -> bool:
     return True
 
 
-def _approval_result(tool: Any, arguments: dict, decision: dict | None) -> dict:
+async def _approval_result(ctx: TurnContext, tool: Any, arguments: dict, decision: dict | None) -> dict:
     try:
         validate_arguments(tool.parameters, arguments)
     except ArgumentProblems as problems:  # invalid proposals never reach the operator
@@ -69,6 +70,10 @@ def _approval_result(tool: Any, arguments: dict, decision: dict | None) -> dict:
     # The operator's decision, not the proposal's own formatting, is what the model must see.
     record = {"action_tool": tool.name, **arguments}
     verdict = "approved" if decision.get("approved") else "rejected"
+    if verdict == "approved" and tool.apply_on_approval:
+        applied = await run_tool(tool, ctx.tool_context, arguments)
+        return {"proposal": record, "operator_decision": verdict, "applied": applied,
+                "note": "The operator approved; the app applied it."}
     note = (f"The operator {verdict} this proposed action. The agent does not execute actions: "
             + ("the operator carries it out." if verdict == "approved" else "it will not be carried out."))
     result = {"proposal": record, "operator_decision": verdict, "executed_by_agent": False, "note": note}
@@ -90,7 +95,7 @@ async def execute_tool_call(ctx: TurnContext, call: dict, decision: dict | None 
         tool = ctx.scenario.tool(name)
         requires_approval = tool.requires_approval
         if requires_approval:
-            result = _approval_result(tool, arguments, decision)
+            result = await _approval_result(ctx, tool, arguments, decision)
         else:
             result = await run_tool(tool, ctx.tool_context, arguments)
     except ToolError as exc:

@@ -77,7 +77,8 @@ class TurnService:
         self.budget = budget
         self._tasks: set[asyncio.Task] = set()
         self.tool_context = ToolContext(incident_base_url=settings.incident_base_url,
-                                        http_timeout_s=settings.incident_timeout_s)
+                                        http_timeout_s=settings.incident_timeout_s,
+                                        workspace_dir=settings.data_dir / "workspace")
 
     # -- public operations ---------------------------------------------------------------------
     def validate_message(self, message: str) -> str:

@@ -37,7 +37,7 @@ def test_real_registry_is_served(tmp_path):
     with scripted_server([]) as fake, \
             workbench_client(make_settings(tmp_path, fake.base_url), ScenarioCatalog()) as client:
         names = [s["name"] for s in client.get("/api/scenarios").json()]
-        assert names == ["financial_research", "field_maintenance", "edge_incident"]
+        assert names == ["financial_research", "field_maintenance", "edge_incident", "story_writer"]
         for name in names:
             detail = client.get(f"/api/scenarios/{name}").json()
             assert detail["data"] and detail["tools"] and detail["starter_questions"]

@@ -7,10 +7,12 @@ import pytest
 from scenarios.registry import Scenario, UnknownScenario, get_scenario, list_scenarios
 from tools.base import Tool, ToolError
 
-NAMES = ["financial_research", "field_maintenance", "edge_incident"]
+NAMES = ["financial_research", "field_maintenance", "edge_incident", "story_writer"]
+# story_writer's prompt carries the whole manuscript on purpose (a long shared prefix)
+PROMPT_LIMIT = {"story_writer": 2000}
 
 
-def test_three_scenarios_in_fixed_order():
+def test_four_scenarios_in_fixed_order():
     assert [s.name for s in list_scenarios()] == NAMES
     for name in NAMES:
         assert get_scenario(name).name == name
@@ -22,7 +24,7 @@ def test_scenario_is_complete_and_compact(name):
     assert isinstance(scenario, Scenario)
     assert scenario.title and scenario.description and scenario.starter_questions
     # A 135M model with an 8K context runs these prompts on 2 cores: keep them short.
-    assert 100 < len(scenario.system_prompt) < 600
+    assert 100 < len(scenario.system_prompt) < PROMPT_LIMIT.get(name, 600)
     assert scenario.tools and all(isinstance(t, Tool) for t in scenario.tools)
     for tool in scenario.tools:
         schema = tool.openai_schema()
@@ -42,7 +44,7 @@ def test_prompt_names_the_companies_in_the_data():
 
 def test_only_proposed_actions_require_approval():
     needing = [(s.name, t.name) for s in list_scenarios() for t in s.tools if t.requires_approval]
-    assert needing == [("edge_incident", "propose_action")]
+    assert needing == [("edge_incident", "propose_action"), ("story_writer", "append_chapter")]
 
 
 def test_data_summaries_describe_local_data():
@@ -59,7 +61,7 @@ def test_unknown_scenario_lists_the_known_names():
         get_scenario("chess")
     assert isinstance(caught.value, LookupError)
     assert str(caught.value) == ("unknown scenario 'chess'; known: financial_research, "
-                                 "field_maintenance, edge_incident")
+                                 "field_maintenance, edge_incident, story_writer")
 
 
 def test_unknown_tool_is_a_tool_error_listing_the_known_tools():
