@@ -4,6 +4,10 @@ The file is one JSON object: ``{"data": [{"session_id": str | null, "payloads": 
 where each payload is a complete OpenAI request body, one per turn, in order. AIPerf
 records no arrival times, so session ``i`` is given ``t = i * session_interval_s`` and all
 its turns share that ``t`` (the runner sends a session's turns one after another).
+
+Only chat bodies (``messages``) are imported: the replay runner sends every line to
+``/v1/chat/completions``, so a completions body (``prompt``) is refused here, at import, with
+the payload's position, rather than failing later in the middle of a replay.
 """
 
 from __future__ import annotations
@@ -46,9 +50,12 @@ def aiperf_to_manifest(document: Any, session_interval_s: float = 0.0) -> list[M
             raise AIPerfFormatError(f"data[{i}].session_id {session_id!r} appears twice")
         seen.add(session_id)
         for j, body in enumerate(session["payloads"]):
-            if not isinstance(body, dict) or not ("messages" in body or "prompt" in body):
-                raise AIPerfFormatError(f"data[{i}].payloads[{j}] must be an OpenAI request body "
-                                        "(an object with messages or prompt)")
+            if isinstance(body, dict) and "prompt" in body and "messages" not in body:
+                raise AIPerfFormatError(f"data[{i}].payloads[{j}] is a completions body (prompt); replay sends "
+                                        "chat requests only: export the AIPerf dataset with messages (chat endpoint)")
+            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+                raise AIPerfFormatError(f"data[{i}].payloads[{j}] must be an OpenAI chat request body "
+                                        "(an object with a messages list)")
             lines.append(ManifestLine(t=round(i * session_interval_s, 6), session_id=session_id, branch_id=MAIN_BRANCH,
                                       body=body, expected_output_tokens=_expected_output(body)))
     return lines

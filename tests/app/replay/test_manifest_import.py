@@ -36,7 +36,12 @@ def test_import_aiperf_sessions(tmp_path):
 @pytest.mark.parametrize("document, message", [
     ([], "data"),
     ({"data": [{"payloads": "x"}]}, "payloads"),
-    ({"data": [{"session_id": "a", "payloads": [{"foo": 1}]}]}, "payloads\\[0\\]"),
+    ({"data": [{"session_id": "a", "payloads": [{"foo": 1}]}]}, "payloads\\[0\\] must be an OpenAI chat"),
+    ({"data": [{"session_id": "a", "payloads": [{"messages": "hi"}]}]}, "a messages list"),
+    # replay sends chat requests only: a completions body is refused at import, not mid-replay
+    ({"data": [{"session_id": "a", "payloads": [{"messages": [{"role": "user", "content": "x"}]},
+                                                {"prompt": "Hello", "max_tokens": 8}]}]},
+     "payloads\\[1\\] is a completions body \\(prompt\\)"),
     ({"data": [{"session_id": "a", "payloads": []}, {"session_id": "a", "payloads": []}]}, "twice"),
 ])
 def test_bad_aiperf_documents_are_explained(document, message):

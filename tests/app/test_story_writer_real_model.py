@@ -1,0 +1,48 @@
+"""story_writer against arbor-server on the embedded model: a turn over the manuscript whose
+later model call reuses the long prefix (system prompt = outline + characters + chapters).
+
+The first step is forced (tool_choice "required"); a chapter the model proposes is rejected,
+so the shipped data and the workspace stay as they are. Assertions are on structure and on
+the server's own `cached_tokens`, not on wording.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app.real_backends import real_backends
+from tests.app.support import workbench_client
+
+pytestmark = pytest.mark.model
+
+
+def test_story_turn_reuses_the_manuscript_prefix(tmp_path):
+    from app.scenario_catalog import ScenarioCatalog
+    from app.settings import WorkbenchSettings
+
+    (tmp_path / "logs").mkdir()
+    with real_backends(tmp_path / "logs", [], incident=False) as urls:
+        settings = WorkbenchSettings(_env_file=None, llm_base_url=urls["llm"], data_dir=tmp_path / "var",
+                                     llm_timeout_s=300, llm_max_tokens=48, llm_temperature=0.0, step_budget=3)
+        with workbench_client(settings, catalog=ScenarioCatalog()) as client:
+            session = client.post("/api/sessions", json={"scenario": "story_writer"}).json()
+            response = client.post(f"/api/sessions/{session['id']}/turns",
+                                   json={"message": "林澈的左手有什么问题？", "force_tool": True, "stream": False})
+            assert response.status_code == 200, response.text
+            events = response.json()["events"]
+            while events[-1]["type"] == "approval_request":
+                more = client.post(f"/api/approvals/{events[-1]['approval_id']}",
+                                   json={"approved": False, "comment": "test", "stream": False})
+                assert more.status_code == 200, more.text
+                events += more.json()["events"]
+            assert [e for e in events if e["type"] == "tool_result"], [e["type"] for e in events]
+            assert events[-1]["type"] == "final", events[-1]
+
+            spans = client.get(f"/api/sessions/{session['id']}/trace").json()["spans"]
+            model_spans = [s["attributes"] for s in spans if s["kind"] == "model"]
+    assert len(model_spans) >= 2
+    later = model_spans[1]
+    prompt, reused = later["gen_ai.usage.input_tokens"], later["gen_ai.usage.cache_read.input_tokens"]
+    # the manuscript alone is ~1.5K tokens of a ~2K prompt: most of it must come from the cache
+    assert prompt > 1500 and reused >= prompt // 2, (prompt, reused)
+    assert not (tmp_path / "var" / "workspace" / "story_writer").exists()
