@@ -26,6 +26,8 @@ class ToolContext:
     incident_base_url: str = "http://127.0.0.1:8765"  # the simulated incident service
     http_timeout_s: float = 5.0
     workspace_dir: Path | None = None  # where approved actions may write (story chapters); None: nowhere
+    artifact_reader: Callable[[str], str] | None = None  # artifact id -> full text (LookupError if unknown)
+    result_budget_chars: int | None = None  # results longer than this enter the context trimmed
 
 
 class ToolError(Exception):

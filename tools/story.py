@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.artifacts import READ_ARTIFACT
 from tools.base import Tool, ToolContext, ToolError, object_schema
 
 _CHAPTER_FILE = re.compile(r"^(\d+)\.md$")
@@ -149,4 +150,5 @@ def story_tools(library: StoryLibrary) -> tuple[Tool, ...]:
         Tool("append_chapter", "Propose the next chapter; it is added once the operator approves.",
              object_schema({"title": {"type": "string"}, "text": {"type": "string"}}, ["title", "text"]),
              append_chapter, requires_approval=True, apply_on_approval=True),
+        READ_ARTIFACT,  # a long chapter or search result gets trimmed: the model can page through it
     )

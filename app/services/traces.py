@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.db.models import AgentSession, Artifact, Span, SpanPublic
@@ -51,6 +52,16 @@ def trace(db: Session, session: AgentSession, turn_id: str | None = None, branch
     spans = session_spans(db, session, turn_id, branch_id)
     return {"session_id": session.id, "summary": summarize(spans),
             "spans": [SpanPublic.model_validate(s).model_dump(mode="json") for s in spans]}
+
+
+def session_artifact_text(engine: Engine, session_id: str, artifact_id: str) -> str:
+    """The full text of an artifact of this session (the `read_artifact` tool's reader);
+    LookupError for an unknown id or one of another session."""
+    with Session(engine) as db:
+        artifact = db.get(Artifact, artifact_id)
+    if artifact is None or artifact.session_id != session_id:
+        raise LookupError(artifact_id)
+    return artifact.content
 
 
 def get_artifact(db: Session, artifact_id: str) -> Artifact:

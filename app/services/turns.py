@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from langgraph.types import Command
@@ -40,6 +41,7 @@ from app.db.models import AgentSession, Approval, Branch, Run, Turn, TurnCreate,
 from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
 from app.scenario_catalog import ScenarioCatalog
 from app.services import sessions as sessions_service
+from app.services.traces import session_artifact_text
 from app.settings import WorkbenchSettings
 from app.tracing import TraceRecorder
 from tools.base import ToolContext
@@ -170,7 +172,10 @@ class TurnService:
                                  run_id=run.id, base_url=self.settings.llm_base_url)
         return TurnContext(session_id=session.id, branch_id=turn.branch_id, turn_id=turn.id, run_id=run.id,
                            scenario=scenario, adapter=self.adapter, budget=self.budget, recorder=recorder,
-                           tool_context=self.tool_context, tool_budget_chars=self.settings.tool_result_budget_chars,
+                           tool_context=replace(self.tool_context, artifact_reader=partial(
+                               session_artifact_text, self.engine, session.id),
+                               result_budget_chars=self.settings.tool_result_budget_chars),
+                           tool_budget_chars=self.settings.tool_result_budget_chars,
                            force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"),
                            history_len=options.get("history_len", 0))
 

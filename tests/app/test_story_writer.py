@@ -1,9 +1,12 @@
 """story_writer through the workbench with the scripted fake: search, approval, a growing book."""
 
+import json
+import re
+
 import pytest
 
 from app.scenario_catalog import ScenarioCatalog
-from scenarios.story_writer.scenario import SCENARIO
+from scenarios.story_writer.scenario import LIBRARY, SCENARIO
 from tests.app.support import decide, make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
 
@@ -50,3 +53,35 @@ def test_chapter_is_appended_only_after_approval(tmp_path, approved):
     assert len(systems) == 4
     assert all(s == {"role": "system", "content": SCENARIO.system_prompt} for s in systems)
     assert "三长一短" in SCENARIO.system_prompt
+
+
+def test_trimmed_chapter_is_read_back_through_read_artifact(tmp_path):
+    """A chapter too long for the tool budget is trimmed; the model pages it back by id, and
+    an id of another session is refused."""
+    def reply(body):
+        tools = [m for m in body["messages"] if m["role"] == "tool"]
+        if not tools:
+            return ScriptedReply(tool_calls=[tool_call("read_chapter", {"number": 1}, "c1")])
+        if len(tools) == 1:
+            artifact_id = re.search(r"kept as artifact (\w+)\]", tools[0]["content"]).group(1)
+            return ScriptedReply(tool_calls=[tool_call("read_artifact", {"artifact_id": artifact_id}, "c2"),
+                                             tool_call("read_artifact", {"artifact_id": "elsewhere"}, "c3")])
+        return ScriptedReply(content="读完了。")
+
+    with scripted_server(reply) as fake:
+        settings = make_settings(tmp_path, fake.base_url, tool_result_max_chars=200, tool_result_max_tokens=50)
+        with workbench_client(settings, ScenarioCatalog()) as client:
+            session = new_session(client, "story_writer")
+            events = post_turn(client, session["id"], "读第一章")
+    results = of_type(events, "tool_result")
+    assert [r["name"] for r in results] == ["read_chapter", "read_artifact", "read_artifact"]
+    assert results[0]["trimmed"] and results[0]["artifact_id"]
+    page = json.loads(results[1]["content"])  # the page fits the budget: not trimmed again
+    assert not results[1]["trimmed"] and len(results[1]["content"]) <= 200
+    full = json.dumps({"number": 1, "title": "第一章 雾港", "text": LIBRARY.shipped_chapters()[0].text},
+                      ensure_ascii=False, separators=(",", ":"))
+    assert page["artifact_id"] == results[0]["artifact_id"] and page["total_chars"] == len(full)
+    assert page["offset"] == 0 and page["text"] and full.startswith(page["text"])
+    assert page["next_offset"] == len(page["text"])
+    assert results[2]["error"] and "no artifact 'elsewhere' in this session" in results[2]["error"]
+    assert events[-1]["type"] == "final"
