@@ -117,6 +117,21 @@ def decide(client: TestClient, approval_id: str, approved: bool, comment: str = 
     return parse_sse(response.text)
 
 
+def forced_turn_rejecting_proposals(client: TestClient, session_id: str, message: str) -> list[dict]:
+    """One non-streamed turn with the first step forced to a tool; every proposed action met on
+    the way is rejected, so the turn ends with an answer and nothing is applied."""
+    response = client.post(f"/api/sessions/{session_id}/turns",
+                           json={"message": message, "force_tool": True, "stream": False})
+    assert response.status_code == 200, response.text
+    events = response.json()["events"]
+    while events[-1]["type"] == "approval_request":
+        more = client.post(f"/api/approvals/{events[-1]['approval_id']}",
+                           json={"approved": False, "comment": "test", "stream": False})
+        assert more.status_code == 200, more.text
+        events += more.json()["events"]
+    return events
+
+
 def new_session(client: TestClient, scenario: str = "lab") -> dict:
     response = client.post("/api/sessions", json={"scenario": scenario})
     assert response.status_code == 201, response.text

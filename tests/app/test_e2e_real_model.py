@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.app.real_backends import real_backends
-from tests.app.support import workbench_client
+from tests.app.support import forced_turn_rejecting_proposals, workbench_client
 
 pytestmark = pytest.mark.model
 
@@ -33,15 +33,7 @@ def test_one_forced_tool_turn_per_scenario(scenario, backends, tmp_path):
         detail = client.get(f"/api/scenarios/{scenario}").json()
         session = client.post("/api/sessions", json={"scenario": scenario}).json()
         question = detail["starter_questions"][0]
-        response = client.post(f"/api/sessions/{session['id']}/turns",
-                               json={"message": question, "force_tool": True, "stream": False})
-        assert response.status_code == 200, response.text
-        events = response.json()["events"]
-        while events[-1]["type"] == "approval_request":
-            more = client.post(f"/api/approvals/{events[-1]['approval_id']}",
-                               json={"approved": False, "comment": "test", "stream": False})
-            assert more.status_code == 200, more.text
-            events += more.json()["events"]
+        events = forced_turn_rejecting_proposals(client, session["id"], question)
 
         results = [e for e in events if e["type"] == "tool_result"]
         if not results:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.app.real_backends import real_backends
-from tests.app.support import workbench_client
+from tests.app.support import forced_turn_rejecting_proposals, workbench_client
 
 pytestmark = pytest.mark.model
 
@@ -26,15 +26,7 @@ def test_story_turn_reuses_the_manuscript_prefix(tmp_path):
                                      llm_timeout_s=300, llm_max_tokens=48, llm_temperature=0.0, step_budget=3)
         with workbench_client(settings, catalog=ScenarioCatalog()) as client:
             session = client.post("/api/sessions", json={"scenario": "story_writer"}).json()
-            response = client.post(f"/api/sessions/{session['id']}/turns",
-                                   json={"message": "林澈的左手有什么问题？", "force_tool": True, "stream": False})
-            assert response.status_code == 200, response.text
-            events = response.json()["events"]
-            while events[-1]["type"] == "approval_request":
-                more = client.post(f"/api/approvals/{events[-1]['approval_id']}",
-                                   json={"approved": False, "comment": "test", "stream": False})
-                assert more.status_code == 200, more.text
-                events += more.json()["events"]
+            events = forced_turn_rejecting_proposals(client, session["id"], "林澈的左手有什么问题？")
             assert [e for e in events if e["type"] == "tool_result"], [e["type"] for e in events]
             assert events[-1]["type"] == "final", events[-1]
 
