@@ -17,10 +17,11 @@ wait for it and then attach (in-flight sharing), instead of computing it twice.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from server.cache.disk_tier import DiskSegmentError, DiskTier
+from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.host_tier import HostTier, TierMatch
 from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
@@ -42,7 +43,7 @@ class Candidate:
     src_seq: int | None = None  # S: the sequence holding the cells
     owner: object | None = None  # S: the resident owner, when it is one
     host: TierMatch | None = None
-    disk_nodes: list | None = None
+    disk: DiskMatch | None = None
 
 
 class CacheRouter:
@@ -62,7 +63,8 @@ class CacheRouter:
         self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "none")}
         self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D")}
         self.fallbacks = 0
-        self.deferrals = 0
+        self.deferrals = 0  # requests deferred at least once (not deferral decisions)
+        self._deferred: weakref.WeakSet[Sequence] = weakref.WeakSet()
         self.store_errors = 0
 
     # -------------------------------------------------------------- choosing
@@ -83,8 +85,8 @@ class CacheRouter:
             m = self.host.match(prompt[:limit])
             out.append(Candidate("H", m.length, host=m))
         if self.disk is not None:
-            n, nodes = self.disk.match(prompt[:limit])
-            out.append(Candidate("D", n, disk_nodes=nodes))
+            m = self.disk.match(prompt[:limit])
+            out.append(Candidate("D", m.length, disk=m))
         return out
 
     def _best_live(self, adm: Admission) -> tuple[int, int | None, None]:
@@ -153,7 +155,7 @@ class CacheRouter:
             segments = c.host.segments
             self.host.hits += 1
         else:
-            segments = self.disk.load(c.disk_nodes).segments
+            segments = self.disk.load(c.disk).segments
             self.disk.hits += 1
         need = _cut(segments, keep, c.length)
         result = self.kv.restore(need, slot_seq)
@@ -169,7 +171,9 @@ class CacheRouter:
                 continue
             shared = common_prefix_len(other.prompt, seq.prompt)
             if shared >= self.min_tokens and other.n_past < min(shared, len(seq.prompt) - 1):
-                self.deferrals += 1
+                if seq not in self._deferred:
+                    self._deferred.add(seq)
+                    self.deferrals += 1
                 return True
         return False
 
@@ -192,12 +196,14 @@ class CacheRouter:
         try:
             if self.host is not None:
                 result = self.host.store(tokens, lambda s, e: self.kv.extract(slot_seq, s, e))
+                if result is None:
+                    return None
                 if self.disk is not None and result.last_node.attached:
                     path = [n for n in result.last_node.iter_up()][::-1]
                     ranges = [(n.start(), n.payload) for n in path if n.payload is not None]
                     self.disk.store(tokens, ranges)
                 return result.last_node if result.last_node.attached else None
-            have, _ = self.disk.match(tokens)  # whole or partial: what is on disk already
+            have = self.disk.held(tokens)  # whole or partial: what is on disk already
             if have < len(tokens):
                 self.disk.store(tokens, [(have, self.kv.extract(slot_seq, have, len(tokens)))])
         except ExtractError as exc:
@@ -239,5 +245,6 @@ def _cut(segments: list[KVSegment], start: int, end: int) -> list[KVSegment]:
         pos = e
         if e <= start or s >= end:
             continue
-        out.append(seg.slice(max(start, s) - s, min(end, e) - s))
+        a, b = max(start, s) - s, min(end, e) - s
+        out.append(seg if (a, b) == (0, seg.n_tokens) else seg.slice(a, b))
     return out

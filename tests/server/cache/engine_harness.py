@@ -77,3 +77,16 @@ def reset_kv(model) -> None:
             model.router.resident.flush()
 
     model.engine.run_exclusive(job)
+
+
+def fail_next_restore(runtime) -> None:
+    """Fault injection: the next state restore loads the KV, then reports failure (as if
+    llama.cpp gave up halfway). Wraps this runtime instance only; production code has no hook."""
+    real = runtime.state_seq_set
+
+    def once(data, seq_id):
+        runtime.state_seq_set = real
+        real(data, seq_id)
+        return False
+
+    runtime.state_seq_set = once

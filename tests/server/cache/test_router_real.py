@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.server.cache.engine_harness import (
-    chat_tokens, generate, generate_many, kept_cells, reset_kv, used_cells,
+    chat_tokens, fail_next_restore, generate, generate_many, kept_cells, reset_kv, used_cells,
 )
 from tests.server.conftest import embedded_model_available
 
@@ -143,7 +143,7 @@ def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
             for f in files:
                 f.unlink()
         elif fault == "halfway":
-            model.router.kv.fail_next_restore_after_blob = True
+            fail_next_restore(model.runtime)
         elif fault == "scratch":
             taken = [model.seq_ids.take("scratch") for _ in range(model.seq_ids.layout.scratch)]
         got = generate(model, trunk, max_tokens=6)
