@@ -67,6 +67,11 @@ class ServerSettings(BaseSettings):
             )
         if "D" in self.cache_tiers and self.cache_dir is None:
             raise ValueError("cache tier D needs --cache-dir")
+        if self.cache_dir is not None and "D" not in self.cache_tiers:
+            if "cache_tiers" in self.model_fields_set:
+                raise ValueError(f"--cache-dir {self.cache_dir} is given but --cache-tiers "
+                                 f"{','.join(self.cache_tiers)} leaves out D; add D or drop --cache-dir")
+            self.cache_tiers = (*self.cache_tiers, "D")  # the default tiers plus the disk asked for
         return self
 
     @property

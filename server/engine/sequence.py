@@ -153,7 +153,7 @@ class Sequence:
             tail = self._stops.feed(self._detok.flush()) + self._stops.flush()
             if tail:
                 self.sink(TextDelta(text=tail, tokens=()))
-        t0 = self.t_prefill_start or self.t_submit
+        t0 = self.t_submit  # TTFT and prompt_ms include queueing: what the client waited
         t1 = self.t_first_token or time.perf_counter()
         event = Finished(
             finish_reason=reason,
