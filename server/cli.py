@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "with --cache-tiers, list D there)")
     a("--cache-disk", type=int, help="disk tier budget in MiB (default 4096)")
     a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
-    a("--cache-route", choices=["longest"])
+    a("--cache-route", choices=["cost", "longest"],
+      help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
     a("--log-level", choices=["debug", "info", "warning", "error"])
     return p

@@ -35,7 +35,8 @@ class ServerSettings(BaseSettings):
     cache_dir: Path | None = None
     cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
-    cache_route: Literal["longest"] = "longest"
+    cache_route: Literal["cost", "longest"] = Field(
+        "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

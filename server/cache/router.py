@@ -6,7 +6,9 @@
 - H: segments in host RAM, restored,
 - D: segment files on disk, restored,
 
-policy `longest` with ties A > S > H > D, one path committed per request. Any failure while
+one plan committed per request: with route `cost` (the default) the plan with the lowest
+estimated time to first token from rates measured online (server/cache/cost.py), with
+route `longest` the longest match; ties A > S > H > D. Any failure while
 attaching or restoring clears the slot's sequence and falls back to computing the prompt:
 a cache may make a request faster, never wrong. After a request completes (never before),
 its new segments are stored (increments only) and its common prefix may be published as
@@ -17,10 +19,13 @@ wait for it and then attach (in-flight sharing), instead of computing it twice.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from server.cache.cost import CostModel, Plan, PlanOption
 from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.host_tier import HostTier, TierMatch
 from server.cache.kv_format import KVSegment
@@ -33,7 +38,7 @@ from server.engine.sequence import CacheReport, Sequence, SeqStatus
 from server.engine.slots import SlotPool, common_prefix_len
 
 log = logging.getLogger(__name__)
-TIE_ORDER = {"A": 0, "S": 1, "H": 2, "D": 3}
+ROUTES = ("cost", "longest")
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,9 @@ class Candidate:
 class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tiers: set[str], host: HostTier | None, disk: DiskTier | None, resident: ResidentOwners | None,
-                 registry: SessionRegistry, min_tokens: int):
+                 registry: SessionRegistry, min_tokens: int, route: str = "cost"):
+        if route not in ROUTES:
+            raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime = runtime
         self.kv = kv
         self.slots = slots
@@ -60,6 +67,12 @@ class CacheRouter:
         self.resident = resident
         self.registry = registry
         self.min_tokens = min_tokens
+        self.route = route
+        self.costs = CostModel()
+        self.by_plan: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "compute")}
+        self.shorter_than_longest = 0  # plans that left a longer match unused because it cost more
+        self.recent_plans: deque[dict] = deque(maxlen=16)
+        self._overhead: weakref.WeakKeyDictionary[Sequence, float] = weakref.WeakKeyDictionary()
         self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "none")}
         self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D")}
         self.fallbacks = 0
@@ -102,23 +115,33 @@ class CacheRouter:
                 best, src = n, slot.seq_id
         return best, src, None
 
-    @staticmethod
-    def choose(cands: list[Candidate]) -> Candidate | None:
-        useful = [c for c in cands if c.length > 0]
-        if not useful:
-            return None
-        return max(useful, key=lambda c: (c.length, -TIE_ORDER[c.source]))
+    def plan(self, cands: list[Candidate], prompt_len: int) -> tuple[Candidate | None, Plan]:
+        """The candidate to commit (None: compute everything) and the plan behind it."""
+        a_len = next((c.length for c in cands if c.source == "A"), 0)
+        options = [PlanOption(c.source, c.length, c.length - min(a_len, c.length) if c.source in "HD" else 0)
+                   for c in cands if c.length > 0]
+        plan = self.costs.choose(options, prompt_len, longest=self.route == "longest")
+        chosen = next((c for c in cands if c.source == plan.option.source), None)
+        return chosen, plan
 
     # ------------------------------------------------------------- committing
     def provide(self, adm: Admission) -> CacheReport:
+        t0 = time.perf_counter()
+        try:
+            return self._provide(adm)
+        finally:
+            self._overhead[adm.seq] = self._overhead.get(adm.seq, 0.0) + time.perf_counter() - t0
+
+    def _provide(self, adm: Admission) -> CacheReport:
         cands = self.candidates(adm)
-        best = self.choose(cands)
+        best, plan = self.plan(cands, len(adm.seq.prompt))
         a_len = next((c.length for c in cands if c.source == "A"), 0)
         slot_seq = adm.slot.seq_id
+        self._note_plan(adm, cands, plan)
         if best is None:
             self.runtime.seq_rm(slot_seq, -1, -1)
             self.by_source["none"] += 1
-            return CacheReport()
+            return CacheReport(est_ms=plan.est_ms)
         try:
             report = self._commit(best, slot_seq, a_len)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
@@ -126,10 +149,23 @@ class CacheRouter:
             self.runtime.seq_rm(slot_seq, -1, -1)
             self.fallbacks += 1
             self.by_source["none"] += 1
-            return CacheReport()
+            return CacheReport(est_ms=plan.est_ms)
         self.by_source[best.source] += 1
         self.reused_tokens[best.source] += report.reused_tokens
-        return report
+        return replace(report, plan=plan.label, est_ms=plan.est_ms)
+
+    def _note_plan(self, adm: Admission, cands: list[Candidate], plan: Plan) -> None:
+        self.by_plan[plan.label] += 1
+        longest = max((c.length for c in cands), default=0)
+        if plan.option.length < longest:
+            self.shorter_than_longest += 1
+        self.recent_plans.append({
+            "request": adm.seq.id, "prompt_tokens": len(adm.seq.prompt), "plan": plan.label,
+            "reused_tokens": plan.option.length, "est_ms": _ms(plan.est_ms),
+            "candidates": {c.source: {"tokens": c.length, "est_ms": _ms(plan.estimates.get(c.source))}
+                           for c in cands if c.length > 0},
+            "compute_all_est_ms": _ms(plan.estimates.get("none")),
+        })
 
     def _commit(self, c: Candidate, slot_seq: int, a_len: int) -> CacheReport:
         if c.source == "A":
@@ -151,6 +187,7 @@ class CacheRouter:
         if not self.runtime.seq_rm(slot_seq, keep, -1):
             self.runtime.seq_rm(slot_seq, -1, -1)
             keep = 0
+        t0 = time.perf_counter()
         if c.source == "H":
             segments = c.host.segments
             self.host.hits += 1
@@ -159,7 +196,9 @@ class CacheRouter:
             self.disk.hits += 1
         need = _cut(segments, keep, c.length)
         result = self.kv.restore(need, slot_seq)
-        return CacheReport(c.source, c.length, result.nbytes, result.ms)
+        seconds = time.perf_counter() - t0
+        self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
+        return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
 
     # ------------------------------------------------- in-flight sharing (defer)
     def should_defer(self, seq: Sequence) -> bool:
@@ -182,6 +221,7 @@ class CacheRouter:
         hint = seq.request.cache_hint
         if reason == "error" or seq.slot is None:
             return
+        self._observe_prefill(seq)
         tokens = seq.kv_tokens()
         tip = None
         if len(tokens) >= self.min_tokens:
@@ -189,6 +229,13 @@ class CacheRouter:
             self._publish(seq, tokens, hint)
         if hint is not None:
             self.registry.observe(hint, tip)
+
+    def _observe_prefill(self, seq: Sequence) -> None:
+        """Computed prompt tokens over admission-to-first-token, less the cache's own work."""
+        if seq.t_first_token is None or seq.t_prefill_start is None:
+            return
+        seconds = seq.t_first_token - seq.t_prefill_start - self._overhead.pop(seq, 0.0)
+        self.costs.observe_prefill(len(seq.prompt) - seq.n_cached, seconds)
 
     def _store(self, slot_seq: int, tokens: list[int]):
         if self.host is None and self.disk is None:
@@ -235,6 +282,10 @@ class CacheRouter:
         if self.resident is not None:
             freed["S_cells"] = self.resident.flush()
         return freed
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 def _cut(segments: list[KVSegment], start: int, end: int) -> list[KVSegment]:

@@ -58,6 +58,8 @@ class CacheReport:
     reused_tokens: int = 0
     restored_bytes: int = 0
     restore_ms: float = 0.0
+    plan: str = "compute"  # what the cache router chose (a source, or "compute")
+    est_ms: float | None = None  # its estimated time to first token, when rates are known
 
 
 @dataclass(frozen=True)

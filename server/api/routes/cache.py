@@ -15,7 +15,10 @@ def _stats(model, measure: bool) -> dict:
     r, s = model.router, model.slots
     slot_tokens = [list(x.tokens) for x in s.slots if not x.busy]
     out = {
-        "route": "longest",
+        "route": r.route if r else "slot reuse only",
+        "costs": r.costs.stats() if r else None,
+        "plans": {"by_plan": dict(r.by_plan), "shorter_than_longest": r.shorter_than_longest,
+                  "recent": list(r.recent_plans)} if r else None,
         "note": model.cache_note,
         "requests_by_source": dict(r.by_source) if r else None,
         "reused_tokens_by_source": dict(r.reused_tokens) if r else None,

@@ -9,6 +9,7 @@ Sharing: concurrent requests over a common prefix hold one physical copy of it.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,31 @@ def test_four_concurrent_requests_share_one_copy_of_their_prefix(cached):
     no_sharing = sum(len(s.tokens) for s in cached.slots.slots)
     assert cells <= bound * 1.02, (cells, bound)
     assert cells < no_sharing * 0.8, (cells, no_sharing)
+
+
+def test_a_slow_restore_makes_the_router_recompute(cached, reference):
+    """Injected slowness: the first host restore is measured slow, so the next request whose
+    prefix only tier H holds is computed instead, with the estimates in its report."""
+    trunk = _store_trunk(cached)  # computing the trunk measures the prefill rate
+    real = cached.router.kv.restore
+    second = trunk[:-3] + chat_tokens(cached, "", QUESTIONS[2])[3:]
+    # Slower than computing the whole prompt by a wide margin, whatever this machine's speed.
+    delay = max(2.0, 3 * len(second) / cached.router.costs.prefill.per_second)
+
+    def slow(segments, target):
+        time.sleep(delay)
+        return real(segments, target)
+
+    cached.router.kv.restore = slow
+    first = trunk[:-3] + chat_tokens(cached, "", QUESTIONS[1])[3:]
+    got = generate(cached, first, max_tokens=2)
+    assert got.final.cache.source == "H"  # longest until a restore rate is known
+    assert cached.router.costs.restore["H"].samples == 1
+    reset_kv(cached)
+    got = generate(cached, second, max_tokens=6)
+    assert got.final.cache.source == "none" and got.final.cache.plan == "compute", (cached.router.recent_plans[-1], cached.router.costs.stats())
+    assert got.final.cache.est_ms is not None and cached.router.shorter_than_longest >= 1
+    last = cached.router.recent_plans[-1]
+    assert last["candidates"]["H"]["est_ms"] > last["compute_all_est_ms"], last
+    assert got.text == generate(reference, second, max_tokens=6).text
+    _assert_no_leak(cached)
