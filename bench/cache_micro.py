@@ -70,6 +70,7 @@ def host_bytes(model, prompt_len: int) -> dict:
         slot = max(model.slots.slots, key=lambda s: s.last_used)
         snapshot_bytes += len(model.engine.run_exclusive(lambda: model.runtime.state_seq_get(slot.seq_id)))
         stored.append(list(slot.tokens))
+    reset_kv(model)  # write-back: the prompts reach tier H when their device copies go
     st = model.router.host.stats()
     per_token = st["bytes"] / st["tokens"]
     bound_bytes = union_positions(stored) * per_token

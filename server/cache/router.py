@@ -11,8 +11,10 @@ estimated time to first token from rates measured online (server/cache/cost.py),
 route `longest` the longest match; ties A > S > H > D. Any failure while
 attaching or restoring clears the slot's sequence and falls back to computing the prompt:
 a cache may make a request faster, never wrong. After a request completes (never before),
-its new segments are stored (increments only) and its common prefix may be published as
-resident. Requests that arrive while another one is still computing a long common prefix
+its common prefix may be published as resident. Copies to host (and disk) are made
+write-back: only when a device copy is about to be lost (a slot taken for another prefix,
+a resident owner evicted, an idle slot's KV dropped for room), increments only, and not
+when another slot or owner still holds the same tokens. Requests that arrive while another one is still computing a long common prefix
 wait for it and then attach (in-flight sharing), instead of computing it twice.
 """
 
@@ -73,6 +75,12 @@ class CacheRouter:
         self.shorter_than_longest = 0  # plans that left a longer match unused because it cost more
         self.recent_plans: deque[dict] = deque(maxlen=16)
         self._overhead: weakref.WeakKeyDictionary[Sequence, float] = weakref.WeakKeyDictionary()
+        self._slot_hints: dict[int, object] = {}  # slot index -> the cache hint of its last request
+        self.write_backs = 0
+        self.engine_ms = 0.0  # engine-thread time spent in the cache (routing, restores, write-back)
+        self.write_back_ms = 0.0
+        if resident is not None:
+            resident.on_evict = self._write_back_owner
         self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "none")}
         self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D")}
         self.fallbacks = 0
@@ -130,7 +138,9 @@ class CacheRouter:
         try:
             return self._provide(adm)
         finally:
-            self._overhead[adm.seq] = self._overhead.get(adm.seq, 0.0) + time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self._overhead[adm.seq] = self._overhead.get(adm.seq, 0.0) + dt
+            self.engine_ms += dt * 1000.0
 
     def _provide(self, adm: Admission) -> CacheReport:
         cands = self.candidates(adm)
@@ -138,6 +148,10 @@ class CacheRouter:
         a_len = next((c.length for c in cands if c.source == "A"), 0)
         slot_seq = adm.slot.seq_id
         self._note_plan(adm, cands, plan)
+        kept = {"A": plan.option.length, "H": min(a_len, plan.option.length),
+                "D": min(a_len, plan.option.length)}.get(plan.option.source, 0)
+        if kept < len(adm.slot.tokens):
+            self._write_back(adm.slot, exclude=adm.slot)
         if best is None:
             self.runtime.seq_rm(slot_seq, -1, -1)
             self.by_source["none"] += 1
@@ -218,17 +232,80 @@ class CacheRouter:
 
     # --------------------------------------------------------------- finishing
     def on_finished(self, seq: Sequence, reason: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._on_finished(seq, reason)
+        finally:
+            self.engine_ms += (time.perf_counter() - t0) * 1000.0
+
+    def _on_finished(self, seq: Sequence, reason: str) -> None:
         hint = seq.request.cache_hint
         if reason == "error" or seq.slot is None:
+            self._slot_hints.pop(seq.slot.index if seq.slot else -1, None)
             return
         self._observe_prefill(seq)
         tokens = seq.kv_tokens()
-        tip = None
         if len(tokens) >= self.min_tokens:
-            tip = self._store(seq.slot.seq_id, tokens)
             self._publish(seq, tokens, hint)
         if hint is not None:
-            self.registry.observe(hint, tip)
+            self.registry.observe(hint, self.host.match(tokens).tip if self.host is not None else None)
+            self._slot_hints[seq.slot.index] = hint
+
+    # ------------------------------------------------------------- write-back
+    def drop_idle_slot(self, slot) -> None:
+        """Free an idle slot's KV (e.g. for room), copying it to host/disk first if no
+        other device copy holds it."""
+        if slot.busy:
+            raise ValueError(f"slot {slot.index} is running a request")
+        self._write_back(slot, exclude=slot)
+        self.runtime.seq_rm(slot.seq_id, -1, -1)
+        slot.tokens = []
+
+    def drop_device_copies(self) -> None:
+        """Drop every idle slot's KV and every resident owner, writing back first what
+        host/disk lack (what a KV shortage would do to all of them; tests, benchmarks)."""
+        for slot in self.slots.slots:
+            if not slot.busy:
+                self.drop_idle_slot(slot)
+        if self.resident is not None:
+            for owner in list(self.resident.owners):
+                self._write_back_owner(owner.seq_id, owner.tokens)
+            self.resident.flush()
+
+    def _write_back(self, slot, exclude=None) -> None:
+        """The slot's kept KV is about to be lost: store what host/disk lack of it."""
+        tokens = list(slot.tokens)
+        if len(tokens) < self.min_tokens or self._held_on_device(tokens, exclude):
+            return
+        t0 = time.perf_counter()
+        tip = self._store(slot.seq_id, tokens)
+        self.write_backs += 1
+        self.write_back_ms += (time.perf_counter() - t0) * 1000.0
+        hint = self._slot_hints.pop(slot.index, None)
+        if hint is not None and hint.session and tip is not None:
+            self.registry.observe(replace(hint, state=self.registry.state(hint.session), pin=False), tip)
+
+    def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
+        """A resident owner is being evicted (its cells may be freed)."""
+        if len(tokens) >= self.min_tokens and not self._held_on_device(tokens, None, owner_seq=seq_id):
+            t0 = time.perf_counter()
+            self._store(seq_id, tokens)
+            self.write_backs += 1
+            self.write_back_ms += (time.perf_counter() - t0) * 1000.0
+
+    def _held_on_device(self, tokens: list[int], exclude, owner_seq: int | None = None) -> bool:
+        """Another slot (idle, or running over these tokens) or resident owner holds them all."""
+        running = {s.slot.index: s.kv_tokens() for s in self.running() if s.slot is not None}
+        for slot in self.slots.slots:
+            if slot is exclude:
+                continue
+            held = running.get(slot.index, slot.tokens if not slot.busy else [])
+            if common_prefix_len(held, tokens) == len(tokens):
+                return True
+        if self.resident is not None:
+            return any(o.seq_id != owner_seq and common_prefix_len(o.tokens, tokens) == len(tokens)
+                       for o in self.resident.owners)
+        return False
 
     def _observe_prefill(self, seq: Sequence) -> None:
         """Computed prompt tokens over admission-to-first-token, less the cache's own work."""

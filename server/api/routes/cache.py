@@ -32,6 +32,10 @@ def _stats(model, measure: bool) -> dict:
             "D": r.disk.stats() if r and r.disk else {"enabled": False},
         },
         "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch")},
+        "engine_thread": {"decode_ms": round(model.engine.stats().busy_seconds * 1000.0, 3),
+                          "cache_ms": round(r.engine_ms, 3) if r else 0.0,
+                          "write_backs": r.write_backs if r else 0,
+                          "write_back_ms": round(r.write_back_ms, 3) if r else 0.0},
     }
     if measure:
         from server.cache.resident import union_positions

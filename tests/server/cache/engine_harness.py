@@ -67,14 +67,16 @@ def kept_cells(model) -> int:
 
 
 def reset_kv(model) -> None:
-    """Empty every slot and resident owner (tiers H and D keep their segments)."""
+    """Empty every slot and resident owner, as a KV shortage would: through the router, so
+    what tiers H/D lack is written back first (they keep their segments)."""
 
     def job():
+        if model.router is not None:
+            model.router.drop_device_copies()
+            return
         for s in model.slots.slots:
             model.runtime.seq_rm(s.seq_id, -1, -1)
             s.tokens = []
-        if model.router is not None and model.router.resident is not None:
-            model.router.resident.flush()
 
     model.engine.run_exclusive(job)
 

@@ -91,9 +91,9 @@ def _store_trunk(model, n_other=4):
     """Run a trunk request, then push it out of every slot, so only tiers H/D hold it."""
     trunk = chat_tokens(model, SYSTEM, QUESTIONS[0])
     generate(model, trunk, max_tokens=2)
+    reset_kv(model)  # write-back: the trunk goes to H/D as its device copies are dropped
     if model.router.disk is not None:
         model.router.disk.wait_idle()
-    reset_kv(model)
     return trunk
 
 
@@ -220,3 +220,22 @@ def test_a_slow_restore_makes_the_router_recompute(cached, reference):
     assert last["candidates"]["H"]["est_ms"] > last["compute_all_est_ms"], last
     assert got.text == generate(reference, second, max_tokens=6).text
     _assert_no_leak(cached)
+
+
+def test_host_copies_are_made_only_when_the_device_copy_is_lost(tmp_path, reference):
+    """Write-back: finishing a request stores nothing; taking its slot for another prefix
+    copies it to host first, and a later request restores it from there."""
+    model = load(None, parallel=1, cache_tiers=("A", "H"))
+    try:
+        trunk = chat_tokens(model, SYSTEM, QUESTIONS[0])
+        generate(model, trunk, max_tokens=2)
+        assert model.router.host.stats()["entries"] == 0 and model.router.write_backs == 0
+        other = chat_tokens(model, "You are a financial research assistant.", QUESTIONS[3])
+        generate(model, other, max_tokens=2)  # the only slot is taken: the trunk is written back
+        assert model.router.write_backs == 1 and model.router.host.stats()["tokens"] >= len(trunk)
+        got = generate(model, trunk, max_tokens=6)
+        assert got.final.cache.source == "H" and got.final.cache.reused_tokens == len(trunk) - 1
+        assert got.text == generate(reference, trunk, max_tokens=6).text
+        _assert_no_leak(model)
+    finally:
+        model.close()
