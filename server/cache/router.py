@@ -352,8 +352,9 @@ class CacheRouter:
     # ------------------------------------------------------------- operations
     def reclaim(self, slots: SlotPool) -> bool:
         """Free cells for running requests: idle slots' kept KV first (oldest first), then
-        resident owners (lifecycle order). Pinned owners stay."""
-        if slots.drop_oldest_idle(lambda slot: self.runtime.seq_rm(slot.seq_id, -1, -1)):
+        resident owners (lifecycle order), each written back to host/disk first. Pinned
+        owners stay."""
+        if slots.drop_oldest_idle(self.drop_idle_slot):
             return True
         return self.resident is not None and self.resident.evict_one()
 
