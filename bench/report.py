@@ -108,7 +108,7 @@ def cache_micro_section(res: Path) -> list[str]:
 
 
 RUN_ALL_DIRS = {
-    "run_all": ("Workloads on the embedded model: every configuration side by side",
+    "run_all": ("Workloads: every configuration side by side",
                 "python -m bench.run_all --quick"),
     "run_all_synth": ("Workloads on a compute-light synthetic model (llama, 4 layers, 256 wide, q8_0)",
                       "python bench/synth_model.py --shape custom --arch llama --n-layer 4 --n-embd 256 --n-head 4 "
@@ -165,6 +165,35 @@ def _share(eng: dict | None) -> str:
     return f"{100 * eng['cache_ms'] / eng['decode_ms']:.1f}%"
 
 
+CARRIED = "_Carried over from an earlier generation of this file: not re-measured in this revision._"
+
+
+def _old_sections(path: Path) -> dict[str, list[str]]:
+    """The sections ('## ' headings) of the previous docs/benchmarks.md, by heading."""
+    if not path.exists():
+        return {}
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            current = line
+            out[current] = []
+        elif current is not None:
+            out[current].append(line)
+    return out
+
+
+def _or_carried(section: list[str], old: dict[str, list[str]]) -> list[str]:
+    """A section with no results this time keeps its earlier figures, marked as such."""
+    if not any(line.startswith("Not measured in this revision") for line in section):
+        return section
+    body = old.get(section[0])
+    if not body or any(line.startswith("Not measured in this revision") for line in body):
+        return section
+    body = [line for line in body if line != CARRIED]
+    return [section[0], "", CARRIED] + body
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=Path("bench/results"))
@@ -176,10 +205,11 @@ def main(argv: list[str] | None = None) -> None:
              "committed). All figures come from one machine, measured side by side; the machine is shared and "
              "noisy, so compare ratios within a table, not absolute numbers across tables.", "",
              f"Machine: {machine()}. Model: the embedded SmolLM2-135M-Instruct Q4_1.", ""]
+    old = _old_sections(a.out)
     for section in (engine_section, unified_section, cache_micro_section):
-        lines += section(a.results)
+        lines += _or_carried(section(a.results), old)
     for dirname in RUN_ALL_DIRS:
-        lines += run_all_section(a.results, dirname)
+        lines += _or_carried(run_all_section(a.results, dirname), old)
     if a.notes.exists():
         lines += [a.notes.read_text().rstrip(), ""]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -240,8 +240,10 @@ class CacheRouter:
 
     def _on_finished(self, seq: Sequence, reason: str) -> None:
         hint = seq.request.cache_hint
-        if reason == "error" or seq.slot is None:
-            self._slot_hints.pop(seq.slot.index if seq.slot else -1, None)
+        if seq.slot is None:
+            return
+        if reason == "error":
+            self._slot_hints.pop(seq.slot.index, None)
             return
         self._observe_prefill(seq)
         tokens = seq.kv_tokens()
@@ -277,10 +279,7 @@ class CacheRouter:
         tokens = list(slot.tokens)
         if len(tokens) < self.min_tokens or self._held_on_device(tokens, exclude):
             return
-        t0 = time.perf_counter()
-        tip = self._store(slot.seq_id, tokens)
-        self.write_backs += 1
-        self.write_back_ms += (time.perf_counter() - t0) * 1000.0
+        tip = self._timed_store(slot.seq_id, tokens)
         hint = self._slot_hints.pop(slot.index, None)
         if hint is not None and hint.session and tip is not None:
             self.registry.observe(replace(hint, state=self.registry.state(hint.session), pin=False), tip)
@@ -288,8 +287,13 @@ class CacheRouter:
     def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
         """A resident owner is being evicted (its cells may be freed)."""
         if len(tokens) >= self.min_tokens and not self._held_on_device(tokens, None, owner_seq=seq_id):
-            t0 = time.perf_counter()
-            self._store(seq_id, tokens)
+            self._timed_store(seq_id, tokens)
+
+    def _timed_store(self, seq_id: int, tokens: list[int]):
+        t0 = time.perf_counter()
+        try:
+            return self._store(seq_id, tokens)
+        finally:
             self.write_backs += 1
             self.write_back_ms += (time.perf_counter() - t0) * 1000.0
 
