@@ -290,6 +290,8 @@ class CacheRouter:
             self._timed_store(seq_id, tokens)
 
     def _timed_store(self, seq_id: int, tokens: list[int]):
+        if self.host is None and self.disk is None:
+            return None  # nowhere to write back to (e.g. tiers A,S)
         t0 = time.perf_counter()
         try:
             return self._store(seq_id, tokens)
