@@ -82,7 +82,8 @@ def host_bytes(model, prompt_len: int) -> dict:
 def restore_vs_recompute(model, n: int, repeats: int = 5) -> dict:
     """Recompute N tokens vs restore them from host RAM (one segment, and the same KV as
     two segments, which needs a join) and from a disk file; store = extract into tier H's
-    form (seq_cp + llama.cpp's state copy + parse into views). Best of `repeats`."""
+    form (seq_cp + llama.cpp's state copy + parse into views). Store and restore: best of
+    `repeats`; recompute: once (it is slow and only the ratio's denominator)."""
     rt, kv = model.runtime, model.router.kv
     toks = tokens_of(model, words(n + 50, 3), n)
     slot = model.slots.slots[0].seq_id
@@ -95,18 +96,18 @@ def restore_vs_recompute(model, n: int, repeats: int = 5) -> dict:
         return out
 
     def job():
+        def compute():
+            for i in range(0, n, rt.n_batch):
+                chunk = toks[i:i + rt.n_batch]
+                rt.decode([BatchEntry(t, i + j, slot, False) for j, t in enumerate(chunk)])
+
+        rt.seq_rm(slot, -1, -1)
+        timed("recompute", compute)
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(repeats):
-                rt.seq_rm(slot, -1, -1)
-
-                def compute():
-                    for i in range(0, n, rt.n_batch):
-                        chunk = toks[i:i + rt.n_batch]
-                        rt.decode([BatchEntry(t, i + j, slot, False) for j, t in enumerate(chunk)])
-
-                timed("recompute", compute)
                 seg = timed("host_store", lambda: kv.extract(slot, 0, n))
                 f = write_segment_file(Path(tmp), "bench", toks, seg)
+                rt.seq_rm(slot, -1, -1)
                 for name, segs in (("host_restore", lambda: [seg]), ("host_restore_joined", lambda: list(seg.split(n // 2))),
                                    ("disk_restore", lambda: [read_segment_file(f.path, "bench")])):
                     rt.seq_rm(slot, -1, -1)

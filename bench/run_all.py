@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> None:
                 index["runs"].append({"workload": wname, "config": cname, "command": " ".join(cmd),
                                       "result": str(path), "workload_params": work.describe()["params"],
                                       "engine_thread": engine})
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "index.json").write_text(json.dumps(index, indent=2))
+                a.out.mkdir(parents=True, exist_ok=True)
+                (a.out / "index.json").write_text(json.dumps(index, indent=2))  # after every run: partial runs count
     print("wrote", a.out / "index.json")
 
 
