@@ -90,7 +90,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),
         tiers=tiers, host=host, disk=disk, resident=resident, registry=registry,
-        min_tokens=settings.cache_min_tokens,
+        min_tokens=settings.cache_min_tokens, route=settings.cache_route,
     )
 
 

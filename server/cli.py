@@ -34,10 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--flash-attn", choices=["auto", "on", "off"])
     a("--cache-tiers", help="prefix sources to use, comma separated among A,S,H,D (default A,S,H)")
     a("--cache-ram", type=int, help="host tier budget in MiB (default 1024)")
-    a("--cache-dir", type=Path, help="directory of the disk tier (enables tier D when listed)")
+    a("--cache-dir", type=Path, help="directory of the disk tier (adds D to the default tiers; "
+                                         "with --cache-tiers, list D there)")
     a("--cache-disk", type=int, help="disk tier budget in MiB (default 4096)")
     a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
-    a("--cache-route", choices=["longest"])
+    a("--cache-route", choices=["cost", "longest"],
+      help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
     a("--log-level", choices=["debug", "info", "warning", "error"])
     return p

@@ -52,7 +52,8 @@ class ServerSettings(BaseSettings):
     cache_dir: Path | None = None
     cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
-    cache_route: Literal["longest"] = "longest"
+    cache_route: Literal["cost", "longest"] = Field(
+        "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -80,6 +81,11 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"--batch-size ({self.batch_size}) must be at least --parallel ({self.parallel})")
         if "D" in self.cache_tiers and self.cache_dir is None:
             raise ValueError("cache tier D needs --cache-dir")
+        if self.cache_dir is not None and "D" not in self.cache_tiers:
+            if "cache_tiers" in self.model_fields_set:
+                raise ValueError(f"--cache-dir {self.cache_dir} is given but --cache-tiers "
+                                 f"{','.join(self.cache_tiers)} leaves out D; add D or drop --cache-dir")
+            self.cache_tiers = (*self.cache_tiers, "D")  # the default tiers plus the disk asked for
         return self
 
     @property

@@ -82,7 +82,7 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
         return {}
     out: dict[str, tuple[str, float]] = {
         "arbor:cache_fallbacks": ("Restores that failed and fell back to computing.", r.fallbacks),
-        "arbor:cache_deferrals": ("Admissions deferred to share an in-flight prefix.", r.deferrals),
+        "arbor:cache_deferrals": ("Requests deferred (at least once) to share an in-flight prefix.", r.deferrals),
     }
     for tier, name in ((r.host, "host"), (r.disk, "disk")):
         if tier is not None:

@@ -47,6 +47,8 @@ def arbor_extension(fin: Finished) -> dict[str, Any]:
             "reused_tokens": c.reused_tokens,
             "restored_bytes": c.restored_bytes,
             "restore_ms": round(c.restore_ms, 3),
+            "plan": c.plan,
+            "est_ms": None if c.est_ms is None else round(c.est_ms, 3),
         }
     }
 
