@@ -8,7 +8,6 @@ the way is rejected (the run must then still end with an answer).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -20,17 +19,11 @@ import pytest
 
 from tests.app.support import workbench_client
 from tests.fakes.scripted_openai import free_port
+from tests.server.conftest import embedded_model_available
 
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _skip_reason() -> str | None:
-    for module in ("server", "llama_cpp"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not importable: the arbor-server end-to-end test needs it"
-    return None
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:
@@ -64,7 +57,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
-    reason = _skip_reason()
+    reason = embedded_model_available()
     if reason:
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("e2e-logs")
