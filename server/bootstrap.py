@@ -41,6 +41,7 @@ class LoadedModel:
     prefix: PrefixProvider
     model_name: str
     cache_note: str | None  # why some cache tiers are off, when they are
+    max_request_tokens: int  # prompt + completion of one request: --ctx-size or the model's training context
     router: CacheRouter | None = None
 
     def close(self) -> None:
@@ -125,7 +126,8 @@ def load(settings: ServerSettings) -> LoadedModel:
         template = ChatTemplate(template_src, bos_token=info.bos_token, eos_token=info.eos_token)
         slots = SlotPool(seq_ids.slot_ids)
         scheduler = Scheduler(
-            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A")
+            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
+            kv_cells=settings.ctx_size,
         )
         cache_note = unsupported_cache_reason(info) if wants_cache else None
         router = None
@@ -143,11 +145,19 @@ def load(settings: ServerSettings) -> LoadedModel:
     except Exception:
         runtime.close()
         raise
+    max_request = max_request_tokens(settings.ctx_size, info.n_ctx_train)
     log.info(
-        "loaded %s (%s, %d layers), n_ctx=%d, %d slots of %d tokens",
-        path.name, info.architecture, info.n_layer, runtime.n_ctx, settings.parallel, settings.slot_ctx,
+        "loaded %s (%s, %d layers), n_ctx=%d, %d slots sharing %d cells, up to %d tokens per request",
+        path.name, info.architecture, info.n_layer, runtime.n_ctx, settings.parallel, settings.ctx_size, max_request,
     )
     return LoadedModel(
         runtime=runtime, engine=engine, template=template, slots=slots, seq_ids=seq_ids, prefix=prefix,
-        model_name=default_model_name(settings), cache_note=cache_note, router=router,
+        model_name=default_model_name(settings), cache_note=cache_note, max_request_tokens=max_request,
+        router=router,
     )
+
+
+def max_request_tokens(ctx_size: int, n_ctx_train: int) -> int:
+    """One request may use every cell of the unified KV, but not more positions than the
+    model was trained for (0: the GGUF does not say)."""
+    return min(ctx_size, n_ctx_train) if n_ctx_train > 0 else ctx_size

@@ -19,7 +19,8 @@ class ServerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     parallel: int = Field(4, ge=1, le=64, description="slots (concurrent requests)")
-    ctx_size: int = Field(8192, ge=256, description="total cells of the unified KV shared by all slots")
+    ctx_size: int = Field(8192, ge=256, description="cells of the unified KV shared by all slots; one request may "
+                          "use all of them (up to the model's training context)")
     batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step")
     threads: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1), ge=1)
     alias: str | None = Field(None, description="model name clients use; default: the file name")
@@ -68,17 +69,14 @@ class ServerSettings(BaseSettings):
     def _consistent(self):
         if self.batch_size < self.parallel:
             raise ValueError(f"--batch-size ({self.batch_size}) must be at least --parallel ({self.parallel})")
-        if self.ctx_size // self.parallel < 64:
-            raise ValueError(
-                f"--ctx-size {self.ctx_size} leaves {self.ctx_size // self.parallel} cells per slot; need at least 64"
-            )
         if "D" in self.cache_tiers and self.cache_dir is None:
             raise ValueError("cache tier D needs --cache-dir")
         return self
 
     @property
-    def slot_ctx(self) -> int:
-        """Context each slot may use: prompt + generated tokens."""
+    def slot_share(self) -> int:
+        """An even split of the cells among the slots: what a request without max_tokens is
+        guaranteed for prompt + output (it may grow further while cells are free)."""
         return self.ctx_size // self.parallel
 
     def tier_enabled(self, tier: str) -> bool:

@@ -66,6 +66,9 @@ def _live_gauges(state: ServerState) -> dict[str, tuple[str, float]]:
         "llamacpp:requests_deferred": ("Number of requests deferred.", stats.n_waiting),
         "llamacpp:n_decode_total": ("Total number of llama_decode() calls.", stats.n_decode_calls),
         "arbor:slots_busy": ("Slots running a request.", loaded.slots.n_busy()),
+        "arbor:kv_cells_reserved": ("KV cells reserved by running requests.", loaded.engine.scheduler.reserved_cells),
+        "arbor:kv_full_total": ("Decodes that found the KV pool full and freed cells first.", stats.n_kv_full),
+        "arbor:requests_preempted_total": ("Requests stopped because the KV pool stayed full.", stats.n_preempted),
         **_cache_gauges(loaded),
     }
 

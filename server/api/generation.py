@@ -23,6 +23,15 @@ from server.engine.sequence import Finished, GenerationRequest, TextDelta
 DISCONNECT_POLL_S = 0.25
 
 
+def engine_error(fin: Finished) -> APIError:
+    """The HTTP error for a request the engine finished with an error: 503 + Retry-After
+    when it lacked resources for a moment (a full KV pool), else 500."""
+    if fin.retryable:
+        return APIError(f"server busy: {fin.error}", status=503, type="unavailable_error", code="kv_cache_full",
+                        headers={"Retry-After": "2"})
+    return APIError(f"generation failed: {fin.error}", status=500, type="server_error")
+
+
 class Generation:
     def __init__(self, engine: Engine, request: GenerationRequest, metrics: ServerMetrics):
         self._engine = engine

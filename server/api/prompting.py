@@ -1,5 +1,5 @@
 """From a validated request body to an engine `GenerationRequest`: render, tokenize,
-check lengths against the slot's context, choose the grammar, collect sampling settings."""
+check lengths against the model's context, choose the grammar, collect sampling settings."""
 
 from __future__ import annotations
 
@@ -32,22 +32,42 @@ def check_model_name(requested: str | None, model: LoadedModel) -> None:
         )
 
 
-def _max_tokens(body: SamplingFields, n_prompt: int, settings: ServerSettings) -> int:
-    limit = settings.slot_ctx
+@dataclass(frozen=True)
+class OutputBudget:
+    max_tokens: int  # hard limit of generated tokens
+    reserved: int  # generated tokens whose KV cells admission guarantees
+
+
+# A request without max_tokens is guaranteed at least this many output cells, even when its
+# prompt already fills its even share of the pool.
+MIN_DEFAULT_RESERVE = 256
+
+
+def output_budget(body: SamplingFields, n_prompt: int, model: LoadedModel, settings: ServerSettings,
+                  param: str) -> OutputBudget:
+    """How many tokens the request may generate, and how many of them are reserved.
+
+    One request may use the model's whole context. With max_tokens, all of it is reserved
+    (the request never runs out of cells). Without, the request may generate until the
+    context is full, but only its even share of the pool is reserved, so that clients that
+    leave max_tokens out still run side by side; past that it runs on free cells and is the
+    one stopped ("length") if the pool fills up.
+    """
+    limit = model.max_request_tokens
     if n_prompt >= limit:
         raise invalid(
-            f"the prompt has {n_prompt} tokens; a slot holds at most {limit} (prompt + completion)",
-            param="messages", code="context_length_exceeded",
+            f"the prompt has {n_prompt} tokens; this model's context holds at most {limit} tokens "
+            f"(prompt + completion)", param=param, code="context_length_exceeded",
         )
     room = limit - n_prompt
     if body.max_tokens is None:
-        return room
+        return OutputBudget(room, min(room, max(settings.slot_share - n_prompt, MIN_DEFAULT_RESERVE)))
     if body.max_tokens > room:
         raise invalid(
-            f"max_tokens={body.max_tokens} does not fit: the prompt has {n_prompt} tokens and a slot holds {limit}",
-            param="max_tokens", code="context_length_exceeded",
+            f"max_tokens={body.max_tokens} does not fit: the prompt has {n_prompt} tokens and this model's "
+            f"context holds {limit} (at most {room} more tokens)", param="max_tokens", code="context_length_exceeded",
         )
-    return body.max_tokens
+    return OutputBudget(body.max_tokens, body.max_tokens)
 
 
 def _sampling(body: SamplingFields, grammar: str | None, n_vocab: int) -> SamplingParams:
@@ -99,10 +119,12 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         grammar = json_object_grammar()
     elif body.response_format and body.response_format.type == "json_schema":
         grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema")
+    budget = output_budget(body, len(tokens), model, settings, param="messages")
     generation = GenerationRequest(
         prompt_tokens=tokens,
         sampling=_sampling(body, grammar, model.runtime.info.n_vocab),
-        max_tokens=_max_tokens(body, len(tokens), settings),
+        max_tokens=budget.max_tokens,
+        reserved_output=budget.reserved,
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),
@@ -121,10 +143,12 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         if any(not 0 <= t < n_vocab for t in body.prompt):
             raise invalid(f"prompt token ids must be in 0..{n_vocab - 1}", param="prompt")
         text, tokens = None, list(body.prompt)
+    budget = output_budget(body, len(tokens), model, settings, param="prompt")
     generation = GenerationRequest(
         prompt_tokens=tokens,
         sampling=_sampling(body, None, model.runtime.info.n_vocab),
-        max_tokens=_max_tokens(body, len(tokens), settings),
+        max_tokens=budget.max_tokens,
+        reserved_output=budget.reserved,
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),

@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Any
 
+from server.api.errors import APIError
 from server.api.tool_calls import ParsedToolCall
 from server.engine.sequence import Finished
 
@@ -117,5 +118,6 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {payload}\n\n"
 
 
-def error_event(message: str, type_: str = "server_error") -> str:
-    return sse({"error": {"message": message, "type": type_, "param": None, "code": None}})
+def error_event(error: APIError) -> str:
+    """An error inside an already started event stream (the HTTP status is already 200)."""
+    return sse(error.body())

@@ -88,7 +88,7 @@ class ResidentOwners:
             return None
         while self.cells() + (n - base_n) > self.budget_cells or self.seq_ids.in_use("owner") >= \
                 self.seq_ids.layout.owners:
-            if not self._evict_one(protect=base):
+            if not self.evict_one(protect=base):
                 return None
             base_n, base = self.best(tokens)
         try:
@@ -130,7 +130,8 @@ class ResidentOwners:
             cls = 1
         return cls, owner.last_used
 
-    def _evict_one(self, protect: Owner | None = None) -> bool:
+    def evict_one(self, protect: Owner | None = None) -> bool:
+        """Drop the owner that matters least (see _rank); False when none may go."""
         ranked = [(r, o) for o in self.owners if o is not protect and (r := self._rank(o)) is not None]
         if not ranked:
             return False

@@ -220,6 +220,13 @@ class CacheRouter:
             self.resident.publish(tokens[:common], seq.slot.seq_id, hint)
 
     # ------------------------------------------------------------- operations
+    def reclaim(self, slots: SlotPool) -> bool:
+        """Free cells for running requests: idle slots' kept KV first (oldest first), then
+        resident owners (lifecycle order). Pinned owners stay."""
+        if slots.drop_oldest_idle(lambda slot: self.runtime.seq_rm(slot.seq_id, -1, -1)):
+            return True
+        return self.resident is not None and self.resident.evict_one()
+
     def flush(self) -> dict:
         freed = {}
         if self.host is not None:

@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from server.engine.kv_full import KVCacheFull
 from server.engine.scheduler import Admission, QueueFull, Scheduler, StepItem
 from server.engine.sequence import EventSink, GenerationRequest, Sequence, SeqStatus
+from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +32,15 @@ class ModelRunner(Protocol):
         seq.n_cached, seq.cache_report and seq.sampler. Raise to fail the request."""
 
     def forward(self, items: list[StepItem]) -> list[int | None]:
-        """Decode the batch; return the sampled token for items with sample=True, else None."""
+        """Decode the batch; return the sampled token for items with sample=True, else None.
+        Raise KVCacheFull, having computed nothing, when the KV pool has no room for it."""
 
     def release(self, seq: Sequence, reason: str) -> None:
         """The sequence finished for `reason`: free per-request state, keep reusable KV.
         After an error the slot's KV is not trusted: the runner clears it and sets n_past=0."""
+
+    def reclaim(self, slots: SlotPool) -> bool:
+        """Free KV cells that no running request uses; False when nothing is left."""
 
     def piece(self, token: int) -> bytes: ...
 
@@ -48,6 +54,8 @@ class EngineStats:
     n_decode_calls: int
     n_tokens_decoded: int
     busy_seconds: float
+    n_kv_full: int  # decodes that found the KV pool full and had to free cells first
+    n_preempted: int  # requests stopped because the pool stayed full
 
 
 class Engine:
@@ -61,6 +69,8 @@ class Engine:
         self._n_decode_calls = 0
         self._n_tokens_decoded = 0
         self._busy_seconds = 0.0
+        self._n_kv_full = 0
+        self._n_preempted = 0
         self._jobs: list = []  # callables to run on the engine thread between steps
 
     # --------------------------------------------------------------- control
@@ -118,6 +128,8 @@ class Engine:
                 n_decode_calls=self._n_decode_calls,
                 n_tokens_decoded=self._n_tokens_decoded,
                 busy_seconds=self._busy_seconds,
+                n_kv_full=self._n_kv_full,
+                n_preempted=self._n_preempted,
             )
 
     # ------------------------------------------------------------------ loop
@@ -164,7 +176,7 @@ class Engine:
             return False
         t0 = time.perf_counter()
         try:
-            sampled = self.runner.forward(items)
+            items, sampled = self._forward_making_room(items)
         except Exception as exc:
             log.error("decode failed: %s", exc)
             for seq in {id(i.seq): i.seq for i in items}.values():
@@ -182,14 +194,43 @@ class Engine:
                 self._finish(item.seq, None)
         return True
 
-    def _finish(self, seq: Sequence, reason: str | None, error: str | None = None) -> None:
+    def _forward_making_room(self, items: list[StepItem]) -> tuple[list[StepItem], list[int | None]]:
+        """Decode `items`; while the KV pool is full, free cells and decode again.
+
+        Idle slots' kept KV and cached prefixes give way first. If the pool is still full,
+        the request that grew past its reservation stops with "length" (it reached what the
+        pool can give, as llama-server stops at a full context); a request within its
+        reservation is only stopped (with an error) if no such one exists. Returns the
+        items that ran and their samples.
+        """
+        while items:
+            try:
+                return items, self.runner.forward(items)
+            except KVCacheFull:
+                self._n_kv_full += 1
+            if self.runner.reclaim(self.scheduler.slots):
+                continue
+            with self._lock:
+                victim = self.scheduler.preemption_victim()
+            if victim is None:
+                break
+            self._n_preempted += 1
+            log.warning("KV pool full: stopping request %d at %d cells", victim.id, victim.n_past)
+            if victim.past_reservation:
+                self._finish(victim, "length")
+            else:
+                self._finish(victim, "error", error="the KV cache is full; retry later", retryable=True)
+            items = [i for i in items if i.seq is not victim]
+        return [], []
+
+    def _finish(self, seq: Sequence, reason: str | None, error: str | None = None, retryable: bool = False) -> None:
         try:
             self.runner.release(seq, reason or seq.finish_reason or "stop")
         except Exception:
             log.exception("releasing request %d failed", seq.id)
         with self._lock:
             self.scheduler.remove(seq)
-        seq.finish(reason, error=error)
+        seq.finish(reason, error=error, retryable=retryable)
 
     def _fail_all(self, why: str) -> None:
         with self._lock:

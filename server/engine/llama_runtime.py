@@ -20,6 +20,8 @@ from pathlib import Path
 
 import llama_cpp
 
+from server.engine.kv_full import KVCacheFull
+
 log = logging.getLogger(__name__)
 
 # llama.cpp refuses more sequences than this per context (LLAMA_MAX_SEQ).
@@ -217,7 +219,8 @@ class LlamaRuntime:
         """Run one llama_decode over `entries` (at most n_batch).
 
         Returns the batch indices of the entries that asked for logits, in order, for
-        sampling with `llama_sampler_sample(smpl, ctx, idx)`. Raises DecodeError.
+        sampling with `llama_sampler_sample(smpl, ctx, idx)`. Raises KVCacheFull when the
+        unified KV has no room for the batch (nothing was computed), else DecodeError.
         """
         if not entries:
             return []
@@ -235,6 +238,8 @@ class LlamaRuntime:
                 logits_at.append(i)
         b.n_tokens = len(entries)
         rc = llama_cpp.llama_decode(self.ctx, b)
+        if rc == 1:
+            raise KVCacheFull(len(entries))
         if rc != 0:
             raise DecodeError(rc)
         return logits_at

@@ -15,6 +15,7 @@ from server.engine.llama_runtime import BatchEntry, LlamaRuntime
 from server.engine.sampling import SamplerChain
 from server.engine.scheduler import Admission, StepItem
 from server.engine.sequence import CacheReport, Sequence
+from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,10 @@ class PrefixProvider(Protocol):
     def provide(self, admission: Admission) -> CacheReport: ...
 
     def on_finished(self, seq: Sequence, reason: str) -> None: ...
+
+    def reclaim(self, slots: SlotPool) -> bool:
+        """The KV pool is full: free some cells not used by a running request (idle slots'
+        kept KV, cached prefixes). Returns False when nothing is left to give up."""
 
 
 class SlotReuseOnly:
@@ -49,6 +54,9 @@ class SlotReuseOnly:
 
     def on_finished(self, seq: Sequence, reason: str) -> None:
         pass
+
+    def reclaim(self, slots: SlotPool) -> bool:
+        return slots.drop_oldest_idle(lambda slot: self.runtime.seq_rm(slot.seq_id, -1, -1))
 
 
 class LlamaRunner:
@@ -91,6 +99,9 @@ class LlamaRunner:
             self.runtime.seq_rm(seq.slot.seq_id, -1, -1)
             seq.n_past = 0
         self.prefix.on_finished(seq, reason)
+
+    def reclaim(self, slots: SlotPool) -> bool:
+        return self.prefix.reclaim(slots)
 
     def piece(self, token: int) -> bytes:
         return self.runtime.piece(token)

@@ -4,6 +4,13 @@ Every step first takes one decode token from each generating sequence, then fill
 rest of the batch budget with prompt chunks of sequences still prefilling, oldest first.
 So a long prompt is split across steps and never holds other requests' decoding back by
 more than one chunk. Pure logic: no llama.cpp here (tested with a simulated runner).
+
+KV cells: the unified KV is one pool, so any slot may grow to the whole context. Admission
+reserves each request's prompt plus its reserved output (`GenerationRequest.reserved_cells`)
+against `kv_cells`; a request that does not fit waits (first come, first served) until
+running ones finish. Reservations ignore sharing, so they are an upper bound of what the
+running requests need; cells held by idle slots and resident prefixes are not reserved and
+give way when the pool runs short (see Engine).
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ class Admission:
 
 
 class Scheduler:
-    def __init__(self, slots: SlotPool, *, max_batch_tokens: int, max_waiting: int, reuse: bool):
+    def __init__(self, slots: SlotPool, *, max_batch_tokens: int, max_waiting: int, reuse: bool,
+                 kv_cells: int | None = None):
         if max_batch_tokens < len(slots.slots):
             raise ValueError("the batch must fit at least one decode token per slot")
+        self.kv_cells = kv_cells  # cells running requests may reserve in all (None: no limit)
         self.slots = slots
         self.max_batch_tokens = max_batch_tokens
         self.max_waiting = max_waiting
@@ -53,6 +62,10 @@ class Scheduler:
 
     # ------------------------------------------------------------- admission
     def add(self, seq: Sequence) -> None:
+        if self.kv_cells is not None and seq.reserved_cells > self.kv_cells:
+            # The API refuses such requests first (context_length_exceeded); this guards the
+            # contract, since a request that can never be admitted would wait forever.
+            raise ValueError(f"the request needs {seq.reserved_cells} KV cells; the pool has {self.kv_cells}")
         if len(self.waiting) >= self.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting for a slot")
         self.waiting.append(seq)
@@ -68,6 +81,8 @@ class Scheduler:
         for seq in list(self.waiting):
             if self.defer is not None and self.defer(seq):
                 continue
+            if not self.fits(seq):
+                return None  # first come, first served: later requests do not overtake it
             got = self.slots.acquire(seq.prompt, reuse=self.reuse)
             if got is None:
                 return None
@@ -85,6 +100,20 @@ class Scheduler:
         while (adm := self.admit_one()) is not None:
             admitted.append(adm)
         return admitted
+
+    @property
+    def reserved_cells(self) -> int:
+        return sum(s.reserved_cells for s in self.running)
+
+    def fits(self, seq: Sequence) -> bool:
+        return self.kv_cells is None or self.reserved_cells + seq.reserved_cells <= self.kv_cells
+
+    def preemption_victim(self) -> Sequence | None:
+        """Whom to stop when the KV pool is full and nothing else gives way: the newest
+        request that grew past its reservation, else the newest request."""
+        past = [s for s in self.running if s.past_reservation]
+        pool = past or self.running
+        return pool[-1] if pool else None
 
     def take_cancelled(self) -> list[Sequence]:
         """Remove and return cancelled sequences (waiting ones never got a slot)."""

@@ -40,6 +40,15 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     cache_hint: Any = None  # server.cache.lifecycle.CacheHint, when the client sent one
+    # Output tokens whose KV cells admission guarantees (None: all of max_tokens). A request
+    # may grow past it while cells are free; when the pool is full it is the one stopped.
+    reserved_output: int | None = None
+
+    @property
+    def reserved_cells(self) -> int:
+        """KV cells this request is guaranteed: its prompt plus its reserved output."""
+        out = self.max_tokens if self.reserved_output is None else min(self.reserved_output, self.max_tokens)
+        return len(self.prompt_tokens) + out
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class Finished:
     cache: CacheReport
     error: str | None = None
     stop_word: str | None = None
+    retryable: bool = False  # the error is a momentary lack of resources (HTTP 503), not a fault
 
 
 EventSink = Callable[[TextDelta | Finished], None]
@@ -101,6 +111,15 @@ class Sequence:
         self.t_last_token: float | None = None
 
     # --------------------------------------------------------------- progress
+    @property
+    def reserved_cells(self) -> int:
+        return self.request.reserved_cells
+
+    @property
+    def past_reservation(self) -> bool:
+        """True when the sequence holds (or is about to hold) more cells than it reserved."""
+        return self.n_past + 1 > self.reserved_cells
+
     @property
     def prompt_remaining(self) -> int:
         return len(self.prompt) - self.n_past if self.status is SeqStatus.PREFILLING else 0
@@ -142,7 +161,7 @@ class Sequence:
             return True
         return False
 
-    def finish(self, reason: str | None = None, error: str | None = None) -> Finished:
+    def finish(self, reason: str | None = None, error: str | None = None, retryable: bool = False) -> Finished:
         """Flush held text, mark finished and deliver the final event (exactly once)."""
         if self.status is SeqStatus.FINISHED:
             raise RuntimeError(f"sequence {self.id} finished twice")
@@ -165,6 +184,7 @@ class Sequence:
             cache=self.cache_report,
             error=error,
             stop_word=self._stops.matched,
+            retryable=retryable,
         )
         self.sink(event)
         return event

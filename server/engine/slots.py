@@ -8,6 +8,7 @@ ties go to the slot idle the longest, so warm prefixes of other slots survive lo
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -72,3 +73,17 @@ class SlotPool:
         slot.tokens = kept_tokens
         slot.busy = False
         slot.touch()
+
+    def drop_oldest_idle(self, forget: Callable[[Slot], None]) -> bool:
+        """Give up the kept KV of the idle slot unused the longest (when the KV pool is full).
+
+        `forget(slot)` removes the slot's cells from the model's memory; afterwards the slot
+        holds nothing. Returns False when no idle slot holds anything.
+        """
+        holding = [s for s in self.idle if s.tokens]
+        if not holding:
+            return False
+        slot = min(holding, key=lambda s: s.last_used)
+        forget(slot)
+        slot.tokens = []
+        return True

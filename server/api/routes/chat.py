@@ -10,17 +10,13 @@ from fastapi.responses import StreamingResponse
 from server.api import responses as R
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
-from server.api.generation import Generation
+from server.api.generation import Generation, engine_error
 from server.api.prompting import prepare_chat
 from server.api.schemas import ChatCompletionRequest
 from server.api.tool_calls import ContentDelta, ParsedToolCall, ToolCallStreamParser
 from server.engine.sequence import Finished
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-
-
-def _engine_error(fin: Finished) -> APIError:
-    return APIError(f"generation failed: {fin.error}", status=500, type="server_error")
 
 
 @router.post("/v1/chat/completions")
@@ -41,7 +37,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         if fin is None:  # client went away; nobody reads this
             return APIError("client disconnected", status=499).response()
         if fin.finish_reason == "error":
-            raise _engine_error(fin)
+            raise engine_error(fin)
         full = "".join(text)
         if parser is None:
             return R.chat_completion(rid, name, full, [], fin)
@@ -71,7 +67,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         async for ev in generation.events():
             if isinstance(ev, Finished):
                 if ev.finish_reason == "error":
-                    yield R.error_event(f"generation failed: {ev.error}")
+                    yield R.error_event(engine_error(ev))
                     break
                 for chunk in emit(parser.finish() if parser else []):
                     yield chunk

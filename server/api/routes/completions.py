@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from server.api import responses as R
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
-from server.api.generation import Generation
+from server.api.generation import Generation, engine_error
 from server.api.prompting import prepare_completion
 from server.api.schemas import CompletionRequest
 from server.engine.sequence import Finished
@@ -36,7 +36,7 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
         if fin is None:
             return APIError("client disconnected", status=499).response()
         if fin.finish_reason == "error":
-            raise APIError(f"generation failed: {fin.error}", status=500, type="server_error")
+            raise engine_error(fin)
         return R.text_completion(rid, name, "".join(parts), fin)
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -48,7 +48,7 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
         async for ev in generation.events():
             if isinstance(ev, Finished):
                 if ev.finish_reason == "error":
-                    yield R.error_event(f"generation failed: {ev.error}")
+                    yield R.error_event(engine_error(ev))
                     break
                 last = R.text_chunk(rid, name, created, "", ev.finish_reason)
                 last.update({"timings": R.timings(ev), "arbor": R.arbor_extension(ev)})

@@ -43,16 +43,21 @@ async def props(state: StateDep, model: ModelDep):
         "model_path": info.path,
         "total_slots": s.parallel,
         "n_ctx": model.runtime.n_ctx,
-        "n_ctx_slot": s.slot_ctx,
+        "n_ctx_slot": model.max_request_tokens,
         "chat_template": model.template.source,
         "bos_token": info.bos_token,
         "eos_token": info.eos_token,
         "build_info": "arbor-server over llama.cpp (llama-cpp-python)",
-        "default_generation_settings": {"n_ctx": s.slot_ctx, "params": {"temperature": 0.8, "top_k": 40,
+        "default_generation_settings": {"n_ctx": model.max_request_tokens, "params": {"temperature": 0.8, "top_k": 40,
                                                                          "top_p": 0.95, "min_p": 0.05}},
         "arbor": {
             "batch_size": model.runtime.n_batch,
             "kv_unified": True,
+            # one request may use max_request_tokens; running requests reserve cells out of
+            # kv_cells (the rest of n_ctx is room for resident prefixes)
+            "max_request_tokens": model.max_request_tokens,
+            "kv_cells": s.ctx_size,
+            "kv_cells_reserved": model.engine.scheduler.reserved_cells,
             "cache_tiers": [t for t in s.cache_tiers if s.tier_enabled(t)],
             "cache_note": model.cache_note,
             "architecture": info.architecture,
@@ -66,17 +71,21 @@ async def slots(model: ModelDep):
     what llama.cpp's memory says (read on the engine thread, between steps)."""
 
     def read():
-        return [
-            {
+        running = {seq.slot.index: seq for seq in model.engine.scheduler.running if seq.slot is not None}
+        out = []
+        for s in model.slots.slots:
+            seq = running.get(s.index)
+            out.append({
                 "id": s.index,
                 "seq_id": s.seq_id,
+                "n_ctx": model.max_request_tokens,
                 "is_processing": s.busy,
-                "n_past": len(s.tokens) if not s.busy else None,
+                "n_past": seq.n_past if seq is not None else (None if s.busy else len(s.tokens)),
+                "n_reserved": seq.reserved_cells if seq is not None else 0,
                 "kv_pos_max": model.runtime.seq_pos_max(s.seq_id),
                 "n_requests": s.n_requests,
-            }
-            for s in model.slots.slots
-        ]
+            })
+        return out
 
     return await asyncio.to_thread(model.engine.run_exclusive, read)
 

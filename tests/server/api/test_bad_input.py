@@ -61,8 +61,8 @@ def test_bad_chat_request(arbor_server, name, body, status, param):
     idle_slots_consistent(arbor_server.base_url)
 
 
-def test_prompt_longer_than_a_slot(arbor_server):
-    long_text = "word " * 2500  # > 2048 tokens per slot
+def test_prompt_longer_than_the_context(arbor_server):
+    long_text = "word " * 4200  # > the 4096 cells one request may use
     r = httpx.post(arbor_server.v1 + "/chat/completions", json={"messages": [{"role": "user", "content": long_text}]},
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

@@ -161,7 +161,9 @@ def test_props_slots_metrics(arbor_server, client):
     client.chat.completions.create(messages=SHORT, model="", max_tokens=2)
     b = arbor_server.base_url
     props = httpx.get(b + "/props").json()
-    assert props["total_slots"] == 2 and props["n_ctx_slot"] == 2048
+    # the KV is one pool: a request may use all 4096 cells, not 4096 / 2
+    assert props["total_slots"] == 2 and props["n_ctx_slot"] == 4096
+    assert props["default_generation_settings"]["n_ctx"] == 4096 and props["arbor"]["kv_cells"] == 4096
     idle_slots_consistent(b)
     text = httpx.get(b + "/metrics").text
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",
