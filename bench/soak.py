@@ -151,7 +151,7 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict, cu
                 return
             first = True
             async for line in r.aiter_lines():
-                if first and line.startswith("data: ") and '"content"' in line:
+                if first and line.startswith("data: {") and _has_text(line[6:]):
                     first = False
                     ttfts.append(time.perf_counter() - t0)
                     if cut:
@@ -161,6 +161,13 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict, cu
         res.client_errors += 1
     finally:
         res.requests += 1
+
+
+def _has_text(chunk: str) -> bool:
+    """A chunk with generated text (the first chunk only announces the role, with empty content)."""
+    choices = json.loads(chunk).get("choices") or [{}]
+    delta = choices[0].get("delta", {})
+    return bool(delta.get("content") or delta.get("tool_calls"))
 
 
 async def drive(base_url: str, workers: int, deadline: float, max_requests: int, seed: int, cut_fraction: float,
