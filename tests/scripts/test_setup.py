@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "scripts" / "setup.sh"
 # What setup.sh itself runs, taken from the host.
 UTILITIES = ("bash", "sed", "grep", "id", "uname", "dirname", "cat", "chmod", "mkdir", "env")
-TEST_TOOLS = ("chromium", "docker-compose", "shellcheck", "hadolint")
+TEST_TOOLS = ("chromium", "docker-compose", "shellcheck", "gcc", "hadolint")
 
 # Stands in for python3 and for .venv/bin/python: `-m venv` makes a venv whose python is this
 # script; `-m pip install` fails when an argument contains $FAKE_PIP_FAIL; `-c CODE` fails when CODE
@@ -97,4 +97,4 @@ def test_a_missing_test_tool_fails_under_ci_naming_it(tmp_path, tool):
 def test_a_missing_test_tool_only_warns_outside_ci(tmp_path):
     done = run_setup(tmp_path, "--test-tools", ci=False, tools=["hadolint"])
     assert done.returncode == 0, done.stderr
-    assert "chromium docker-compose shellcheck" in done.stderr and "skipped" in done.stderr
+    assert "chromium docker-compose shellcheck gcc" in done.stderr and "skipped" in done.stderr
