@@ -19,7 +19,7 @@ from server.cache.kv_ops import KVOps
 from server.cache.lifecycle import SessionRegistry
 from server.cache.resident import ResidentOwners
 from server.cache.router import CacheRouter
-from server.engine.engine import Engine
+from server.engine.engine import Deliver, Engine, deliver_inline
 from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
 from server.engine.runner import LlamaRunner, PrefixProvider, SlotReuseOnly
 from server.engine.scheduler import Scheduler
@@ -94,7 +94,9 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     )
 
 
-def load(settings: ServerSettings) -> LoadedModel:
+def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedModel:
+    """Load the model and start the engine; `deliver` hands each step's events to their
+    sinks (the HTTP server passes one that runs them on its event loop)."""
     path = model_path(settings)
     wants_cache = any(settings.tier_enabled(t) for t in ("S", "H", "D"))
     layout = SequenceIdLayout(
@@ -140,7 +142,7 @@ def load(settings: ServerSettings) -> LoadedModel:
         else:
             prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
         runner = LlamaRunner(runtime, prefix)
-        engine = Engine(runner, scheduler)
+        engine = Engine(runner, scheduler, deliver)
         engine.start()
     except Exception:
         runtime.close()

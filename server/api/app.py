@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from server import bootstrap
 from server.api.errors import install_error_handlers
+from server.api.generation import LoopDelivery
 from server.api.request_guard import RequestGuard
 from server.api.routes import cache, chat, completions, info, tokens
 from server.api.state import ServerState
@@ -27,9 +28,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        deliver = LoopDelivery(asyncio.get_running_loop())
+
         async def load():
             try:
-                state.loaded = await asyncio.to_thread(bootstrap.load, settings)
+                state.loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
                 state.metrics.add_live_gauges(lambda: _live_gauges(state))
             except Exception as exc:  # reported by /health and every route
                 log.error("model failed to load: %s", exc)
@@ -42,6 +45,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             await task
             if state.loaded is not None:
                 await asyncio.to_thread(state.loaded.close)
+            deliver.close()
 
     app = FastAPI(title="arbor-server", version="0.1.0", lifespan=lifespan)
     app.state.arbor = state
