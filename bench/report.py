@@ -195,6 +195,28 @@ def _or_carried(section: list[str], old: dict[str, list[str]]) -> list[str]:
     return [section[0], "", CARRIED] + body
 
 
+def soak_section(res: Path) -> list[str]:
+    r = _load(res / "soak.json")
+    out = ["## Soak: mixed traffic for a long time", "",
+           "Command: `python -m bench.soak --duration-s 1800` (2 slots, 4 clients, agent sessions with hints and "
+           "branches + shared-prefix + unique prompts, 10% of streams cut by the client, tiers A,S,H,D on "
+           "16 MiB host / 32 MiB disk / 512 resident cells). Targets: 0 5xx, KV at rest within budgets and as "
+           "llama.cpp reports it, disk files = index, RSS growth < 5%.", ""]
+    if r is None:
+        return out + ["Not measured in this revision.", ""]
+    growth = (r["rss_end_mib"] / r["rss_start_mib"] - 1) * 100 if r["rss_start_mib"] else None
+    rows = [("duration", f"{_f(r['duration_s'], 0)} s"), ("requests", r["requests"]),
+            ("by kind", ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_kind", {}).items()))),
+            ("by status", ", ".join(f"{k}: {v}" for k, v in sorted(r["by_status"].items()))),
+            ("5xx", r["server_errors"]), ("client errors", r["client_errors"]), ("streams cut", r["streams_cut"]),
+            ("TTFT p50 / p99", f"{_f(r['ttft_p50_s'])} s / {_f(r['ttft_p99_s'])} s"),
+            ("RSS start → end", f"{_f(r['rss_start_mib'], 0)} → {_f(r['rss_end_mib'], 0)} MiB ({_f(growth, 1)}%)"),
+            ("KV at rest, start", json.dumps(r["kv_start"])), ("KV at rest, end", json.dumps(r["kv_end"])),
+            ("disk files / index entries", f"{r['disk_files']} / {r['disk_index_entries']}"),
+            ("cache fallbacks", _f(r["fallbacks"], 0)), ("server alive at the end", r["server_alive"])]
+    return out + ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=Path("bench/results"))
@@ -211,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         lines += _or_carried(section(a.results), old)
     for dirname in RUN_ALL_DIRS:
         lines += _or_carried(run_all_section(a.results, dirname), old)
+    lines += _or_carried(soak_section(a.results), old)
     if a.notes.exists():
         lines += [a.notes.read_text().rstrip(), ""]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
       help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
     a("--log-level", choices=["debug", "info", "warning", "error"])
+    limits = p.add_argument_group("request limits", "larger requests get a 4xx answer that names the flag")
+    limits.add_argument("--max-body-kib", type=int, help="largest request body in KiB (default 4096; 413 beyond)")
+    limits.add_argument("--max-json-depth", type=int, help="deepest nesting of a JSON body (default 64)")
+    limits.add_argument("--max-messages", type=int, help="messages per chat request (default 1024)")
+    limits.add_argument("--max-tools", type=int, help="tools per chat request (default 128)")
+    limits.add_argument("--max-stop", type=int, help="stop strings per request (default 16)")
     return p
 
 

@@ -56,6 +56,13 @@ class ServerSettings(BaseSettings):
         "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # request limits (server/api/request_guard.py): hostile or broken clients get a 4xx, not a
+    # slow or crashed server; the defaults are far above what agent traffic sends.
+    max_body_kib: int = Field(4096, ge=1, description="largest request body, KiB")
+    max_json_depth: int = Field(64, ge=2, le=512, description="deepest nesting of a JSON body")
+    max_messages: int = Field(1024, ge=1, description="messages per chat request")
+    max_tools: int = Field(128, ge=0, description="tools per chat request")
+    max_stop: int = Field(16, ge=0, description="stop strings per request")
 
     @field_validator("cache_tiers", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from server import bootstrap
 from server.api.errors import install_error_handlers
 from server.api.generation import LoopDelivery
+from server.api.request_guard import RequestGuard
 from server.api.routes import cache, chat, completions, info, tokens
 from server.api.state import ServerState
 from server.settings import ServerSettings
@@ -49,6 +50,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="arbor-server", version="0.1.0", lifespan=lifespan)
     app.state.arbor = state
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, settings=settings)
     app.include_router(info.public)
     app.include_router(info.router)
     app.include_router(chat.router)
