@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server import bootstrap
+from server.api.aliases import UnprefixedAliases
 from server.api.errors import install_error_handlers
 from server.api.routes import cache, chat, completions, info, tokens
 from server.api.state import ServerState
@@ -51,6 +52,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(tokens.router)
     app.include_router(cache.router)
+    app.add_middleware(UnprefixedAliases)
     return app
 
 
