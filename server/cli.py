@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
     a("--cache-route", choices=["longest"])
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
+    a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")
     a("--log-level", choices=["debug", "info", "warning", "error"])
     return p
 

@@ -38,6 +38,8 @@ class ServerSettings(BaseSettings):
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
     cache_route: Literal["longest"] = "longest"
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
+    cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
+                                          "'*' for any); default: localhost origins only")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("cache_tiers", mode="before")
@@ -50,6 +52,17 @@ class ServerSettings(BaseSettings):
         if bad:
             raise ValueError(f"unknown cache tier(s) {bad}; choose among {','.join(CACHE_TIERS)}")
         return tiers
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, v):
+        if isinstance(v, str):
+            v = [o.strip() for o in v.split(",") if o.strip()]
+        origins = tuple(str(o).rstrip("/") for o in v)
+        bad = [o for o in origins if o != "*" and not o.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"CORS origins look like scheme://host[:port] or '*', got {bad}")
+        return origins
 
     @field_validator("model", "chat_template_file")
     @classmethod

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from server import bootstrap
 from server.api.aliases import UnprefixedAliases
+from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
 from server.api.routes import cache, chat, completions, info, tokens
 from server.api.state import ServerState
@@ -53,6 +54,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(tokens.router)
     app.include_router(cache.router)
     app.add_middleware(UnprefixedAliases)
+    install_cors(app, settings.cors_origins)
     return app
 
 
