@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.api.chat_template import ChatTemplate
+from server.api.responses import ServedModel
+from server.build_info import system_fingerprint
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LifecyclePolicy
 from server.cache.fingerprint import model_fingerprint
@@ -43,6 +45,11 @@ class LoadedModel:
     cache_note: str | None  # why some cache tiers are off, when they are
     max_request_tokens: int  # prompt + completion of one request: --ctx-size or the model's training context
     router: CacheRouter | None = None
+    system_fingerprint: str = ""  # build + model identity (server.build_info)
+
+    @property
+    def served(self) -> ServedModel:
+        return ServedModel(self.model_name, self.system_fingerprint)
 
     def close(self) -> None:
         self.engine.stop()
@@ -153,7 +160,7 @@ def load(settings: ServerSettings) -> LoadedModel:
     return LoadedModel(
         runtime=runtime, engine=engine, template=template, slots=slots, seq_ids=seq_ids, prefix=prefix,
         model_name=default_model_name(settings), cache_note=cache_note, max_request_tokens=max_request,
-        router=router,
+        router=router, system_fingerprint=system_fingerprint(path),
     )
 
 

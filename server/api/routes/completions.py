@@ -22,7 +22,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 async def completions(body: CompletionRequest, request: Request, state: StateDep, model: ModelDep):
     prepared = prepare_completion(body, model, state.settings, request)
     generation = Generation(model.engine, prepared.generation, state.metrics)
-    rid, name = R.new_id("cmpl"), model.model_name
+    rid, name = R.new_id("cmpl"), model.served
     prefix = prepared.prompt_text if body.echo and prepared.prompt_text else ""
 
     if not body.stream:
