@@ -139,6 +139,8 @@ class SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     cache: Any = None  # Arbor's lifecycle hint; validated by server.cache.lifecycle
+    grammar: str | None = None  # llama-server's GBNF constraint (root rule "root"); checked by api.grammars
+    json_schema: dict[str, Any] | None = None  # llama-server's shorthand for a JSON-schema constraint
 
     @field_validator("n")
     @classmethod
