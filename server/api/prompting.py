@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from server.api.conversation import render_conversation
 from server.api.errors import APIError, invalid
 from server.api.grammars import json_object_grammar, json_schema_grammar, requested_grammar, tool_call_grammar
 from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -104,7 +105,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     check_model_name(body.model, model)
     choice = body.tool_choice or ("auto" if body.tools else "none")
     offered = body.tools if choice != "none" else None
-    text = model.template.render(body.messages, offered)
+    text = render_conversation(model.template, body, offered)
     tokens = _tokenize_prompt(model, text)
     grammar = None
     functions = [t.function.model_dump() for t in offered or []]

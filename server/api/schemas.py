@@ -179,6 +179,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # a final assistant message is continued unless continue_final_message is false (api.conversation)
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
 
     @model_validator(mode="after")
     def _tool_choice_consistent(self):
