@@ -40,6 +40,10 @@ class ServerSettings(BaseSettings):
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
     cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
                                           "'*' for any); default: localhost origins only")
+    embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
+    pooling: Literal["model", "mean", "cls", "last"] = Field("model", description="embedding pooling; model: as "
+                                                             "the GGUF says (generative models say none)")
+    embeddings_ctx: int = Field(512, ge=8, description="most tokens of one embeddings input")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("cache_tiers", mode="before")
