@@ -1,6 +1,6 @@
 """Readers for the deployment files, shared by the tests in tests/deploy.
 
-The Dockerfile is parsed with the `dockerfile` package (BuildKit's own Go parser), the compose
+The Dockerfiles are parsed with the `dockerfile` package (BuildKit's own Go parser), the compose
 files with PyYAML; nothing here needs a Docker engine.
 """
 
@@ -14,17 +14,43 @@ import dockerfile
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-DOCKERFILE = REPO / "Dockerfile"
+DOCKER_DIR = REPO / "docker"
 ENV_EXAMPLE = REPO / ".env.example"
 VERIFY_SCRIPT = REPO / "scripts" / "verify_deploy.sh"
+BUILD_SCRIPT = DOCKER_DIR / "build-llama-cpp.sh"
+CHECK_SCRIPT = DOCKER_DIR / "check-llama-cpp.sh"
+ENTRYPOINT_SCRIPT = DOCKER_DIR / "entrypoint.sh"
+
+# One Dockerfile per image (docs/deploy.md: the classic builder builds every stage of a file).
+DOCKERFILES: dict[str, Path] = {
+    name: DOCKER_DIR / f"{name}.Dockerfile" for name in ("server-cpu", "server-cuda", "server-cann", "workbench")
+}
+# Server Dockerfile -> the ggml backend library its llama_cpp/lib must hold.
+SERVER_BACKENDS = {"server-cpu": "ggml-cpu", "server-cuda": "ggml-cuda", "server-cann": "ggml-cann"}
 
 # Backend variant -> the compose files that make it (COMPOSE_FILE in .env, ':'-separated).
 VARIANTS: dict[str, list[str]] = {
     "cpu": ["compose.yaml"],
     "cuda": ["compose.yaml", "compose.cuda.yaml"],
     "cann": ["compose.yaml", "compose.cann.yaml"],
+    "cann-2npu": ["compose.yaml", "compose.cann.yaml", "compose.cann-2npu.yaml"],
 }
-SERVER_TARGETS = {"cpu": "server-cpu", "cuda": "server-cuda", "cann": "server-cann"}
+# Variant -> the Dockerfile its server is built from, and the image tag.
+SERVER_DOCKERFILES = {
+    "cpu": "docker/server-cpu.Dockerfile",
+    "cuda": "docker/server-cuda.Dockerfile",
+    "cann": "docker/server-cann.Dockerfile",
+    "cann-2npu": "docker/server-cann.Dockerfile",
+}
+SERVER_IMAGES = {"cpu": "arbor-server:cpu", "cuda": "arbor-server:cuda", "cann": "arbor-server:cann",
+                 "cann-2npu": "arbor-server:cann"}
+# What a user fills in for the settings .env.example leaves empty on purpose (they are required).
+REQUIRED_SAMPLES = {
+    "MODEL_DIR": "/srv/models",
+    "MODEL_FILE": "Qwen3-8B-Q8_0.gguf",
+    "ASCEND_DEVICE_GID": "1000",
+    "NPU_DEVICE_2": "/dev/davinci1",
+}
 
 # `${NAME}`, `${NAME:-default}`, `${NAME:?message}` ... as compose interpolates them.
 _COMPOSE_VAR = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
@@ -44,6 +70,11 @@ def compose_variables(text: str) -> list[tuple[str, str | None, str | None]]:
     """(name, operator, operand) of every interpolation in a compose file (comments excluded)."""
     body = "\n".join(line.split(" #", 1)[0] for line in text.splitlines() if not line.lstrip().startswith("#"))
     return [(m.group(1), m.group(2), m.group(3)) for m in _COMPOSE_VAR.finditer(body)]
+
+
+def env_example_filled() -> dict[str, str]:
+    """.env.example with the required settings filled in, as a user's .env would be."""
+    return env_example() | REQUIRED_SAMPLES
 
 
 def env_example() -> dict[str, str]:
@@ -82,15 +113,15 @@ class Stage:
         return {f.split("=", 1)[1] for i in self.of("COPY") for f in i.flags if f.startswith("--from=")}
 
 
-def parse_dockerfile() -> tuple[list[dockerfile.Command], dict[str, Stage]]:
+def parse_dockerfile(path: Path) -> tuple[list[dockerfile.Command], dict[str, Stage]]:
     """(global instructions before the first FROM, stages by name in file order)."""
     head: list[dockerfile.Command] = []
     stages: dict[str, Stage] = {}
     current: Stage | None = None
-    for inst in dockerfile.parse_file(str(DOCKERFILE)):
+    for inst in dockerfile.parse_file(str(path)):
         if inst.cmd == "FROM":
             value = list(inst.value)
-            assert len(value) == 3 and value[1].upper() == "AS", f"unnamed stage at line {inst.start_line}"
+            assert len(value) == 3 and value[1].upper() == "AS", f"{path.name}: unnamed stage at line {inst.start_line}"
             current = Stage(name=value[2], base=value[0])
             stages[current.name] = current
         elif current is None:
@@ -109,6 +140,12 @@ def arg_declarations(instructions: list[dockerfile.Command]) -> dict[str, str | 
                 name, sep, default = item.partition("=")
                 out[name] = default.strip('"') if sep else None
     return out
+
+
+def resolve_base(base: str, head: list[dockerfile.Command]) -> str:
+    """A FROM image with the global ARG defaults substituted (what a build without --build-arg pulls)."""
+    defaults = arg_declarations(head)
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1)) or m.group(0), base)
 
 
 def interpolate(value: str, env: dict[str, str]) -> str:

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.deploy.deploy_files import env_example, interpolate, load_compose
+from tests.deploy.deploy_files import env_example_filled, interpolate, load_compose
 
 SERVICES = load_compose("compose.yaml")["services"]
 OVERLAYS = {v: load_compose(f"compose.{v}.yaml")["services"]["server"] for v in ("cuda", "cann")}
 
 
 def rendered_command(service: dict) -> list[str]:
-    return [interpolate(str(part), env_example()) for part in service["command"]]
+    return [interpolate(str(part), env_example_filled()) for part in service["command"]]
 
 
 def rendered_environment(service: dict) -> dict[str, str]:
-    return {k: interpolate(str(v), env_example()) for k, v in service.get("environment", {}).items()}
+    return {k: interpolate(str(v), env_example_filled()) for k, v in service.get("environment", {}).items()}
 
 
 @pytest.mark.parametrize("variant", ["cpu", "cuda", "cann"])
@@ -40,7 +40,7 @@ def test_server_command_and_environment_build_valid_settings(variant, tmp_path, 
     args[args.index("--cache-dir") + 1] = str(tmp_path / "cache")
     settings = cli.settings_from_args(args)
     assert settings.host == "0.0.0.0" and settings.port == 8080
-    assert settings.alias == env_example()["MODEL_ALIAS"]
+    assert settings.alias == env_example_filled()["MODEL_ALIAS"]
     assert settings.cache_tiers == ("A", "S", "H", "D")
     assert not settings.api_key, "an empty ARBOR_API_KEY must mean no key"
     assert settings.n_gpu_layers == (0 if variant == "cpu" else 999)
@@ -51,7 +51,7 @@ def test_incident_command_is_accepted_by_its_parser():
     command = rendered_command(SERVICES["incident-api"])
     assert command[0] == "arbor-incident"
     args = service._parser().parse_args(command[1:])
-    assert (args.state, args.host, args.port) == (env_example()["INCIDENT_STATE"], "0.0.0.0", 8765)
+    assert (args.state, args.host, args.port) == (env_example_filled()["INCIDENT_STATE"], "0.0.0.0", 8765)
 
 
 def test_workbench_environment_builds_valid_settings(monkeypatch):
@@ -63,6 +63,6 @@ def test_workbench_environment_builds_valid_settings(monkeypatch):
     settings = settings_module.WorkbenchSettings()
     assert (settings.host, settings.port) == ("0.0.0.0", 8090)
     assert settings.llm_base_url == "http://server:8080/v1"
-    assert settings.llm_model == env_example()["MODEL_ALIAS"]
+    assert settings.llm_model == env_example_filled()["MODEL_ALIAS"]
     assert settings.incident_base_url == "http://incident-api:8765"
     assert settings.database_url == "sqlite:////data/arbor.db"

@@ -6,11 +6,12 @@ import re
 
 import pytest
 
-from tests.deploy.deploy_files import ENV_EXAMPLE, SERVER_TARGETS, VARIANTS, env_example, load_compose
+from tests.deploy.deploy_files import ENV_EXAMPLE, SERVER_DOCKERFILES, SERVER_IMAGES, VARIANTS, env_example, load_compose
 
 BASE = load_compose("compose.yaml")
 SERVICES = BASE["services"]
-OVERLAYS = {"cuda": load_compose("compose.cuda.yaml"), "cann": load_compose("compose.cann.yaml")}
+OVERLAYS = {"cuda": load_compose("compose.cuda.yaml"), "cann": load_compose("compose.cann.yaml"),
+            "cann-2npu": load_compose("compose.cann-2npu.yaml")}
 # the incident service answers /health with 503 in its simulated "failed" state, by design; /status is 200
 HEALTH = {"server": (8080, "/health"), "workbench": (8090, "/api/health"), "incident-api": (8765, "/status")}
 
@@ -39,12 +40,15 @@ def test_the_three_services_exist():
 
 
 def test_cpu_is_the_default_backend():
-    assert SERVICES["server"]["build"]["target"] == "server-cpu"
+    assert SERVICES["server"]["build"]["dockerfile"] == SERVER_DOCKERFILES["cpu"]
+    for name in ("workbench", "incident-api"):
+        assert SERVICES[name]["build"]["dockerfile"] == "docker/workbench.Dockerfile"
     assert env_example()["COMPOSE_FILE"] == "compose.yaml"
-    for variant, overlay in OVERLAYS.items():
-        server = overlay["services"]["server"]
-        assert server["build"]["target"] == SERVER_TARGETS[variant]
-        assert server["image"].endswith(f":{variant}")
+    for variant in ("cuda", "cann"):
+        server = OVERLAYS[variant]["services"]["server"]
+        assert server["build"]["dockerfile"] == SERVER_DOCKERFILES[variant]
+        assert server["image"] == SERVER_IMAGES[variant]
+    for variant in set(VARIANTS) - {"cpu"}:
         assert f"#COMPOSE_FILE={':'.join(VARIANTS[variant])}" in ENV_EXAMPLE.read_text()
 
 
@@ -131,12 +135,20 @@ def test_cann_overlay_passes_devices_driver_and_group():
     assert "ARBOR_SERVER_N_GPU_LAYERS" in server["environment"]
 
 
+def test_second_npu_overlay_adds_one_required_device():
+    """Atlas 300I Duo: both 310P chips; selected by COMPOSE_FILE, no file edited."""
+    (device,) = OVERLAYS["cann-2npu"]["services"]["server"]["devices"]
+    assert device.startswith("${NPU_DEVICE_2:?set NPU_DEVICE_2 in .env") and device.endswith(":${NPU_DEVICE_2}")
+    assert set(OVERLAYS["cann-2npu"]["services"]["server"]) == {"devices"}
+
+
 def test_cuda_overlay_reserves_an_nvidia_gpu():
     server = OVERLAYS["cuda"]["services"]["server"]
     (device,) = server["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia"
     assert device["capabilities"] == ["gpu"]
     assert device["device_ids"] == ["${CUDA_DEVICE_ID:-0}"]
+    assert server["build"]["args"]["CUDA_ARCHITECTURES"] == "${CUDA_ARCHITECTURES:-default}"
     assert "ARBOR_SERVER_N_GPU_LAYERS" in server["environment"]
     assert "devices" not in server
 

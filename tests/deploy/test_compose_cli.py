@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.deploy_files import ENV_EXAMPLE, REPO, SERVER_TARGETS, VARIANTS
+from tests.deploy.deploy_files import ENV_EXAMPLE, REPO, REQUIRED_SAMPLES, SERVER_DOCKERFILES, SERVER_IMAGES, VARIANTS
 
 COMPOSE = shutil.which("docker-compose")
 pytestmark = pytest.mark.skipif(
@@ -28,6 +28,8 @@ def config(files: list[str], env_file: Path, cwd: Path = REPO) -> subprocess.Com
 
 
 def env_with(tmp_path: Path, drop: set[str] = frozenset(), **overrides: str) -> Path:
+    """.env.example with the required settings filled in (REQUIRED_SAMPLES), less `drop`, plus `overrides`."""
+    overrides = {k: v for k, v in (REQUIRED_SAMPLES | overrides).items() if k not in drop}
     lines = []
     for line in ENV_EXAMPLE.read_text().splitlines():
         key = line.partition("=")[0]
@@ -41,10 +43,11 @@ def env_with(tmp_path: Path, drop: set[str] = frozenset(), **overrides: str) -> 
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, dict]:
+def rendered(tmp_path_factory) -> dict[str, dict]:
+    env = env_with(tmp_path_factory.mktemp("env"))
     out = {}
     for variant, files in VARIANTS.items():
-        done = config(files, ENV_EXAMPLE)
+        done = config(files, env)
         assert done.returncode == 0, f"{variant}: docker-compose config failed:\n{done.stderr}"
         out[variant] = yaml.safe_load(done.stdout)
     return out
@@ -53,8 +56,9 @@ def rendered() -> dict[str, dict]:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_renders_with_the_example_settings(rendered, variant):
     services = rendered[variant]["services"]
-    assert services["server"]["build"]["target"] == SERVER_TARGETS[variant]
-    assert services["server"]["image"] == f"arbor-server:{variant}"
+    build = services["server"]["build"]
+    assert build["dockerfile"] == SERVER_DOCKERFILES[variant] and "target" not in build
+    assert services["server"]["image"] == SERVER_IMAGES[variant]
     for name, service in services.items():
         for port in service["ports"]:
             assert str(port).startswith("127.0.0.1:"), f"{variant}/{name} publishes {port} beyond loopback"
@@ -75,6 +79,12 @@ def test_cuda_variant_reserves_the_gpu(rendered):
     assert "deploy" not in rendered["cpu"]["services"]["server"]
 
 
+def test_the_example_as_copied_is_refused_until_the_model_is_set():
+    done = config(VARIANTS["cpu"], ENV_EXAMPLE)
+    assert done.returncode != 0
+    assert "set MODEL_DIR in .env" in done.stderr or "set MODEL_FILE in .env" in done.stderr
+
+
 def test_missing_model_file_is_refused_with_its_name(tmp_path):
     done = config(VARIANTS["cpu"], env_with(tmp_path, drop={"MODEL_FILE"}))
     assert done.returncode != 0
@@ -82,9 +92,28 @@ def test_missing_model_file_is_refused_with_its_name(tmp_path):
 
 
 def test_cann_needs_the_device_group(tmp_path):
-    done = config(VARIANTS["cann"], env_with(tmp_path, drop={"ASCEND_DEVICE_GID"}))
+    """ASCEND_DEVICE_GID differs per host: the example leaves it empty, and compose says so."""
+    done = config(VARIANTS["cann"], env_with(tmp_path, ASCEND_DEVICE_GID=""))
     assert done.returncode != 0
-    assert "ASCEND_DEVICE_GID" in done.stderr
+    assert "set ASCEND_DEVICE_GID in .env" in done.stderr
+
+
+def test_second_npu_needs_its_device_and_adds_it(rendered, tmp_path):
+    done = config(VARIANTS["cann-2npu"], env_with(tmp_path, drop={"NPU_DEVICE_2"}))
+    assert done.returncode != 0
+    assert "set NPU_DEVICE_2 in .env" in done.stderr
+    devices = rendered["cann-2npu"]["services"]["server"]["devices"]
+    assert {"/dev/davinci0:/dev/davinci0", "/dev/davinci1:/dev/davinci1", "/dev/davinci_manager:/dev/davinci_manager"} <= set(devices)
+    assert len(devices) == len(rendered["cann"]["services"]["server"]["devices"]) + 1
+
+
+def test_310p_is_chosen_by_settings_alone(tmp_path):
+    """Base image and SoC of an Atlas 300I Duo through .env; the Dockerfile derives the rest."""
+    image = "quay.io/ascend/cann:8.5.0-310p-ubuntu22.04-py3.11"
+    done = config(VARIANTS["cann-2npu"], env_with(tmp_path, CANN_BASE_IMAGE=image, ASCEND_SOC_TYPE="Ascend310P3"))
+    assert done.returncode == 0, done.stderr
+    args = yaml.safe_load(done.stdout)["services"]["server"]["build"]["args"]
+    assert (args["CANN_BASE_IMAGE"], args["SOC_TYPE"]) == (image, "Ascend310P3")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -95,7 +124,7 @@ def test_compose_file_in_dotenv_selects_the_backend(tmp_path, variant):
     env_with(tmp_path, COMPOSE_FILE=":".join(VARIANTS[variant])).rename(tmp_path / ".env")
     done = subprocess.run([COMPOSE, "config"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert yaml.safe_load(done.stdout)["services"]["server"]["build"]["target"] == SERVER_TARGETS[variant]
+    assert yaml.safe_load(done.stdout)["services"]["server"]["build"]["dockerfile"] == SERVER_DOCKERFILES[variant]
 
 
 def test_bind_address_can_be_opened_deliberately(tmp_path):

@@ -1,126 +1,240 @@
-"""Structure of the Dockerfile: targets, stages, flags, users, build arguments, secrets."""
+"""Structure of the Dockerfiles under docker/: one per image, their stages, base images, the
+llama.cpp library check, users, build arguments and secrets. Parsed, no Docker engine needed."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 
 import pytest
 
-from tests.deploy.deploy_files import REPO, VARIANTS, arg_declarations, load_compose, parse_dockerfile, references
+from tests.deploy.deploy_files import (
+    DOCKERFILES,
+    REPO,
+    SERVER_BACKENDS,
+    VARIANTS,
+    arg_declarations,
+    load_compose,
+    parse_dockerfile,
+    references,
+    resolve_base,
+)
 
-HEAD, STAGES = parse_dockerfile()
-RUNTIME_TARGETS = ["server-cpu", "server-cuda", "server-cann", "workbench"]
-BUILD_STAGE_OF = {
-    "server-cpu": "build-cpu",
-    "server-cuda": "build-cuda",
-    "server-cann": "build-cann",
-    "workbench": "build-workbench",
-}
-SERVER_BUILD_STAGES = ["build-cpu", "build-cuda", "build-cann"]
-
-
-@pytest.mark.parametrize("target", RUNTIME_TARGETS)
-def test_target_exists_and_is_a_separate_runtime_stage(target):
-    stage = STAGES[target]
-    build = BUILD_STAGE_OF[target]
-    assert build in STAGES, f"{target} has no build stage {build}"
-    assert build in stage.copied_from, f"{target} does not copy its results from {build}"
-    runs = stage.text("RUN")
-    for tool in ("build-essential", "cmake", "pip install"):
-        assert tool not in runs, f"runtime stage {target} installs {tool!r}: build it in {build} instead"
+PARSED = {name: parse_dockerfile(path) for name, path in DOCKERFILES.items()}
+SERVERS = sorted(SERVER_BACKENDS)
+CHECK = "/opt/arbor/check-llama-cpp.sh"
+# Which backend a base image belongs to; images of no backend (python:...) suit every file.
+FAMILIES = {"cuda": re.compile(r"(^|/)nvidia/cuda:"), "cann": re.compile(r"(^|/)ascend/|cann", re.I)}
 
 
-@pytest.mark.parametrize("target", RUNTIME_TARGETS)
-def test_runtime_stage_runs_as_non_root(target):
-    users = STAGES[target].of("USER")
-    assert users, f"{target} sets no USER, so it runs as root"
-    user = users[-1].value[0]
-    name = user.split(":", 1)[0]
-    assert name not in ("0", "root"), f"{target} runs as {user}"
-    assert STAGES[target].of("ENTRYPOINT") or STAGES[target].of("CMD")
+def family(image: str) -> str | None:
+    return next((name for name, pattern in FAMILIES.items() if pattern.search(image)), None)
 
 
-@pytest.mark.parametrize("stage", SERVER_BUILD_STAGES)
-def test_server_build_never_enables_amx_or_native(stage):
-    args = arg_declarations(STAGES[stage].instructions)
-    amd64 = args["CPU_CMAKE_ARGS_AMD64"]
-    assert "-DGGML_NATIVE=OFF" in amd64
-    for flag in ("AVX", "AVX2", "FMA", "F16C", "BMI2"):
-        assert f"-DGGML_{flag}=ON" in amd64
-    for amx in ("AMX_TILE", "AMX_INT8", "AMX_BF16"):
-        assert f"-DGGML_{amx}=OFF" in amd64
-    assert "-DGGML_NATIVE=OFF" in args["CPU_CMAKE_ARGS_ARM64"]
-    runs = STAGES[stage].text("RUN")
-    assert 'CPU_CMAKE_ARGS_AMD64' in runs and "CMAKE_ARGS=" in runs
+def runtime(name: str):
+    """The last stage: what a build of the file without --target produces."""
+    return list(PARSED[name][1].values())[-1]
 
 
-def test_no_amx_or_native_anywhere():
-    text = (REPO / "Dockerfile").read_text()
-    assert not re.search(r"GGML_AMX\w*=ON", text, re.I)
-    assert not re.search(r"GGML_NATIVE=ON", text, re.I)
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_one_backend_never_needs_another_backends_base_image(name):
+    """The classic builder builds every stage of a file, --target or not: a file names only
+    the base images of its own backend, so an offline Ascend host never pulls nvidia/cuda."""
+    head, stages = PARSED[name]
+    own = name.removeprefix("server-")
+    for stage in stages.values():
+        if stage.base in stages:
+            continue
+        got = family(resolve_base(stage.base, head))
+        assert got in (None, own), f"{name}: stage {stage.name} is built FROM {stage.base}, a {got} image"
+    if own in FAMILIES:
+        assert any(family(resolve_base(s.base, head)) == own for s in stages.values())
 
 
-def test_accelerator_builds_enable_their_backend():
-    assert "-DGGML_CUDA=on" in STAGES["build-cuda"].text("RUN")
-    cann = STAGES["build-cann"]
-    runs = cann.text("RUN")
-    assert "-DGGML_CANN=on" in runs
-    assert '. "$CANN_ENV"' in runs, "the CANN build must load the toolkit's set_env.sh"
-    assert "-DSOC_TYPE=$SOC_TYPE" in runs
-    assert cann.base == "${CANN_BASE_IMAGE}" and STAGES["server-cann"].base == "${CANN_BASE_IMAGE}"
-    assert "GGML_CANN" not in STAGES["build-cpu"].text("RUN") + STAGES["build-cuda"].text("RUN")
-
-
-def test_every_declared_arg_is_used():
-    for name in arg_declarations(HEAD):
-        assert any(references(stage.base, name) for stage in STAGES.values()), f"global ARG {name} unused"
-    for stage in STAGES.values():
-        declared = arg_declarations(stage.instructions)
-        rest = "\n".join(" ".join(i.value) for i in stage.instructions if i.cmd != "ARG")
-        for name in declared:
-            assert references(rest, name), f"ARG {name} of stage {stage.name} is never used"
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_every_stage_is_needed_by_the_last(name):
+    """No stage the image does not use: the classic builder would build it anyway."""
+    _, stages = PARSED[name]
+    needed, todo = set(), [runtime(name).name]
+    while todo:
+        stage = stages[todo.pop()]
+        needed.add(stage.name)
+        parents = stage.copied_from | ({stage.base} & set(stages))
+        todo += [p for p in parents if p not in needed]
+    assert needed == set(stages), f"{name}: stages {set(stages) - needed} are built for nothing"
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_compose_build_args_are_declared(variant):
-    declared = set(arg_declarations(HEAD))
-    for stage in STAGES.values():
-        declared |= set(arg_declarations(stage.instructions))
-    for name in VARIANTS[variant]:
-        for service in load_compose(name)["services"].values():
-            for arg in (service.get("build") or {}).get("args", {}):
-                assert arg in declared, f"{name} passes build arg {arg}, which the Dockerfile never declares"
+def test_compose_builds_whole_files_without_targets(variant):
+    for file in VARIANTS[variant]:
+        for service in load_compose(file)["services"].values():
+            build = service.get("build") or {}
+            assert "target" not in build, f"{file}: a build target makes the classic builder build every stage"
+            if "dockerfile" in build:
+                assert (REPO / build["dockerfile"]).is_file(), build["dockerfile"]
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_runtime_stage_is_separate_and_runs_as_non_root(name):
+    _, stages = PARSED[name]
+    stage = runtime(name)
+    assert "build" in stage.copied_from, f"{name}: the runtime stage does not copy its results from build"
+    runs = stage.text("RUN")
+    for tool in ("build-essential", "cmake", "pip install"):
+        assert tool not in runs, f"runtime stage of {name} installs {tool!r}: do it in the build stage"
+    user = stage.of("USER")[-1].value[0]
+    assert user.split(":", 1)[0] not in ("0", "root"), f"{name} runs as {user}"
+    assert stage.of("ENTRYPOINT") and stage.of("CMD")
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_every_server_stage_checks_the_llama_libraries(name):
+    """Build and runtime stage both run check-llama-cpp.sh (ldd of llama_cpp/lib/*.so and the
+    import) expecting the backend's library; the build stage after building, the runtime stage
+    also importing the server, with the driver stubs where the backend has a host driver."""
+    _, stages = PARSED[name]
+    backend = SERVER_BACKENDS[name]
+    for stage in stages.values():
+        runs = [" ".join(i.value) for i in stage.of("RUN")]
+        checks = [i for i, run in enumerate(runs) if CHECK in run]
+        assert checks, f"{name}: stage {stage.name} never runs {CHECK}"
+        check = runs[checks[-1]]
+        assert f"--expect {backend}" in check, f"{name}/{stage.name}: the check does not expect lib{backend}.so"
+        if backend != "ggml-cpu":
+            assert "--stubs /opt/arbor/build-stubs" in check
+        builds = [i for i, run in enumerate(runs) if "build-llama-cpp.sh" in run]
+        if builds:
+            assert builds[0] <= checks[-1], f"{name}: the check runs before the libraries are built"
+    assert "server.api.app" in " ".join(i for i in runtime(name).text("RUN").split("\n") if CHECK in i)
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_llama_cpp_is_built_with_cmake_not_pips_library_list(name):
+    """pip's own install list misses libggml-cann.so (the `ggml-can` typo in 0.3.36): every
+    server builds the libraries with docker/build-llama-cpp.sh and never pip-installs the range."""
+    build = PARSED[name][1]["build"]
+    runs = build.text("RUN")
+    assert 'build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC"' in runs
+    assert not re.search(r"pip install[^\n]*LLAMA_CPP_PYTHON_SPEC", runs)
+    assert all(references(runs, arg) for arg in ("TARGETARCH", "CPU_CMAKE_ARGS", "PIP_INDEX_URL"))
+
+
+def test_accelerator_builds_enable_their_backend():
+    cuda = PARSED["server-cuda"][1]["build"]
+    assert "-DGGML_CUDA=ON" in cuda.text("RUN")
+    assert "-DGGML_CUDA_NCCL=OFF" in cuda.text("RUN"), "NCCL found at build time would be missing at run time"
+    cann = PARSED["server-cann"][1]["build"].text("RUN")
+    assert "-DGGML_CANN=ON" in cann and '"-DSOC_TYPE=$SOC_TYPE"' in cann
+    assert '. "$CANN_ENV"' in cann, "the CANN build must load the toolkit's set_env.sh"
+    for name in ("server-cpu", "server-cuda"):
+        assert "GGML_CANN" not in PARSED[name][1]["build"].text("RUN")
+
+
+def test_cuda_architectures_default_to_ggmls_own_list():
+    """No fixed list (80;86;89;90 left T4 and V100 without kernels): 'default' passes none."""
+    build = PARSED["server-cuda"][1]["build"]
+    assert arg_declarations(build.instructions)["CUDA_ARCHITECTURES"] == "default"
+    run = next(r for r in build.text("RUN").split("\n") if "build-llama-cpp.sh" in r)
+    setup = run.split(" && TARGETARCH=")[0]  # the lines choosing the architecture argument
+    for value, expected in (("default", ""), ("75;86", "-DCMAKE_CUDA_ARCHITECTURES=75;86")):
+        done = subprocess.run([shutil.which("bash"), "-c", f'{setup}; printf %s "$arch_arg"'],
+                              env={"CUDA_ARCHITECTURES": value}, capture_output=True, text=True, check=True)
+        assert done.stdout == expected
+
+
+@pytest.mark.parametrize(("soc", "graph"), [("Ascend910B3", "ON"), ("Ascend910B4", "ON"), ("Ascend310P3", "OFF")])
+def test_cann_acl_graph_follows_the_soc(soc, graph):
+    """Upstream builds 910B with -DUSE_ACL_GRAPH=ON; ggml refuses it for 310P."""
+    run = next(r for r in PARSED["server-cann"][1]["build"].text("RUN").split("\n") if "USE_ACL_GRAPH" in r)
+    case = re.search(r"case .*? esac", run).group(0)
+    done = subprocess.run([shutil.which("bash"), "-c", f'{case}; printf %s "$acl_graph"'],
+                          env={"SOC_TYPE": soc}, capture_output=True, text=True, check=True)
+    assert done.stdout == graph
+    assert '"-DUSE_ACL_GRAPH=$acl_graph"' in run
+
+
+def test_no_amx_or_native_anywhere():
+    for path in [*DOCKERFILES.values(), REPO / "docker" / "build-llama-cpp.sh"]:
+        text = path.read_text()
+        assert not re.search(r"GGML_AMX\w*=ON", text, re.I), path.name
+        assert not re.search(r"GGML_NATIVE=ON", text, re.I), path.name
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_every_declared_arg_is_used(name):
+    head, stages = PARSED[name]
+    for arg in arg_declarations(head):
+        assert any(references(stage.base, arg) for stage in stages.values()), f"{name}: global ARG {arg} unused"
+    for stage in stages.values():
+        rest = "\n".join(" ".join(i.value) for i in stage.instructions if i.cmd != "ARG")
+        for arg in arg_declarations(stage.instructions):
+            assert references(rest, arg), f"{name}: ARG {arg} of stage {stage.name} is never used"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_compose_build_args_are_declared_by_the_dockerfile_they_reach(variant):
+    services: dict[str, dict] = {}
+    for file in VARIANTS[variant]:
+        for name, service in load_compose(file)["services"].items():
+            build = services.setdefault(name, {})
+            build.setdefault("args", {}).update((service.get("build") or {}).get("args", {}))
+            build.update({k: v for k, v in (service.get("build") or {}).items() if k != "args"})
+    for name, build in services.items():
+        head, stages = PARSED[build["dockerfile"].removeprefix("docker/").removesuffix(".Dockerfile")]
+        declared = set(arg_declarations(head)).union(*(arg_declarations(s.instructions) for s in stages.values()))
+        for arg in build["args"]:
+            assert arg in declared, f"{variant}/{name} passes build arg {arg}, which {build['dockerfile']} never declares"
 
 
 def test_llama_cpp_python_range_matches_pyproject():
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     wanted = next(d for d in deps if d.startswith("llama-cpp-python"))
-    for stage in SERVER_BUILD_STAGES:
-        assert arg_declarations(STAGES[stage].instructions)["LLAMA_CPP_PYTHON_SPEC"] == wanted
+    for name in SERVERS:
+        assert arg_declarations(PARSED[name][1]["build"].instructions)["LLAMA_CPP_PYTHON_SPEC"] == wanted
 
 
 def test_no_secrets_in_image_instructions():
     secret = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
-    for stage in STAGES.values():
-        for name in arg_declarations(stage.instructions):
-            assert not secret.search(name), f"build arg {name} would be recorded in the image history"
-        for inst in stage.of("ENV") + stage.of("LABEL"):
-            for item in inst.value:
-                assert not secret.search(item), f"{stage.name}: {inst.cmd} {item}"
+    for name, (_, stages) in PARSED.items():
+        for stage in stages.values():
+            for arg in arg_declarations(stage.instructions):
+                assert not secret.search(arg), f"{name}: build arg {arg} would be recorded in the image history"
+            for inst in stage.of("ENV") + stage.of("LABEL"):
+                for item in inst.value:
+                    assert not secret.search(item), f"{name}/{stage.name}: {inst.cmd} {item}"
     ignore = (REPO / ".dockerignore").read_text().split()
     assert "**/.env" in ignore, ".env (which may hold ARBOR_API_KEY) must stay out of the build context"
     assert "**/*.gguf" in ignore, "weights must stay out of the build context"
 
 
-def test_requirements_step_drops_llama_cpp_python_only(tmp_path):
-    """Runs the `files` stage's requirements command on the real pyproject.toml."""
-    run = next(" ".join(i.value) for i in STAGES["files"].of("RUN") if "requirements.txt" in " ".join(i.value))
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    bash = shutil.which("bash")
-    subprocess.run([bash, "-c", run.replace("python -c", f"{shutil.which('python')} -c", 1)], cwd=tmp_path, check=True)
-    got = (tmp_path / "requirements.txt").read_text().split("\n")
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_files_copied_from_the_context_are_not_ignored(name):
+    """A COPY of a path .dockerignore excludes fails the build ("no such file")."""
+    patterns = [p for p in (REPO / ".dockerignore").read_text().split("\n") if p and not p.startswith("#")]
+    for stage in PARSED[name][1].values():
+        for inst in stage.of("COPY"):
+            if any(f.startswith("--from=") for f in inst.flags):
+                continue
+            for source in inst.value[:-1]:
+                if source == ".":
+                    continue
+                assert (REPO / source).exists(), f"{name}: COPY {source}: no such file"
+                parts = source.split("/")
+                for pattern in patterns:
+                    bare = pattern.removeprefix("**/")
+                    hit = any(re.fullmatch(bare.replace(".", r"\.").replace("*", "[^/]*"), "/".join(parts[:i]))
+                              for i in range(1, len(parts) + 1))
+                    assert not hit, f"{name}: COPY {source}, but .dockerignore excludes it ({pattern})"
+
+
+def test_requirements_step_drops_llama_cpp_python_only():
+    """Runs docker/requirements.py, as every build stage does, on the real pyproject.toml."""
+    done = subprocess.run([sys.executable, str(REPO / "docker" / "requirements.py"),
+                           str(REPO / "pyproject.toml")], capture_output=True, text=True, check=True)
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert [d for d in got if d] == [d for d in deps if not d.startswith("llama-cpp-python")]
+    assert [d for d in done.stdout.split("\n") if d] == [d for d in deps if not d.startswith("llama-cpp-python")]
+    for name in DOCKERFILES:
+        assert "/tmp/arbor/requirements.py /tmp/arbor/pyproject.toml" in PARSED[name][1]["build"].text("RUN")

@@ -1,26 +1,25 @@
-"""The container entrypoint, generated from the Dockerfile's own RUN line and run here."""
+"""The container entrypoint, docker/entrypoint.sh, run here as every image runs it."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 
-from tests.deploy.deploy_files import parse_dockerfile
+from tests.deploy.deploy_files import DOCKERFILES, ENTRYPOINT_SCRIPT, parse_dockerfile
 
 ENTRYPOINT = "/usr/local/bin/arbor-entrypoint"
 
 
 @pytest.fixture(scope="module")
-def entrypoint(tmp_path_factory):
-    _, stages = parse_dockerfile()
-    run = next(" ".join(i.value) for i in stages["files"].of("RUN") if ENTRYPOINT in " ".join(i.value))
-    path = tmp_path_factory.mktemp("entry") / "arbor-entrypoint"
-    subprocess.run([shutil.which("bash"), "-c", run.replace(ENTRYPOINT, str(path))], check=True)
-    for target in ("server-cpu", "server-cuda", "server-cann", "workbench"):
-        assert stages[target].of("ENTRYPOINT")[0].value == (ENTRYPOINT,)
-    return path
+def entrypoint():
+    for name, path in DOCKERFILES.items():
+        runtime = list(parse_dockerfile(path)[1].values())[-1]
+        assert runtime.of("ENTRYPOINT")[0].value == (ENTRYPOINT,), name
+        copies = [i.value for i in runtime.of("COPY") if not i.flags]
+        assert ("docker/entrypoint.sh", ENTRYPOINT) in copies, f"{name} does not install docker/entrypoint.sh"
+        assert f"chmod 0755 {ENTRYPOINT}" in runtime.text("RUN"), f"{name}: the checkout's file mode is not trusted"
+    return ENTRYPOINT_SCRIPT
 
 
 def run(entrypoint, *command, env=None):

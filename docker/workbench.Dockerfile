@@ -1,0 +1,35 @@
+# The agent workbench (`arbor serve`); compose also runs the simulated incident service from it.
+# No llama.cpp at all. compose.yaml builds it; by hand, from the repository root:
+#   docker build -f docker/workbench.Dockerfile -t arbor-workbench:latest .
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# build: the dependencies (without llama-cpp-python) and the source tree in /opt/venv.
+FROM ${PYTHON_IMAGE} AS build
+ARG PIP_INDEX_URL=https://pypi.org/simple
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY pyproject.toml docker/requirements.py /tmp/arbor/
+RUN python /tmp/arbor/requirements.py /tmp/arbor/pyproject.toml > /tmp/arbor/requirements.txt \
+ && pip install --no-cache-dir --index-url "$PIP_INDEX_URL" -r /tmp/arbor/requirements.txt
+WORKDIR /app
+COPY . /app
+RUN pip install --no-cache-dir --no-deps -e /app
+
+# workbench: `arbor serve` by default.
+FROM ${PYTHON_IMAGE} AS workbench
+COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
+RUN chmod 0755 /usr/local/bin/arbor-entrypoint \
+ && groupadd --system --gid 10001 arbor \
+ && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /usr/sbin/nologin arbor \
+ && mkdir -p /data /var/log/arbor \
+ && chown arbor:arbor /data /var/log/arbor
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    ARBOR_HOST=0.0.0.0 ARBOR_PORT=8090 ARBOR_DATA_DIR=/data
+WORKDIR /app
+USER 10001:10001
+EXPOSE 8090 8765
+ENTRYPOINT ["/usr/local/bin/arbor-entrypoint"]
+CMD ["arbor", "serve"]

@@ -1,0 +1,58 @@
+"""docker/build-llama-cpp.sh: the CMake arguments it chooses (its --dry-run), run here for real."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.deploy.deploy_files import BUILD_SCRIPT
+
+SPEC = "llama-cpp-python>=0.3.36,<0.4"
+
+
+def configure(*args: str, **env: str) -> list[str]:
+    done = subprocess.run([shutil.which("bash"), str(BUILD_SCRIPT), "--dry-run", SPEC, *args],
+                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("arch", ["amd64", "x86_64"])
+def test_x86_64_gets_explicit_instruction_sets_never_amx_or_native(arch):
+    flags = configure(TARGETARCH=arch)
+    assert "-DGGML_NATIVE=OFF" in flags
+    for isa in ("AVX", "AVX2", "FMA", "F16C", "BMI2"):
+        assert f"-DGGML_{isa}=ON" in flags
+    for off in ("AVX512", "AMX_TILE", "AMX_INT8", "AMX_BF16"):
+        assert f"-DGGML_{off}=OFF" in flags
+
+
+@pytest.mark.parametrize("arch", ["arm64", "aarch64"])
+def test_arm64_gets_the_generic_baseline(arch):
+    flags = configure(TARGETARCH=arch)
+    assert "-DGGML_NATIVE=OFF" in flags
+    assert not [f for f in flags if f.startswith("-DGGML_AVX")]
+
+
+def test_cpu_flags_can_be_replaced_and_backend_flags_come_last():
+    flags = configure("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=75;86",
+                      TARGETARCH="arm64", CPU_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod")
+    assert flags[-4:] == ["-DGGML_NATIVE=OFF", "-DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod",
+                          "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=75;86"]
+
+
+def test_shared_libraries_that_find_each_other_and_nothing_else():
+    flags = configure(TARGETARCH="amd64")
+    assert "-DBUILD_SHARED_LIBS=ON" in flags
+    assert "-DCMAKE_INSTALL_RPATH=$ORIGIN" in flags and "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON" in flags
+    for off in ("LLAMA_CURL", "LLAMA_OPENSSL", "LLAMA_BUILD_TESTS", "LLAMA_BUILD_TOOLS", "LLAMA_BUILD_SERVER"):
+        assert f"-D{off}=OFF" in flags, "nothing the server does not load, and no network at configure time"
+
+
+def test_unknown_architecture_is_refused():
+    done = subprocess.run([shutil.which("bash"), str(BUILD_SCRIPT), "--dry-run", SPEC],
+                          env={"PATH": "/usr/bin:/bin", "TARGETARCH": "s390x"}, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "unsupported architecture s390x" in done.stderr
