@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -30,6 +31,15 @@ def engine_error(fin: Finished) -> APIError:
         return APIError(f"server busy: {fin.error}", status=503, type="unavailable_error", code="kv_cache_full",
                         headers={"Retry-After": "2"})
     return APIError(f"generation failed: {fin.error}", status=500, type="server_error")
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A whole non-streamed answer: its text, its tokens and how it ended."""
+
+    text: str
+    tokens: list[int]
+    fin: Finished
 
 
 class Generation:
@@ -72,3 +82,17 @@ class Generation:
         finally:
             if not self._finished:
                 self._engine.cancel(self.seq)
+
+    async def collect(self, watch: Request) -> Collected | None:
+        """Run to the end for a non-streaming answer; None if the client went away, raises
+        the HTTP error of a request the engine finished with an error."""
+        parts: list[str] = []
+        tokens: list[int] = []
+        async for ev in self.events(watch=watch):
+            if isinstance(ev, Finished):
+                if ev.finish_reason == "error":
+                    raise engine_error(ev)
+                return Collected("".join(parts), tokens, ev)
+            parts.append(ev.text)
+            tokens.extend(ev.tokens)
+        return None

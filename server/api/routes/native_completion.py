@@ -94,20 +94,10 @@ async def completion(body: NativeCompletionRequest, request: Request, state: Sta
     name, n_prompt = model.model_name, len(prepared.generation.prompt_tokens)
 
     if not body.stream:
-        parts: list[str] = []
-        tokens: list[int] = []
-        fin: Finished | None = None
-        async for ev in generation.events(watch=request):
-            if isinstance(ev, Finished):
-                fin = ev
-            else:
-                parts.append(ev.text)
-                tokens.extend(ev.tokens)
-        if fin is None:
+        got = await generation.collect(watch=request)
+        if got is None:
             return APIError("client disconnected", status=499).response()
-        if fin.finish_reason == "error":
-            raise engine_error(fin)
-        return _final(name, "".join(parts), tokens if body.return_tokens else None, prepared.prompt_text, fin)
+        return _final(name, got.text, got.tokens if body.return_tokens else None, prepared.prompt_text, got.fin)
 
     async def stream():
         n_predicted = 0
