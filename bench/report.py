@@ -40,8 +40,9 @@ def machine() -> str:
 def engine_section(res: Path) -> list[str]:
     data = _load(res / "engine_throughput.json")
     out = ["## Engine: decode throughput and TTFT", "",
-           "Command: `python -m bench.engine_throughput` (arbor-server with `--no-cache`, 4 slots, 64 tokens"
-           " per request, `ignore_eos`, greedy; distinct short prompts).", ""]
+           "Command: `python -m bench.engine_throughput` (arbor-server with `--no-cache`, `--parallel` slots, "
+           "`--max-tokens` per request, `ignore_eos`, greedy; distinct short prompts; the exact command of each "
+           "server is in the result file).", ""]
     if data is None:
         return out + ["Not measured in this revision (bench/results/engine_throughput.json is missing).", ""]
     out += ["| server | concurrency | decode tok/s | TTFT p50 s | TTFT mean s |", "|---|---|---|---|---|"]

@@ -1,6 +1,7 @@
 """Every cache configuration on the same model and workloads, side by side in one run.
 
     python -m bench.run_all [--quick] [--concurrency 4] [--out bench/results/run_all]
+        [--parallel 4] [--ctx-size 8192] [--threads 2] [--n-gpu-layers 0]
 
 Configurations: arbor-server --no-cache, slot reuse only (A), + host tier (A,H), + resident
 sharing (A,S,H), + disk tier (A,S,H,D); and stock llama-server -np 4 with its default
@@ -25,7 +26,13 @@ from app.replay.runner import ReplaySettings, replay
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from server.model_file import embedded_model_path
 
-ARBOR_COMMON = ["--parallel", "4", "--ctx-size", "8192", "--threads", "2", "--cache-min-tokens", "16"]
+def server_settings(a: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The shared settings as (arbor-server flags, llama-server flags): same slots, cells,
+    threads and offload for every configuration."""
+    arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size), "--threads", str(a.threads),
+             "--n-gpu-layers", str(a.n_gpu_layers), "--cache-min-tokens", "16"]
+    llama = ["-np", str(a.parallel), "-c", str(a.ctx_size), "-t", str(a.threads), "-ngl", str(a.n_gpu_layers)]
+    return arbor, llama
 
 
 def workloads(quick: bool) -> dict:
@@ -44,17 +51,17 @@ def workloads(quick: bool) -> dict:
     }
 
 
-def configs(model: Path, cache_dir: Path) -> list[tuple[str, list[str] | None]]:
+def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -> list[tuple[str, list[str] | None]]:
     out: list[tuple[str, list[str] | None]] = [
-        ("arbor --no-cache", ARBOR_COMMON + ["--no-cache"]),
-        ("arbor A", ARBOR_COMMON + ["--cache-tiers", "A"]),
-        ("arbor A,H", ARBOR_COMMON + ["--cache-tiers", "A,H"]),
-        ("arbor A,S,H", ARBOR_COMMON + ["--cache-tiers", "A,S,H"]),
-        ("arbor A,S,H,D", ARBOR_COMMON + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
+        ("arbor --no-cache", arbor_common + ["--no-cache"]),
+        ("arbor A", arbor_common + ["--cache-tiers", "A"]),
+        ("arbor A,H", arbor_common + ["--cache-tiers", "A,H"]),
+        ("arbor A,S,H", arbor_common + ["--cache-tiers", "A,S,H"]),
+        ("arbor A,S,H,D", arbor_common + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
     ]
     binary = find_llama_server()
     if binary:
-        ls = ["-np", "4", "-c", "8192", "-t", "2", "--no-webui"]
+        ls = llama_common + ["--no-webui"]
         out.append(("llama-server -np 4 --kv-unified", [binary] + ls + ["--kv-unified"]))
         out.append(("llama-server -np 4 (split KV)", [binary] + ls + ["--no-kv-unified"]))
     return out
@@ -72,7 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--configs", default=None, help="only configurations whose name contains this text")
     p.add_argument("--append", action="store_true", help="add to an existing index.json instead of replacing it")
     p.add_argument("--out", type=Path, default=Path("bench/results/run_all"))
+    p.add_argument("--parallel", type=int, default=4, help="slots of every server")
+    p.add_argument("--ctx-size", type=int, default=8192, help="total KV cells of every server")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of every server")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers every server offloads (999: all)")
     a = p.parse_args(argv)
+    arbor_common, llama_common = server_settings(a)
     model = embedded_model_path()
     loads = workloads(a.quick)
     if a.only:
@@ -83,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         index["runs"] = json.loads((a.out / "index.json").read_text())["runs"]
     for wname, work in loads.items():
         with tempfile.TemporaryDirectory() as tmp:
-            for cname, args in configs(model, Path(tmp) / "kv"):
+            for cname, args in configs(Path(tmp) / "kv", arbor_common, llama_common):
                 if a.configs and a.configs not in cname:
                     continue
                 port = free_port()

@@ -71,10 +71,11 @@ def wait_healthy(proc: subprocess.Popen, base_url: str, timeout: float = 180, wh
 
 
 @contextmanager
-def running(name: str, command: list[str], port: int, log_dir: Path):
+def running(name: str, command: list[str], port: int, log_dir: Path, cwd: Path | None = None):
+    """Start `command` in `cwd` (default: this checkout; `python -m server` runs the arbor of cwd)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = (log_dir / f"{name}.log").open("w")
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(command, cwd=cwd or ROOT, stdout=log, stderr=subprocess.STDOUT)
     server = Server(name, f"http://127.0.0.1:{port}", command, proc)
     try:
         wait_healthy(proc, server.base_url, what=f"{name}: {' '.join(command)}")

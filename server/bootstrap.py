@@ -22,7 +22,7 @@ from server.cache.lifecycle import SessionRegistry
 from server.cache.resident import ResidentOwners
 from server.cache.router import CacheRouter
 from server.engine.embedder import Embedder, EmbeddingsUnavailable
-from server.engine.engine import Engine
+from server.engine.engine import Deliver, Engine, deliver_inline
 from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
 from server.engine.runner import LlamaRunner, PrefixProvider, SlotReuseOnly
 from server.engine.scheduler import Scheduler
@@ -106,7 +106,9 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     )
 
 
-def load(settings: ServerSettings) -> LoadedModel:
+def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedModel:
+    """Load the model and start the engine; `deliver` hands each step's events to their
+    sinks (the HTTP server passes one that runs them on its event loop)."""
     path = model_path(settings)
     wants_cache = any(settings.tier_enabled(t) for t in ("S", "H", "D"))
     layout = SequenceIdLayout(
@@ -152,7 +154,7 @@ def load(settings: ServerSettings) -> LoadedModel:
         else:
             prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
         runner = LlamaRunner(runtime, prefix)
-        engine = Engine(runner, scheduler)
+        engine = Engine(runner, scheduler, deliver)
         engine.start()
     except Exception:
         runtime.close()

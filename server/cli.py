@@ -22,8 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--parallel", "-np", type=int, help="slots: requests computed concurrently (default 4)")
     a("--ctx-size", "-c", type=int, help="total KV cells of the unified cache, shared by the slots (default 8192)")
     a("--batch-size", "-b", type=int, help="tokens per decode step (default 512)")
-    a("--threads", "-t", type=int, help="CPU threads (default: all cores)")
+    a("--threads", "-t", type=int, help="CPU threads (default: physical cores, as llama-server)")
     a("--alias", help="model name clients use (default: the file name)")
+    a("--strict-model-name", action="store_true", default=None,
+      help="404 for a request naming another model (default: serve the one model under any name)")
     a("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
     a("--chat-template-file", type=Path, help="a Jinja chat template to use instead of the model's")
     a("--no-cache", action="store_true", default=None, help="disable every kind of prefix reuse")

@@ -12,6 +12,20 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 CACHE_TIERS = ("A", "S", "H", "D")
 
 
+def physical_cores() -> int:
+    """llama.cpp's own default thread count (cpu_get_num_math): one thread per physical core
+    this process may run on, hyper-threads not counted (they slow ggml's compute threads
+    down, and leave nothing for the Python threads of the server)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ARBOR_SERVER_", extra="forbid")
 
@@ -22,8 +36,10 @@ class ServerSettings(BaseSettings):
     ctx_size: int = Field(8192, ge=256, description="cells of the unified KV shared by all slots; one request may "
                           "use all of them (up to the model's training context)")
     batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step")
-    threads: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1), ge=1)
+    threads: int = Field(default_factory=physical_cores, ge=1, description="default: physical cores, as llama.cpp")
     alias: str | None = Field(None, description="model name clients use; default: the file name")
+    strict_model_name: bool = Field(False, description="answer 404 to a request naming another model "
+                                                       "(default: serve the one model whatever the name, as llama-server does)")
     api_key: str | None = None
     chat_template_file: Path | None = None
     no_cache: bool = Field(False, description="disable every kind of prefix reuse (benchmark baseline)")

@@ -16,6 +16,7 @@ from server import bootstrap
 from server.api.aliases import UnprefixedAliases
 from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
+from server.api.generation import LoopDelivery
 from server.api.routes import cache, chat, completions, embeddings, info, native_completion, tokens
 from server.api.state import ServerState
 from server.settings import ServerSettings
@@ -28,9 +29,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        deliver = LoopDelivery(asyncio.get_running_loop())
+
         async def load():
             try:
-                state.loaded = await asyncio.to_thread(bootstrap.load, settings)
+                state.loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
                 state.metrics.add_live_gauges(lambda: _live_gauges(state))
             except Exception as exc:  # reported by /health and every route
                 log.error("model failed to load: %s", exc)
@@ -43,6 +46,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             await task
             if state.loaded is not None:
                 await asyncio.to_thread(state.loaded.close)
+            deliver.close()
 
     app = FastAPI(title="arbor-server", version="0.1.0", lifespan=lifespan)
     app.state.arbor = state

@@ -5,11 +5,19 @@ response starts. `events()` yields the request's events as they come. If the con
 stops early (client disconnected, handler cancelled) the request is cancelled and the
 engine frees its slot at its next step. Non-streaming handlers pass the HTTP request as
 `watch` so a disconnect is noticed while nothing is being sent.
+
+Hand-off: the engine is built with a `LoopDelivery`, so each engine step's events for
+every stream cross to the event loop at once (one wake-up of the loop per step, not one per
+token per stream), and the sinks below run on the loop thread. A reader that falls behind
+gets the text that piled up as one `TextDelta`, so it writes one SSE chunk per wake-up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import ctypes
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -17,11 +25,78 @@ from fastapi import Request
 
 from server.api.errors import APIError
 from server.api.metrics import ServerMetrics
-from server.engine.engine import Engine
+from server.engine.engine import Engine, deliver_inline
 from server.engine.scheduler import QueueFull
-from server.engine.sequence import Finished, GenerationRequest, TextDelta
+from server.engine.sequence import Event, Finished, GenerationRequest, TextDelta
 
 DISCONNECT_POLL_S = 0.25
+
+
+def _gil_holding_write():
+    """write(2) called without releasing the GIL (ctypes.PyDLL keeps it; os.write drops it)."""
+    try:
+        write = ctypes.PyDLL(None).write
+    except (OSError, AttributeError):  # no C library symbols in this process: fall back
+        return lambda fd: os.write(fd, b"\x01")
+    write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    write.restype = ctypes.c_ssize_t
+    return lambda fd: write(fd, b"\x01", 1)
+
+
+class LoopDelivery:
+    """The engine's `deliver` for the HTTP server: runs each step's sinks on `loop`.
+
+    Why not `loop.call_soon_threadsafe`: its wake-up is a socket send that releases the GIL,
+    so the woken event loop takes the GIL and the engine thread waits for it (up to the
+    interpreter's 5 ms switch interval) before it can start the next decode. Here the
+    engine queues the step's events and wakes the loop with a write that keeps the GIL, so
+    the loop runs while the engine's next llama_decode runs (which releases the GIL): HTTP
+    work overlaps compute instead of taking turns with it. At most one wake-up is pending.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._steps: collections.deque[list] = collections.deque()
+        self._wake_pending = False
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._wake = _gil_holding_write()
+        loop.add_reader(self._rfd, self._drain)
+
+    def __call__(self, events: list) -> None:  # engine thread
+        self._steps.append(events)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake(self._wfd)
+
+    def _drain(self) -> None:  # event loop
+        try:
+            os.read(self._rfd, 4096)
+        except BlockingIOError:
+            pass
+        self._wake_pending = False  # before draining: a step queued after this wakes us again
+        while self._steps:
+            deliver_inline(self._steps.popleft())
+
+    def close(self) -> None:
+        """After the engine stopped: deliver what is left, release the pipe."""
+        self._drain()
+        self._loop.remove_reader(self._rfd)
+        os.close(self._rfd)
+        os.close(self._wfd)
+
+
+def coalesce(events: list[Event]) -> list[Event]:
+    """Join runs of consecutive text deltas into one (order and content unchanged)."""
+    out: list[Event] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, TextDelta) and isinstance(last, TextDelta):
+            out[-1] = TextDelta(last.text + event.text, last.tokens + event.tokens)
+        else:
+            out.append(event)
+    return out
 
 
 def engine_error(fin: Finished) -> APIError:
@@ -47,7 +122,8 @@ class Generation:
         self._engine = engine
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[TextDelta | Finished] = asyncio.Queue()
+        self._pending: list[Event] = []
+        self._wakeup: asyncio.Future | None = None
         self._finished = False
         try:
             self.seq = engine.submit(request, self._sink)
@@ -55,30 +131,43 @@ class Generation:
             raise APIError(f"server busy: {exc}; retry later", status=503, type="unavailable_error",
                            code="queue_full", headers={"Retry-After": "2"}) from exc
 
-    def _sink(self, event: TextDelta | Finished) -> None:
-        # Runs on the engine thread. Metrics are counted here, not by the reader, so a
-        # request whose client went away is still counted (as cancelled).
+    def _sink(self, event: Event) -> None:
+        # Runs on the event loop (see deliver_to_loop). Metrics are counted here, not by the
+        # reader, so a request whose client went away is still counted (as cancelled).
         if isinstance(event, Finished):
             self._metrics.observe(event)
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        self._pending.append(event)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
-    async def events(self, watch: Request | None = None) -> AsyncIterator[TextDelta | Finished]:
+    async def _take(self, watch: Request | None) -> list[Event] | None:
+        """Everything delivered since the last call (waiting for at least one event);
+        None when `watch` reports the client gone."""
+        while not self._pending:
+            self._wakeup = self._loop.create_future()
+            if watch is None:
+                await self._wakeup
+                continue
+            try:
+                await asyncio.wait_for(self._wakeup, timeout=DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await watch.is_disconnected():
+                    return None
+        events, self._pending = self._pending, []
+        return coalesce(events)
+
+    async def events(self, watch: Request | None = None) -> AsyncIterator[Event]:
         try:
             while True:
-                if watch is None:
-                    event = await self._queue.get()
-                else:
-                    try:
-                        event = await asyncio.wait_for(self._queue.get(), timeout=DISCONNECT_POLL_S)
-                    except asyncio.TimeoutError:
-                        if await watch.is_disconnected():
-                            return
-                        continue
-                if isinstance(event, Finished):
-                    self._finished = True
-                    yield event
+                events = await self._take(watch)
+                if events is None:
                     return
-                yield event
+                for event in events:
+                    if isinstance(event, Finished):
+                        self._finished = True
+                        yield event
+                        return
+                    yield event
         finally:
             if not self._finished:
                 self._engine.cancel(self.seq)

@@ -25,8 +25,11 @@ class PreparedRequest:
     prompt_text: str | None
 
 
-def check_model_name(requested: str | None, model: LoadedModel) -> None:
-    if requested and requested != model.model_name:
+def check_model_name(requested: str | None, model: LoadedModel, settings: ServerSettings) -> None:
+    """One model is served: any requested name gets it (as with llama-server and SGLang, so
+    clients hard-wired to e.g. "gpt-4o-mini" work) and responses report the served name.
+    --strict-model-name restores the 404 for a name that is not the served one."""
+    if settings.strict_model_name and requested and requested != model.model_name:
         raise APIError(
             f"the model '{requested}' does not exist; this server serves '{model.model_name}'",
             status=404, type="invalid_request_error", param="model", code="model_not_found",
@@ -102,7 +105,7 @@ def _tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
 
 def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: ServerSettings,
                  http: Request | None = None) -> PreparedRequest:
-    check_model_name(body.model, model)
+    check_model_name(body.model, model, settings)
     choice = body.tool_choice or ("auto" if body.tools else "none")
     offered = body.tools if choice != "none" else None
     text = render_conversation(model.template, body, offered)
@@ -141,7 +144,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
 
 def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: ServerSettings,
                        http: Request | None = None) -> PreparedRequest:
-    check_model_name(body.model, model)
+    check_model_name(body.model, model, settings)
     if isinstance(body.prompt, str):
         text = body.prompt
         tokens = _tokenize_prompt(model, text)

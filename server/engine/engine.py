@@ -4,6 +4,12 @@ HTTP handlers call `submit()` and `Sequence.cancel()` from the event loop; every
 touches the model runs on the engine thread. The thread holds the scheduler lock only
 while it changes scheduler state, never during a decode, so submissions and /slots stay
 responsive while the model computes.
+
+Events (text deltas, the final `Finished`) are not handed to their sinks one by one: a
+step collects them and passes the whole list to `deliver` once, at the end of the step.
+The HTTP layer's `deliver` makes that one thread hand-off (one event-loop wake-up) per
+step for every stream together, instead of one per token per stream; the default calls
+each sink on the engine thread (tests, in-process benchmarks).
 """
 
 from __future__ import annotations
@@ -12,16 +18,25 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 
 from server.engine.kv_full import KVCacheFull
 from server.engine.scheduler import Admission, QueueFull, Scheduler, StepItem
-from server.engine.sequence import EventSink, GenerationRequest, Sequence, SeqStatus
+from server.engine.sequence import Event, EventSink, GenerationRequest, Sequence, SeqStatus
 from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "ModelRunner", "QueueFull", "EngineStats"]
+__all__ = ["Engine", "ModelRunner", "QueueFull", "EngineStats", "Deliver", "deliver_inline"]
+
+# Receives one step's events, in order, as (sink, event) pairs.
+Deliver = Callable[[list[tuple[EventSink, Event]]], None]
+
+
+def deliver_inline(events: list[tuple[EventSink, Event]]) -> None:
+    for sink, event in events:
+        sink(event)
 
 
 class ModelRunner(Protocol):
@@ -59,8 +74,10 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler):
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, deliver: Deliver = deliver_inline):
         self.runner = runner
+        self.deliver = deliver
+        self._outbox: list[tuple[EventSink, Event]] = []  # this step's events (engine thread only)
         self.scheduler = scheduler
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -87,7 +104,10 @@ class Engine:
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> Sequence:
         """Queue a request; raises QueueFull at once when the waiting queue is full."""
-        seq = Sequence(request, sink)
+        def collect(event: Event) -> None:  # called on the engine thread only
+            self._outbox.append((sink, event))
+
+        seq = Sequence(request, collect)
         with self._wake:
             self.scheduler.add(seq)
             self._wake.notify_all()
@@ -145,12 +165,27 @@ class Engine:
             except Exception:  # keep serving: a bug in one step must not kill the server
                 log.exception("engine step failed")
         self._fail_all("server shutting down")
+        self._flush()
 
     def _has_work(self) -> bool:
         return bool(self._jobs or self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> bool:
-        """Run one engine step; returns False when there was nothing to compute."""
+        """Run one engine step and deliver its events; returns False when there was nothing to compute."""
+        try:
+            return self._step()
+        finally:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            try:
+                self.deliver(events)
+            except Exception:
+                log.exception("delivering %d events failed", len(events))
+
+    def _step(self) -> bool:
         with self._lock:
             jobs, self._jobs = self._jobs, []
         for job in jobs:
@@ -187,10 +222,11 @@ class Engine:
         self._n_tokens_decoded += sum(len(i.tokens) for i in items)
         with self._lock:
             self.scheduler.commit(items)
+        piece, is_eog = self.runner.piece, self.runner.is_eog
         for item, token in zip(items, sampled):
             if token is None or item.seq.status is SeqStatus.FINISHED:
                 continue
-            if item.seq.on_token(token, self.runner.piece, self.runner.is_eog):
+            if item.seq.on_token(token, piece, is_eog):
                 self._finish(item.seq, None)
         return True
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 
 from server.engine.kv_full import KVCacheFull
 
@@ -107,6 +108,30 @@ class DecodeError(RuntimeError):
         self.code = code
 
 
+class _OwnedBatch:
+    """A llama_batch whose arrays Python owns (one token per entry, one sequence per token).
+
+    llama_batch_init gives every token its own malloc'd seq_id array, which can only be
+    written one element at a time; here all seq ids live in one contiguous array, so each
+    field is filled with one slice assignment. Freed with the object, not llama_batch_free.
+    """
+
+    def __init__(self, capacity: int):
+        self.token = (llama_cpp.llama_token * capacity)()
+        self.pos = (llama_cpp.llama_pos * capacity)()
+        self.n_seq_id = (ctypes.c_int32 * capacity)(*([1] * capacity))
+        self.seq = (llama_cpp.llama_seq_id * capacity)()
+        size = ctypes.sizeof(llama_cpp.llama_seq_id)
+        base = ctypes.addressof(self.seq)
+        seq_ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
+        self.seq_ptrs = (seq_ptr * capacity)(*(ctypes.cast(base + i * size, seq_ptr) for i in range(capacity)))
+        self.logits = (ctypes.c_int8 * capacity)()
+        self.batch = llama_cpp.llama_batch(
+            n_tokens=0, token=self.token, embd=None, pos=self.pos, n_seq_id=self.n_seq_id,
+            seq_id=self.seq_ptrs, logits=self.logits,
+        )
+
+
 class LlamaRuntime:
     """Model + context + a reusable batch buffer, and thin typed wrappers over the C API."""
 
@@ -123,6 +148,7 @@ class LlamaRuntime:
         if not self.model:
             raise ModelLoadError(f"could not load model file {config.model_path}")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
 
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = config.n_ctx
@@ -146,8 +172,9 @@ class LlamaRuntime:
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._batch = _OwnedBatch(self.n_batch)
+        self._pieces: dict[int, bytes] = {}  # token -> piece (special=False), filled as tokens come out
+        self._eog: dict[int, bool] = {}
         self.info = self._read_info()
 
     # ----------------------------------------------------------------- metadata
@@ -175,7 +202,7 @@ class LlamaRuntime:
             n_params=int(llama_cpp.llama_model_n_params(self.model)),
             size_bytes=int(llama_cpp.llama_model_size(self.model)),
             n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(self.model)),
-            n_vocab=int(llama_cpp.llama_vocab_n_tokens(self.vocab)),
+            n_vocab=self.n_vocab,
             n_layer=int(llama_cpp.llama_model_n_layer(self.model)),
             n_embd=int(llama_cpp.llama_model_n_embd(self.model)),
             n_swa=int(llama_cpp.llama_model_n_swa(self.model)),
@@ -200,19 +227,33 @@ class LlamaRuntime:
         return list(buf[:n])
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
-        """The bytes of one token (may be part of a multi-byte UTF-8 character)."""
+        """The bytes of one token (may be part of a multi-byte UTF-8 character).
+
+        Pieces of generated text (special=False) are memoized: the engine asks for one per
+        token per step, and a dict hit costs no foreign call and no allocation. A miss
+        allocates its own buffer, so any thread may call this."""
+        if not special:
+            got = self._pieces.get(token)
+            if got is not None:
+                return got
         buf = ctypes.create_string_buffer(256)
         n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
+        out = buf.raw[:n]
+        if not special and 0 <= token < self.n_vocab:
+            self._pieces[token] = out
+        return out
 
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
         return b"".join(self.piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        got = self._eog.get(token)
+        if got is None:
+            got = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return got
 
     # ------------------------------------------------------------------- decode
     def decode(self, entries: list[BatchEntry]) -> list[int]:
@@ -222,27 +263,38 @@ class LlamaRuntime:
         sampling with `llama_sampler_sample(smpl, ctx, idx)`. Raises KVCacheFull when the
         unified KV has no room for the batch (nothing was computed), else DecodeError.
         """
-        if not entries:
+        return self.decode_arrays([e.token for e in entries], [e.pos for e in entries],
+                                  [e.seq_id for e in entries], [1 if e.want_logits else 0 for e in entries])
+
+    def decode_arrays(self, tokens: list[int], positions: list[int], seq_ids: list[int], logits: list[int]) -> list[int]:
+        """`decode` on parallel lists (the engine's per-step path: the batch arrays are
+        filled by slice assignment, in C, instead of five ctypes stores per token).
+        Same results and errors as `decode`."""
+        n = len(tokens)
+        if n == 0:
             return []
-        if len(entries) > self.n_batch:
-            raise ValueError(f"batch of {len(entries)} tokens exceeds n_batch={self.n_batch}")
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
         b = self._batch
-        logits_at: list[int] = []
-        for i, e in enumerate(entries):
-            b.token[i] = e.token
-            b.pos[i] = e.pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = e.seq_id
-            b.logits[i] = 1 if e.want_logits else 0
-            if e.want_logits:
-                logits_at.append(i)
-        b.n_tokens = len(entries)
-        rc = llama_cpp.llama_decode(self.ctx, b)
+        b.token[:n] = tokens
+        b.pos[:n] = positions
+        b.seq[:n] = seq_ids
+        b.logits[:n] = logits
+        b.batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self.ctx, b.batch)
         if rc == 1:
-            raise KVCacheFull(len(entries))
+            raise KVCacheFull(n)
         if rc != 0:
             raise DecodeError(rc)
-        return logits_at
+        return [i for i, want in enumerate(logits) if want]
+
+    def logits_matrix(self, n_rows: int):
+        """The output rows of the last decode as a read-only (n_rows, n_vocab) float32 numpy
+        view, in batch order; valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        view = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+        view.flags.writeable = False
+        return view
 
     def logits_row(self, batch_index: int) -> ctypes.Array:
         """The logits of one output row (n_vocab floats), valid until the next decode."""
@@ -290,7 +342,6 @@ class LlamaRuntime:
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
         if getattr(self, "ctx", None):
-            llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
         if getattr(self, "model", None):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from server.engine.llama_runtime import BatchEntry, LlamaRuntime
+from server.engine.llama_runtime import LlamaRuntime
 from server.engine.sampling import SamplerChain
 from server.engine.scheduler import Admission, StepItem
 from server.engine.sequence import CacheReport, Sequence
@@ -73,19 +73,35 @@ class LlamaRunner:
         seq.cache_report = report
 
     def forward(self, items: list[StepItem]) -> list[int | None]:
-        entries: list[BatchEntry] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        logits: list[int] = []
         for item in items:
-            seq_id = item.seq.slot.seq_id
-            last = len(item.tokens) - 1
-            for i, tok in enumerate(item.tokens):
-                entries.append(BatchEntry(tok, item.start_pos + i, seq_id, item.sample and i == last))
-        logits_at = iter(self.runtime.decode(entries))
+            n = len(item.tokens)
+            tokens += item.tokens
+            positions += range(item.start_pos, item.start_pos + n)
+            seq_ids += [item.seq.slot.seq_id] * n
+            if n > 1:
+                logits += [0] * (n - 1)
+            logits.append(1 if item.sample else 0)
+        batch_index = self.runtime.decode_arrays(tokens, positions, seq_ids, logits)
+        sampling = [item for item in items if item.sample]
+        greedy_rows = [row for row, item in enumerate(sampling) if item.seq.sampler.plain_greedy]
+        picked: dict[int, int] = {}
+        if greedy_rows:
+            matrix = self.runtime.logits_matrix(len(sampling))
+            best = matrix.argmax(axis=1) if len(greedy_rows) == len(sampling) else matrix[greedy_rows].argmax(axis=1)
+            picked = dict(zip(greedy_rows, best.tolist()))
         out: list[int | None] = []
+        row = 0
         for item in items:
-            if item.sample:
-                out.append(item.seq.sampler.sample(self.runtime.ctx, next(logits_at)))
-            else:
+            if not item.sample:
                 out.append(None)
+                continue
+            token = picked.get(row)
+            out.append(token if token is not None else item.seq.sampler.sample(self.runtime.ctx, batch_index[row]))
+            row += 1
         return out
 
     def release(self, seq: Sequence, reason: str) -> None:

@@ -27,6 +27,12 @@ class SamplerChain:
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         self._keep_alive: list[object] = []
+        # Plain greedy (no grammar, bias or penalties) is a stateless argmax over the raw
+        # logits: the runner takes it for all such sequences of a step in one numpy call
+        # instead of building n_vocab candidates per sequence (the same token: both keep the
+        # first maximum).
+        self.plain_greedy = params.greedy and not params.grammar and not params.logit_bias and not (
+            params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0)
         try:
             self._build(params, vocab, n_vocab)
         except Exception:

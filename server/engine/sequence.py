@@ -85,7 +85,8 @@ class Finished:
     retryable: bool = False  # the error is a momentary lack of resources (HTTP 503), not a fault
 
 
-EventSink = Callable[[TextDelta | Finished], None]
+Event = TextDelta | Finished
+EventSink = Callable[[Event], None]
 
 
 class Sequence:

@@ -50,6 +50,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     async def stream():
         created = int(time.time())
         yield R.sse(R.chat_chunk(rid, name, created, {"role": "assistant", "content": ""}))
+        content_frame = R.sse_with_text(R.chat_chunk(rid, name, created, {"content": R.TEXT_SLOT}))
         n_calls = 0
 
         def emit(parts) -> list[str]:
@@ -58,7 +59,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
             for p in parts:
                 if isinstance(p, ContentDelta):
                     if p.text:
-                        out.append(R.sse(R.chat_chunk(rid, name, created, {"content": p.text})))
+                        out.append(content_frame(p.text))
                 elif isinstance(p, ParsedToolCall):
                     out.append(R.sse(R.chat_chunk(rid, name, created, {"tool_calls": [p.as_openai(n_calls)]})))
                     n_calls += 1
@@ -69,16 +70,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
                 if ev.finish_reason == "error":
                     yield R.error_event(engine_error(ev))
                     break
-                for chunk in emit(parser.finish() if parser else []):
-                    yield chunk
+                tail = emit(parser.finish() if parser else [])
                 reason = R.finish_reason(ev, parser.calls if parser else [])
                 last_extra = {"timings": R.timings(ev), "arbor": R.arbor_extension(ev)}
-                yield R.sse(R.chat_chunk(rid, name, created, {}, reason, last_extra))
+                tail.append(R.sse(R.chat_chunk(rid, name, created, {}, reason, last_extra)))
                 if include_usage:
-                    yield R.sse(R.usage_chunk(rid, name, created, ev, "chat.completion.chunk"))
-                break
-            for chunk in emit(parser.feed(ev.text) if parser else [ContentDelta(ev.text)]):
-                yield chunk
+                    tail.append(R.sse(R.usage_chunk(rid, name, created, ev, "chat.completion.chunk")))
+                tail.append(R.sse("[DONE]"))
+                yield "".join(tail)  # one write for the end of the stream
+                return
+            # one write per wake-up: the deltas that arrived together were joined by events()
+            frames = emit(parser.feed(ev.text) if parser else [ContentDelta(ev.text)])
+            if frames:
+                yield "".join(frames)
         yield R.sse("[DONE]")
 
     return StreamingResponse(stream(), media_type="text/event-stream",

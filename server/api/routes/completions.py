@@ -35,8 +35,9 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
 
     async def stream():
         created = int(time.time())
+        text_frame = R.sse_with_text(R.text_chunk(rid, name, created, R.TEXT_SLOT))
         if prefix:
-            yield R.sse(R.text_chunk(rid, name, created, prefix))
+            yield text_frame(prefix)
         async for ev in generation.events():
             if isinstance(ev, Finished):
                 if ev.finish_reason == "error":
@@ -44,11 +45,13 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
                     break
                 last = R.text_chunk(rid, name, created, "", ev.finish_reason)
                 last.update({"timings": R.timings(ev), "arbor": R.arbor_extension(ev)})
-                yield R.sse(last)
+                tail = [R.sse(last)]
                 if include_usage:
-                    yield R.sse(R.usage_chunk(rid, name, created, ev, "text_completion"))
-                break
-            yield R.sse(R.text_chunk(rid, name, created, ev.text))
+                    tail.append(R.sse(R.usage_chunk(rid, name, created, ev, "text_completion")))
+                tail.append(R.sse("[DONE]"))
+                yield "".join(tail)  # one write for the end of the stream
+                return
+            yield text_frame(ev.text)
         yield R.sse("[DONE]")
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

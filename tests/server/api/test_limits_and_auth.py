@@ -17,7 +17,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("small"), "--parallel", "1", "--max-queue", "1",
-                          "--ctx-size", "1024", "--api-key", KEY, "--alias", "tiny")
+                          "--ctx-size", "1024", "--api-key", KEY, "--alias", "tiny",
+                          "--strict-model-name")
     yield server
     stop_server(server)
 
@@ -30,6 +31,15 @@ def test_api_key_required_except_health(small_server):
     assert httpx.get(b + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
     r = httpx.get(b + "/v1/models", headers=AUTH)
     assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny"
+
+
+def test_strict_model_name_rejects_other_names(small_server):
+    url = small_server.v1 + "/chat/completions"
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    r = httpx.post(url, json={**body, "model": "gpt-4o-mini"}, headers=AUTH, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.post(url, json={**body, "model": "tiny"}, headers=AUTH, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == "tiny"
 
 
 def test_full_queue_answers_503_with_retry_after(small_server):

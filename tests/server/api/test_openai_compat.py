@@ -53,6 +53,22 @@ def test_chat_non_stream_has_usage_timings_and_cache_extension(arbor_server, cli
     assert extra["arbor"]["cache"]["source"] in ("A", "S", "H", "D", "none")
 
 
+def test_any_model_name_gets_the_served_model(client):
+    """As llama-server does: a client hard-wired to another name is served, and told which model answered."""
+    r = client.chat.completions.create(model="gpt-4o-mini", messages=SHORT, max_tokens=2, temperature=0)
+    assert r.model == "SmolLM2-135M-Instruct.Q4_1"
+    stream = client.completions.create(model="gpt-4o-mini", prompt="1, 2,", max_tokens=2, stream=True)
+    assert {chunk.model for chunk in stream} == {"SmolLM2-135M-Instruct.Q4_1"}
+
+
+def test_greedy_fast_path_matches_llama_cpp_greedy_sampler(client):
+    """Plain greedy takes numpy's argmax; a zero logit bias forces llama.cpp's sampler chain."""
+    kw = dict(model="", messages=[{"role": "user", "content": "Name three rivers."}], max_tokens=16, temperature=0)
+    fast = client.chat.completions.create(**kw)
+    chain = client.chat.completions.create(**kw, logit_bias={"0": 0})
+    assert fast.choices[0].message.content == chain.choices[0].message.content
+
+
 def test_same_prompt_twice_reuses_the_slot_prefix(client):
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
     first = client.chat.completions.create(messages=msgs, model="", max_tokens=4, temperature=0)
