@@ -1,7 +1,7 @@
 """Typed workbench settings, read from the environment (and an optional `.env` file).
 
 Environment names: LLM_BASE_URL, LLM_MODEL, LLM_API_KEY, LLM_TIMEOUT_S, LLM_MAX_TOKENS,
-LLM_TEMPERATURE, INCIDENT_BASE_URL, INCIDENT_TIMEOUT_S, ARBOR_DATA_DIR, DATABASE_URL,
+LLM_TEMPERATURE, LLM_CONTEXT_TOKENS, INCIDENT_BASE_URL, INCIDENT_TIMEOUT_S, ARBOR_DATA_DIR, DATABASE_URL,
 ARBOR_HOST, ARBOR_PORT, ARBOR_STEP_BUDGET, ARBOR_TOOL_RESULT_MAX_CHARS,
 ARBOR_TOOL_RESULT_MAX_TOKENS, ARBOR_MAX_MESSAGE_CHARS.
 
@@ -37,6 +37,10 @@ class WorkbenchSettings(BaseSettings):
     llm_max_tokens: int = Field(512, ge=1, le=32768, validation_alias="LLM_MAX_TOKENS",
                                 description="max_tokens of each model step")
     llm_temperature: float | None = Field(None, ge=0, le=2, validation_alias="LLM_TEMPERATURE")
+    llm_context_tokens: int | None = Field(
+        None, ge=256, le=10_000_000, validation_alias="LLM_CONTEXT_TOKENS",
+        description="tokens one request may hold (prompt + completion) when the server reports no limit "
+                    "(GET /props, GET /v1/models); unset = no context budget unless the server reports one")
 
     # -- tools ---------------------------------------------------------------------------------
     incident_base_url: str = Field("http://127.0.0.1:8765", validation_alias="INCIDENT_BASE_URL")

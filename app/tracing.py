@@ -1,4 +1,5 @@
-"""Run traces: one span per model call and per tool call, stored in the database.
+"""Run traces: one span per model call and per tool call, stored in the database, and a
+"compacted" span before each model call whose history had to be compacted to fit.
 
 Span attributes use the OpenTelemetry GenAI semantic-convention names
 (https://opentelemetry.io/docs/specs/semconv/gen-ai/), so they map 1:1 onto an OTel
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from app.agent.context_budget import FittedRequest
 from app.agent.model_client import ModelCallResult
 from app.db.models import Artifact, Span, new_id, utcnow
 
@@ -80,6 +82,25 @@ def tool_span_attributes(name: str, call_id: str, *, branch_id: str, error_type:
     return {k: v for k, v in attrs.items() if v is not None}
 
 
+def compaction_span_attributes(fitted: FittedRequest, *, branch_id: str, step: int, retry: bool) -> dict:
+    """What a compaction did (token counts are the workbench's estimates, margin included)."""
+    done, limit = fitted.compaction, fitted.limit
+    return {
+        "arbor.operation.name": "compact_context",
+        "arbor.branch.id": branch_id,
+        "arbor.step": step,
+        "arbor.compaction.tokens_before": done.tokens_before,
+        "arbor.compaction.tokens_after": done.tokens_after,
+        "arbor.compaction.past_turns": done.past_turns,
+        "arbor.compaction.reduced_turns": done.reduced_turns,
+        "arbor.compaction.dropped_turns": done.dropped_turns,
+        "arbor.compaction.retry": retry,
+        "arbor.context.limit": limit.n_ctx,
+        "arbor.context.limit_source": limit.source,
+        "gen_ai.request.max_tokens": fitted.max_tokens,
+    }
+
+
 class TraceRecorder:
     """Writes the spans and artifacts of one run (ids fixed at construction)."""
 
@@ -118,6 +139,19 @@ class TraceRecorder:
             attributes=model_span_attributes(body, result, self.base_url, session_id=self.session_id,
                                              branch_id=self.branch_id, step=step, error_type=error_type),
             request=body, response=response,
+        )
+        return self._save(span)
+
+    def compaction(self, *, step: int, fitted: FittedRequest, retry: bool = False) -> str:
+        """Record that the request of model step `step` carries a compacted history. Returns the span id."""
+        done = fitted.compaction
+        span = Span(
+            id=new_id(), session_id=self.session_id, branch_id=self.branch_id, turn_id=self.turn_id,
+            run_id=self.run_id, kind="compaction", name="compacted", started_at=utcnow(), duration_ms=0.0,
+            attributes=compaction_span_attributes(fitted, branch_id=self.branch_id, step=step, retry=retry),
+            response={"summary": f"{done.tokens_before} -> {done.tokens_after} tokens (estimated): "
+                                 f"{done.reduced_turns} turn(s) reduced, {done.dropped_turns} dropped of "
+                                 f"{done.past_turns}"},
         )
         return self._save(span)
 

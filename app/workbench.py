@@ -1,4 +1,5 @@
-"""The objects one running workbench shares: settings, database, model adapter, graph, services."""
+"""The objects one running workbench shares: settings, database, model adapter, context budget,
+graph, services."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from app.agent.context_budget import ContextBudget
 from app.agent.graph import build_graph
 from app.agent.model_client import ModelAdapter
 from app.db.engine import make_engine
@@ -24,6 +26,7 @@ class Workbench:
     settings: WorkbenchSettings
     engine: Engine
     adapter: ModelAdapter
+    budget: ContextBudget
     catalog: ScenarioCatalog
     graph: Any
     turns: TurnService
@@ -40,9 +43,10 @@ class Workbench:
         saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(settings.checkpoint_path)))
         graph = build_graph(checkpointer=saver)
         adapter = ModelAdapter(settings)
+        budget = ContextBudget(settings)
         catalog = catalog or ScenarioCatalog()
-        turns = TurnService(settings, engine, graph, adapter, catalog)
-        return cls(settings, engine, adapter, catalog, graph, turns, stack)
+        turns = TurnService(settings, engine, graph, adapter, catalog, budget)
+        return cls(settings, engine, adapter, budget, catalog, graph, turns, stack)
 
     async def close(self) -> None:
         await self.turns.shutdown()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.agent.context_budget import ContextBudget
 from app.agent.model_client import ModelAdapter
 from app.tracing import TraceRecorder
 from tools.base import ToolContext
@@ -22,11 +23,13 @@ class TurnContext:
     run_id: str
     scenario: Any  # scenarios.scenario.Scenario (duck-typed: system_prompt, tools, tool(name))
     adapter: ModelAdapter
+    budget: ContextBudget
     recorder: TraceRecorder
     tool_context: ToolContext
     tool_budget_chars: int
     force_tool: bool = False
     tool_choice: str | dict | None = None
+    history_len: int = 0  # messages of the conversation that belong to earlier turns
 
     @property
     def cache_session(self) -> str:

@@ -5,8 +5,10 @@
                |---(a proposed action)-------> approval --> tools
                '---(tool calls, budget spent)-> budget_exhausted -> END
 
-Nodes return partial state updates; routing lives in app/agent/routers.py. Events for the
-client (token, model_call, tool_call, tool_result) go out through LangGraph's custom stream
+Nodes return partial state updates; routing lives in app/agent/routers.py. Each model call
+is fitted to the server's context first (app/agent/context_budget.py); a compacted history
+is recorded as a "compacted" span. Events for the client (token, compacted, model_call,
+tool_call, tool_result) go out through LangGraph's custom stream
 (`runtime.stream_writer`); an approval is a LangGraph `interrupt` whose payload names the
 tool call, resumed with ``Command(resume={"approved": bool, "comment": str})``.
 
@@ -24,7 +26,7 @@ from langgraph.types import interrupt
 
 from app.agent.context import TurnContext
 from app.agent.model_client import ModelBackendError
-from app.agent.requests import step_body
+from app.agent.requests import fitted_step_body
 from app.agent.routers import route_after_model
 from app.agent.state import AgentState
 from app.agent.tool_calls import approval_needed, execute_tool_call, parse_arguments
@@ -36,15 +38,28 @@ async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
     write = runtime.stream_writer
     step = state.get("steps", 0) + 1
     model = await ctx.adapter.model_name()
-    body = step_body(ctx.adapter, ctx.scenario, model, state["messages"], step=step, max_steps=state["max_steps"],
-                     force_tool=ctx.force_tool, tool_choice=ctx.tool_choice, cache_session=ctx.cache_session)
-    started_at, t0 = utcnow(), time.perf_counter()
-    try:
-        result = await ctx.adapter.stream(body, on_token=lambda text: write({"type": "token", "text": text}))
-    except ModelBackendError as exc:
-        ctx.recorder.model_call(step=step, body=body, started_at=started_at,
-                                duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc), error_type=exc.kind)
-        raise
+    for attempt in (1, 2):
+        body, fitted = await fitted_step_body(
+            ctx.budget, ctx.adapter, ctx.scenario, model, state["messages"], ctx.history_len, step=step,
+            max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
+            cache_session=ctx.cache_session)
+        if fitted.compacted:
+            span_id = ctx.recorder.compaction(step=step, fitted=fitted, retry=attempt > 1)
+            write({"type": "compacted", "step": step, "span_id": span_id,
+                   "tokens_before": fitted.compaction.tokens_before, "tokens_after": fitted.compaction.tokens_after,
+                   "reduced_turns": fitted.compaction.reduced_turns, "dropped_turns": fitted.compaction.dropped_turns})
+        started_at, t0 = utcnow(), time.perf_counter()
+        try:
+            result = await ctx.adapter.stream(body, on_token=lambda text: write({"type": "token", "text": text}))
+            break
+        except ModelBackendError as exc:
+            ctx.recorder.model_call(step=step, body=body, started_at=started_at,
+                                    duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc), error_type=exc.kind)
+            # Our estimate fell short of the server's count: compact harder, once.
+            if attempt == 2 or not exc.context_exceeded or fitted.limit is None:
+                raise
+            ctx.budget.tighten(body, str(exc))
+    ctx.budget.observe(body, result.prompt_tokens)
     span_id = ctx.recorder.model_call(step=step, body=body, started_at=started_at,
                                       duration_ms=result.duration_ms, result=result)
     write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,

@@ -14,8 +14,10 @@ the session does once the server has answered *this* request:
 - ``active``: otherwise (the model decides).
 
 Failures become `ModelBackendError` with a readable message and a `kind`
-(``unreachable``, ``timeout``, ``http_error``, ``bad_response``); the turn fails with that
-message and can be retried.
+(``unreachable``, ``timeout``, ``http_error``, ``bad_response``, ``context_exceeded``); the
+turn fails with that message and can be retried. A request the server refuses as longer than
+its context is an ``http_error`` whose `context_exceeded` is true (the agent then compacts
+harder and retries once).
 """
 
 from __future__ import annotations
@@ -36,9 +38,16 @@ TokenSink = Callable[[str], Awaitable[None] | None]
 class ModelBackendError(RuntimeError):
     """The model backend is down, timed out, or answered with an error."""
 
-    def __init__(self, message: str, kind: str) -> None:
+    def __init__(self, message: str, kind: str, code: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.code = code  # the error's code (or type) in the server's answer, when it sent one
+
+    @property
+    def context_exceeded(self) -> bool:
+        """The server refused the request as too long for its context (OpenAI's, vLLM's, llama-server's words)."""
+        return self.code in ("context_length_exceeded", "exceed_context_size_error") or (
+            self.kind == "http_error" and "maximum context length" in str(self))
 
 
 @dataclass
@@ -106,14 +115,14 @@ class ModelAdapter:
         return [m.id for m in page.data]
 
     def build_body(self, model: str, messages: list[dict], tools: list[dict], tool_choice: Any,
-                   cache_session: str) -> dict:
-        """The exact request body of one model step."""
+                   cache_session: str, max_tokens: int | None = None) -> dict:
+        """The exact request body of one model step (`max_tokens` defaults to LLM_MAX_TOKENS)."""
         body: dict[str, Any] = {
             "model": model,
             "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "max_tokens": self.settings.llm_max_tokens,
+            "max_tokens": max_tokens or self.settings.llm_max_tokens,
         }
         if self.settings.llm_temperature is not None:
             body["temperature"] = self.settings.llm_temperature
@@ -214,9 +223,19 @@ class ModelAdapter:
         if isinstance(exc, openai.APIStatusError):
             detail = _error_detail(exc)
             return ModelBackendError(
-                f"model backend at {self.base_url} answered HTTP {exc.status_code}: {detail}", "http_error")
+                f"model backend at {self.base_url} answered HTTP {exc.status_code}: {detail}", "http_error",
+                _error_code(exc))
         return ModelBackendError(f"model backend at {self.base_url} sent an unusable response: {exc}",
                                  "bad_response")
+
+
+def _error_code(exc: openai.APIStatusError) -> str | None:
+    body = exc.body
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(inner, dict):
+        return None
+    code = inner.get("code") if isinstance(inner.get("code"), str) else inner.get("type")
+    return code if isinstance(code, str) else None
 
 
 def _error_detail(exc: openai.APIStatusError) -> str:

@@ -4,14 +4,37 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.agent.context_budget import ContextBudget, FittedRequest
 from app.agent.model_client import ModelAdapter
 from app.agent.routers import tool_choice_for_step
 
 
 def step_body(adapter: ModelAdapter, scenario: Any, model: str, conversation: list[dict], *, step: int,
-              max_steps: int, force_tool: bool, tool_choice: Any, cache_session: str) -> dict:
+              max_steps: int, force_tool: bool, tool_choice: Any, cache_session: str,
+              max_tokens: int | None = None) -> dict:
     """Body of model step `step`: system prompt + conversation, the scenario's tools, tool_choice."""
-    tools = [tool.openai_schema() for tool in scenario.tools]
     choice = tool_choice_for_step(step, max_steps, force_tool, tool_choice)
-    messages = [{"role": "system", "content": scenario.system_prompt}, *conversation]
-    return adapter.build_body(model, messages, tools, choice, cache_session)
+    messages = [system_message(scenario), *conversation]
+    return adapter.build_body(model, messages, scenario_tools(scenario), choice, cache_session, max_tokens)
+
+
+async def fitted_step_body(budget: ContextBudget, adapter: ModelAdapter, scenario: Any, model: str,
+                           conversation: list[dict], history_len: int, **step: Any) -> tuple[dict, FittedRequest]:
+    """`step_body` of the conversation fitted to the context (compacted, max_tokens clamped).
+
+    `history_len`: how many messages of `conversation` belong to past turns (the rest is the
+    current turn, which compaction never touches). `step` takes step_body's keyword arguments.
+    """
+    choice = tool_choice_for_step(step["step"], step["max_steps"], step["force_tool"], step["tool_choice"])
+    fitted = await budget.fit(model, system_message(scenario), conversation, history_len, scenario_tools(scenario),
+                              choice)
+    body = step_body(adapter, scenario, model, fitted.conversation, max_tokens=fitted.max_tokens, **step)
+    return body, fitted
+
+
+def system_message(scenario: Any) -> dict:
+    return {"role": "system", "content": scenario.system_prompt}
+
+
+def scenario_tools(scenario: Any) -> list[dict]:
+    return [tool.openai_schema() for tool in scenario.tools]

@@ -7,6 +7,8 @@ recorded even when the client disconnects.
 Event types (each a dict with "type"):
   turn            {turn_id, run_id, session_id, branch_id, parent_turn_id, resumed}
   token           {text}
+  compacted       {step, span_id, tokens_before, tokens_after, reduced_turns, dropped_turns}
+                  (before a model call whose history was compacted to fit the context)
   model_call      {step, span_id, prompt_tokens, completion_tokens, cached_tokens, cache_source,
                    ttft_ms, duration_ms, finish_reason}
   tool_call       {tool_call_id, name, arguments (JSON text), step}
@@ -32,6 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.agent.context import TurnContext
+from app.agent.context_budget import ContextBudget
 from app.agent.model_client import ModelAdapter, ModelBackendError
 from app.db.models import AgentSession, Approval, Branch, Run, Turn, TurnCreate, TurnPublic, utcnow
 from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
@@ -69,8 +72,9 @@ class TurnHandle:
 
 class TurnService:
     def __init__(self, settings: WorkbenchSettings, engine: Engine, graph: Any, adapter: ModelAdapter,
-                 catalog: ScenarioCatalog) -> None:
+                 catalog: ScenarioCatalog, budget: ContextBudget) -> None:
         self.settings, self.engine, self.graph, self.adapter, self.catalog = settings, engine, graph, adapter, catalog
+        self.budget = budget
         self._tasks: set[asyncio.Task] = set()
         self.tool_context = ToolContext(incident_base_url=settings.incident_base_url,
                                         http_timeout_s=settings.incident_timeout_s)
@@ -164,9 +168,10 @@ class TurnService:
         recorder = TraceRecorder(self.engine, session_id=session.id, branch_id=turn.branch_id, turn_id=turn.id,
                                  run_id=run.id, base_url=self.settings.llm_base_url)
         return TurnContext(session_id=session.id, branch_id=turn.branch_id, turn_id=turn.id, run_id=run.id,
-                           scenario=scenario, adapter=self.adapter, recorder=recorder,
+                           scenario=scenario, adapter=self.adapter, budget=self.budget, recorder=recorder,
                            tool_context=self.tool_context, tool_budget_chars=self.settings.tool_result_budget_chars,
-                           force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"))
+                           force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"),
+                           history_len=options.get("history_len", 0))
 
     def _launch(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> None:
         task = asyncio.get_running_loop().create_task(self._drive(handle, graph_input, context, thread_id))

@@ -1,5 +1,7 @@
 // Trace page: per turn, an SVG timeline of model and tool spans, with TTFT, tokens computed
 // vs reused and the cache source of each model call; totals per session and per branch.
+// A "compacted" span (kind "compaction") marks a model call whose history was compacted to
+// fit the context, with the estimated prompt tokens before and after.
 
 import { api } from "./api.js";
 import { h, s, replace } from "./dom.js";
@@ -19,6 +21,18 @@ const els = {
 const state = { detail: null, trace: null, branchSummaries: new Map() };
 
 const attr = (span, key) => (span.attributes || {})[key];
+
+/** The row label of a span. */
+function spanLabel(sp, index) {
+  if (sp.kind === "model") return `model · step ${attr(sp, "arbor.step") ?? index + 1}`;
+  if (sp.kind === "compaction") return `compacted · step ${attr(sp, "arbor.step") ?? ""}`;
+  return `tool · ${attr(sp, "gen_ai.tool.name") || sp.name}`;
+}
+
+/** "before → after tokens" of a compaction span. */
+function compactionText(sp) {
+  return `${fmtInt(attr(sp, "arbor.compaction.tokens_before"))} → ${fmtInt(attr(sp, "arbor.compaction.tokens_after"))} tokens`;
+}
 
 /** The same totals as the API's summary (app/services/traces.py), for one turn's spans. */
 function summarize(spans) {
@@ -86,18 +100,19 @@ function timeline(spans, width) {
     const x = X(start);
     const w = Math.max(2, X(start + (sp.duration_ms || 0)) - x);
     const isModel = sp.kind === "model";
-    const label = isModel ? `model · step ${attr(sp, "arbor.step") ?? i + 1}` : `tool · ${attr(sp, "gen_ai.tool.name") || sp.name}`;
+    const isCompaction = sp.kind === "compaction";
+    const label = spanLabel(sp, i);
     const barY = narrow ? y + 16 : y + 4;
     const barH = narrow ? 18 : rowH - 8;
-    const g = s("g", { class: ["span", isModel ? "span-model" : "span-tool", sp.status === "error" ? "span-error" : null], dataset: { spanId: sp.id, kind: sp.kind } });
+    const g = s("g", { class: ["span", isModel ? "span-model" : isCompaction ? "span-compaction" : "span-tool", sp.status === "error" ? "span-error" : null], dataset: { spanId: sp.id, kind: sp.kind } });
     g.append(s("title", {}, `${label}: ${fmtMs(sp.duration_ms)}${sp.status === "error" ? ` — error: ${sp.error || ""}` : ""}`));
     if (narrow) g.append(s("text", { x: 2, y: y + 12, class: "row-label" }, `${sp.status === "error" ? "✗ " : ""}${label}`));
     else g.append(s("text", { x: labelW - 8, y: y + rowH / 2 + 4, class: "row-label", "text-anchor": "end" }, `${sp.status === "error" ? "✗ " : ""}${label}`));
-    g.append(s("rect", { x, y: barY, width: w, height: barH, class: "bar", fill: isModel ? undefined : "url(#hatch)" }));
+    g.append(s("rect", { x, y: barY, width: w, height: barH, class: "bar", fill: isModel || isCompaction ? undefined : "url(#hatch)" }));
     if (isModel && sp.ttft_ms) {
       g.append(s("rect", { x, y: barY, width: Math.max(1, X(start + sp.ttft_ms) - x), height: barH, class: "ttft" }));
     }
-    const text = isModel ? `${fmtMs(sp.duration_ms)} · TTFT ${fmtMs(sp.ttft_ms)}` : fmtMs(sp.duration_ms);
+    const text = isModel ? `${fmtMs(sp.duration_ms)} · TTFT ${fmtMs(sp.ttft_ms)}` : isCompaction ? compactionText(sp) : fmtMs(sp.duration_ms);
     // The label goes inside a long bar, else right of it, else (near the right edge) left of it.
     const room = 8 + text.length * 6.5;
     const right = w <= room && x + w + room < width;
@@ -117,6 +132,14 @@ function spanTable(spans, t0) {
       const model = sp.kind === "model";
       const input = attr(sp, "gen_ai.usage.input_tokens");
       const cached = attr(sp, "gen_ai.usage.cache_read.input_tokens");
+      if (sp.kind === "compaction") {
+        return h("tr", { dataset: { kind: sp.kind } },
+          h("th", { scope: "row" }, `compacted before step ${attr(sp, "arbor.step") ?? ""}`),
+          h("td", {}, `+${fmtMs((parseTime(sp.started_at) ?? t0) - t0)}`),
+          h("td", { colspan: 7 }, `${compactionText(sp)} (estimated) · ${fmtInt(attr(sp, "arbor.compaction.reduced_turns"))} turn(s) reduced, ` +
+            `${fmtInt(attr(sp, "arbor.compaction.dropped_turns"))} dropped · context ${fmtInt(attr(sp, "arbor.context.limit"))} tokens`),
+          h("td", {}, "✓ ok"));
+      }
       return h("tr", { dataset: { kind: sp.kind } },
         h("th", { scope: "row" }, model ? `model step ${attr(sp, "arbor.step") ?? ""}` : `tool ${attr(sp, "gen_ai.tool.name") || sp.name}`),
         h("td", {}, `+${fmtMs((parseTime(sp.started_at) ?? t0) - t0)}`),

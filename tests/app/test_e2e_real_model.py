@@ -8,77 +8,18 @@ the way is rejected (the run must then still end with an answer).
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 
+from tests.app.real_backends import real_backends
 from tests.app.support import workbench_client
-from tests.fakes.scripted_openai import free_port
 
 pytestmark = pytest.mark.model
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _skip_reason() -> str | None:
-    for module in ("server", "llama_cpp"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not importable: the arbor-server end-to-end test needs it"
-    return None
-
-
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    handle = log.open("w")
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{url} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{url} not healthy after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    logs = tmp_path_factory.mktemp("e2e-logs")
-    llm_port, incident_port = free_port(), free_port()
-    server = _start(["-m", "server", "--port", str(llm_port), "--parallel", "2"], logs / "server.log")
-    incident = _start(["-m", "scenarios.edge_incident.service", "--state", "degraded", "--host", "127.0.0.1",
-                       "--port", str(incident_port)], logs / "incident.log")
-    try:
-        _wait_healthy(f"http://127.0.0.1:{incident_port}/health", incident, logs / "incident.log", 60)
-        _wait_healthy(f"http://127.0.0.1:{llm_port}/health", server, logs / "server.log", 300)
-        yield {"llm": f"http://127.0.0.1:{llm_port}/v1", "incident": f"http://127.0.0.1:{incident_port}"}
-    finally:
-        _stop(server)
-        _stop(incident)
+    with real_backends(tmp_path_factory.mktemp("e2e-logs"), ["--parallel", "2"]) as urls:
+        yield urls
 
 
 @pytest.mark.parametrize("scenario", ["financial_research", "field_maintenance", "edge_incident"])

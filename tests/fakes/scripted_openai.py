@@ -25,7 +25,12 @@ Contract of the responses (mirrors arbor-server, see the helper brief):
   arguments in two pieces), a finish chunk, and a usage chunk when
   ``stream_options.include_usage`` is true, then ``data: [DONE]``;
 - ``status`` other than 200 answers an OpenAI-style error body with that status;
-- an exhausted reply list answers 500 with a message saying so (the test then fails loudly).
+- an exhausted reply list answers 500 with a message saying so (the test then fails loudly);
+- with ``n_ctx`` set, the fake has a context like arbor-server: ``GET /props`` reports it
+  (``default_generation_settings.n_ctx``; with ``limit_via="models"`` it is ``max_model_len`` of
+  ``GET /v1/models`` instead, as vLLM reports it), and a request whose prompt tokens +
+  ``max_tokens`` exceed it answers 400 ``context_length_exceeded`` naming the prompt's tokens.
+  Prompt tokens are ``len(json.dumps(messages)) / chars_per_token`` (default 4).
 
 ``requests`` holds one dict per chat request: ``{"body": <json>, "headers": {lower-case: value}}``.
 """
@@ -79,9 +84,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _prompt_tokens(body: dict) -> int:
+def _prompt_tokens(body: dict, chars_per_token: float = 4.0) -> int:
     # A deterministic stand-in for tokenization: roughly four characters per token.
-    return max(1, len(json.dumps(body.get("messages", []))) // 4)
+    return max(1, int(len(json.dumps(body.get("messages", []))) / chars_per_token))
 
 
 def _completion_tokens(reply: ScriptedReply) -> int:
@@ -96,6 +101,9 @@ class ScriptedOpenAI:
     requests: list[dict] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 0
+    n_ctx: int | None = None  # tokens one request may hold; None: no limit, no /props
+    limit_via: str = "props"  # where n_ctx is reported: "props" | "models"
+    chars_per_token: float = 4.0  # the fake's tokenizer (tests may change it between requests)
 
     def __post_init__(self) -> None:
         self._queue = None if callable(self.replies) else list(self.replies)
@@ -157,12 +165,25 @@ class ScriptedOpenAI:
 
         @app.get("/v1/models")
         async def models() -> dict:
-            return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "owned_by": "tests"}]}
+            entry: dict[str, Any] = {"id": MODEL_ID, "object": "model", "owned_by": "tests"}
+            if self.n_ctx and self.limit_via == "models":
+                entry["max_model_len"] = self.n_ctx
+            return {"object": "list", "data": [entry]}
+
+        @app.get("/props")
+        async def props():
+            if not self.n_ctx or self.limit_via != "props":
+                return _error(404, "File Not Found")
+            return {"total_slots": 1, "default_generation_settings": {"n_ctx": self.n_ctx}}
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
             body = await request.json()
             self.requests.append({"body": body, "headers": {k.lower(): v for k, v in request.headers.items()}})
+            prompt = _prompt_tokens(body, self.chars_per_token)
+            if self.n_ctx and prompt + (body.get("max_tokens") or 0) > self.n_ctx:
+                return _error(400, f"max_tokens={body.get('max_tokens')} does not fit: the prompt has {prompt} "
+                                   f"tokens and a request holds {self.n_ctx}", code="context_length_exceeded")
             reply = self._next_reply(body)
             if reply is None:
                 return _error(500, "scripted OpenAI fake: no scripted reply left for this request")
@@ -170,7 +191,7 @@ class ScriptedOpenAI:
                 await asyncio.sleep(reply.delay_s)
             if reply.status != 200:
                 return _error(reply.status, f"scripted failure with status {reply.status}")
-            extras = _extras(body, reply)
+            extras = _extras(prompt, reply)
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return StreamingResponse(_stream(reply, extras, include_usage), media_type="text/event-stream")
@@ -179,17 +200,16 @@ class ScriptedOpenAI:
         return app
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, code: str | int | None = None) -> JSONResponse:
     return JSONResponse(
         status_code=status,
         content={"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
-                           "code": status}},
+                           "code": code or status}},
     )
 
 
-def _extras(body: dict, reply: ScriptedReply) -> dict:
+def _extras(prompt: int, reply: ScriptedReply) -> dict:
     """usage, timings and the optional arbor.cache extension shared by both response shapes."""
-    prompt = _prompt_tokens(body)
     cached = min(reply.cached_tokens, prompt)
     completion = _completion_tokens(reply)
     extras: dict[str, Any] = {

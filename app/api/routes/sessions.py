@@ -9,9 +9,10 @@ from pydantic import BaseModel, Field
 from sqlmodel import select
 
 from app.agent.model_client import ModelBackendError
-from app.agent.requests import step_body
+from app.agent.requests import fitted_step_body
 from app.api.deps import AgentSessionDep, CatalogDep, DbDep, TurnServiceDep, WorkbenchDep
 from app.db.models import AgentSession, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic
+from app.errors import WorkbenchError
 from app.services import sessions as sessions_service
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
@@ -98,10 +99,19 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
     except ModelBackendError as exc:
         model = workbench.settings.llm_model or "<first model of GET /models>"
         warnings.append(f"model name not resolved: {exc}")
-    conversation = [*sessions_service.history(db, branch), {"role": "user", "content": message}]
-    body = step_body(workbench.adapter, scenario, model, conversation, step=1,
-                     max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
-                     tool_choice=request.tool_choice, cache_session=f"{session.id}/{branch.id}")
+    past = sessions_service.history(db, branch)
+    try:
+        body, fitted = await fitted_step_body(
+            workbench.budget, workbench.adapter, scenario, model, [*past, {"role": "user", "content": message}],
+            len(past), step=1, max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
+            tool_choice=request.tool_choice, cache_session=f"{session.id}/{branch.id}")
+    except ModelBackendError as exc:  # the message alone does not fit the context
+        raise WorkbenchError(str(exc), "context_exceeded", 422) from None
+    if fitted.compacted:
+        done = fitted.compaction
+        warnings.append(f"the history is compacted to fit the model's context: about {done.tokens_before} -> "
+                        f"{done.tokens_after} tokens, {done.reduced_turns} turn(s) reduced, "
+                        f"{done.dropped_turns} dropped")
     return {"url": f"{workbench.settings.llm_base_url}/chat/completions", "body": body,
             "headers": workbench.adapter.hint_headers(body), "branch_id": branch.id,
             "prompt_chars": sum(len(str(m.get("content") or "")) for m in body["messages"]),
