@@ -18,7 +18,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.api.deps import ModelDep, require_api_key
+from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError, invalid
 from server.api.prompting import check_model_name
 from server.bootstrap import LoadedModel
@@ -65,8 +65,8 @@ def _encode(vec: list[float], fmt: str) -> list[float] | str:
 
 
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, model: ModelDep):
-    check_model_name(body.model, model)
+async def embeddings(body: EmbeddingRequest, state: StateDep, model: ModelDep):
+    check_model_name(body.model, model, state.settings)
     embedder = model.embedder
     if embedder is None:
         raise APIError(f"embeddings are not available: {model.embeddings_note}", status=501,
