@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-route", choices=["cost", "longest"],
       help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
+    a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")
+    a("--embeddings", action="store_true", default=None, help="serve /v1/embeddings (a second, small context)")
+    a("--pooling", choices=["model", "mean", "cls", "last"], help="embedding pooling (default: the model's)")
+    a("--embeddings-ctx", type=int, help="most tokens of one embeddings input (default 512)")
     a("--log-level", choices=["debug", "info", "warning", "error"])
     limits = p.add_argument_group("request limits", "larger requests get a 4xx answer that names the flag")
     limits.add_argument("--max-body-kib", type=int, help="largest request body in KiB (default 4096; 413 beyond)")

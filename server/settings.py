@@ -55,6 +55,12 @@ class ServerSettings(BaseSettings):
     cache_route: Literal["cost", "longest"] = Field(
         "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
+    cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
+                                          "'*' for any); default: localhost origins only")
+    embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
+    pooling: Literal["model", "mean", "cls", "last"] = Field("model", description="embedding pooling; model: as "
+                                                             "the GGUF says (generative models say none)")
+    embeddings_ctx: int = Field(512, ge=8, description="most tokens of one embeddings input")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # request limits (server/api/request_guard.py): hostile or broken clients get a 4xx, not a
     # slow or crashed server; the defaults are far above what agent traffic sends.
@@ -74,6 +80,17 @@ class ServerSettings(BaseSettings):
         if bad:
             raise ValueError(f"unknown cache tier(s) {bad}; choose among {','.join(CACHE_TIERS)}")
         return tiers
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, v):
+        if isinstance(v, str):
+            v = [o.strip() for o in v.split(",") if o.strip()]
+        origins = tuple(str(o).rstrip("/") for o in v)
+        bad = [o for o in origins if o != "*" and not o.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"CORS origins look like scheme://host[:port] or '*', got {bad}")
+        return origins
 
     @field_validator("model", "chat_template_file")
     @classmethod

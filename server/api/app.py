@@ -13,10 +13,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server import bootstrap
+from server.api.aliases import UnprefixedAliases
+from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
 from server.api.generation import LoopDelivery
 from server.api.request_guard import RequestGuard
-from server.api.routes import cache, chat, completions, info, tokens
+from server.api.routes import cache, chat, completions, embeddings, info, native_completion, tokens
 from server.api.state import ServerState
 from server.settings import ServerSettings
 
@@ -55,8 +57,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(info.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(native_completion.router)
+    app.include_router(embeddings.router)
     app.include_router(tokens.router)
     app.include_router(cache.router)
+    app.add_middleware(UnprefixedAliases)
+    install_cors(app, settings.cors_origins)
     return app
 
 

@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+import llama_cpp
 from llama_cpp.llama_grammar import SchemaConverter
 
 from server.api.errors import invalid
@@ -134,3 +135,28 @@ def tool_call_grammar(functions: list[dict[str, Any]], *, allow_many: bool) -> s
     one = f'"{TOOL_CALL_OPEN}\\n" call "\\n{TOOL_CALL_CLOSE}"'
     root = f"root ::= {one} (\"\\n\" {one})*" if allow_many else f"root ::= {one}"
     return _checked(root + "\n" + body, "tools")
+
+
+def checked_gbnf(grammar: str, vocab, *, param: str = "grammar") -> str:
+    """`grammar` if llama.cpp's grammar sampler accepts it (parses, has a `root` rule, no
+    left recursion), else a 400. The check builds the sampler once and frees it: the same
+    code that will constrain sampling decides, so nothing valid is refused and nothing
+    invalid reaches the engine."""
+    _checked(grammar, param)  # shapes that would make llama.cpp abort the process, not just fail
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not sampler:
+        raise invalid(f"{param}: llama.cpp could not parse this GBNF grammar (a syntax error, an undefined rule, "
+                      f"no 'root' rule, or left recursion)", param=param, code="invalid_grammar")
+    llama_cpp.llama_sampler_free(sampler)
+    return grammar
+
+
+def requested_grammar(grammar: str | None, json_schema: dict[str, Any] | None, vocab) -> str | None:
+    """The constraint of llama-server's `grammar` / `json_schema` fields (at most one), or None."""
+    if grammar and json_schema is not None:
+        raise invalid("give either grammar or json_schema, not both", param="grammar")
+    if grammar:
+        return checked_gbnf(grammar, vocab)
+    if json_schema is not None:
+        return json_schema_grammar(json_schema, param="json_schema")
+    return None
