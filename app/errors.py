@@ -9,7 +9,7 @@ class WorkbenchError(Exception):
 
     def __init__(self, message: str, error_type: str | None = None, status_code: int | None = None) -> None:
         super().__init__(message)
-        self.message = message
+        self.message = _readable(message)
         if error_type:
             self.error_type = error_type
         if status_code:
@@ -17,6 +17,13 @@ class WorkbenchError(Exception):
 
     def to_body(self) -> dict:
         return {"error": {"message": self.message, "type": self.error_type}}
+
+
+def _readable(message: str, limit: int = 600) -> str:
+    """Messages quote what the client sent (ids, names); a 10,000-character id is elided in the middle."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit - 100]}...[{len(message) - limit + 20} characters elided]...{message[-80:]}"
 
 
 class NotFound(WorkbenchError):

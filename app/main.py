@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.body_guard import BodyGuard
 from app.api.routes import approvals, health, scenarios, sessions, traces, turns
 from app.errors import WorkbenchError
 from app.scenario_catalog import ScenarioCatalog
@@ -66,6 +67,7 @@ def create_app(settings: WorkbenchSettings | None = None, catalog: ScenarioCatal
     app = FastAPI(title="Arbor workbench", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     install_error_handlers(app)
+    app.add_middleware(BodyGuard, max_message_chars=settings.max_message_chars)
     app.include_router(api_router())
     # -- web pages (frontend/, issue 5): HTML routes and /static ----------------------------
     from frontend import pages  # imported here: frontend itself imports app

@@ -95,36 +95,57 @@ def cache_micro_section(res: Path) -> list[str]:
                 f"(target ≤ 1.02), reduction **{_f(100 * h['reduction_vs_snapshots'], 1)}%** (target 43.75%)."]
     if "restore_vs_recompute" in data:
         r = data["restore_vs_recompute"]
-        out += [f"- **Restore vs recompute** ({r['tokens']} tokens, {r['bytes']} bytes of KV): recompute "
-                f"{_f(r['recompute_s'], 3)} s, host restore {_f(r['host_restore_s'], 3)} s, disk restore "
-                f"{_f(r['disk_restore_s'], 3)} s: **{_f(r['host_speedup'], 1)}x** from host (target ≥ 20x), "
-                f"**{_f(r['disk_speedup'], 1)}x** from disk (target ≥ 5x)."]
+        gbs = lambda k: _f(r.get(k, 0) / 1e9, 2)  # noqa: E731
+        out += [f"- **Store and restore** ({r['tokens']} tokens, {r['bytes']} bytes of KV, "
+                f"{r['bytes_per_token']} bytes/token; best of 5): recompute {_f(r['recompute_s'], 3)} s "
+                f"({_f(r['recompute_tokens_per_s'], 0)} tok/s); host store {_f(r['host_store_s'], 4)} s = "
+                f"**{gbs('host_store_bytes_per_s')} GB/s**; host restore {_f(r['host_restore_s'], 4)} s = "
+                f"**{gbs('host_restore_bytes_per_s')} GB/s** (as two segments, joined: "
+                f"{gbs('host_restore_joined_bytes_per_s')} GB/s); disk restore {_f(r['disk_restore_s'], 4)} s = "
+                f"{gbs('disk_restore_bytes_per_s')} GB/s (target ≥ 1 GB/s for host store and restore). "
+                f"Restoring beats recomputing **{_f(r['host_restore_speedup_vs_recompute'], 1)}x** from host, "
+                f"**{_f(r['disk_restore_speedup_vs_recompute'], 1)}x** from disk."]
     return out + [""]
 
 
-def run_all_section(res: Path) -> list[str]:
-    index = _load(res / "run_all" / "index.json")
-    out = ["## Workloads: every configuration side by side", "",
-           "Command: `python -m bench.run_all --quick` (concurrency 4; a fresh server per workload and "
+RUN_ALL_DIRS = {
+    "run_all": ("Workloads: every configuration side by side",
+                "python -m bench.run_all --quick"),
+    "run_all_synth": ("Workloads on a compute-light synthetic model (llama, 4 layers, 256 wide, q8_0)",
+                      "python bench/synth_model.py --shape custom --arch llama --n-layer 4 --n-embd 256 --n-head 4 "
+                      "--n-head-kv 2 --n-ff 512 --type q8_0 --out var/models/llama-4x256-synth.q8_0.gguf && "
+                      "python -m bench.run_all --quick --model var/models/llama-4x256-synth.q8_0.gguf "
+                      "--out bench/results/run_all_synth"),
+}
+
+
+def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
+    title, command = RUN_ALL_DIRS[dirname]
+    index = _load(res / dirname / "index.json")
+    out = [f"## {title}", "",
+           f"Command: `{command}` (concurrency 4; a fresh server per workload and "
            "configuration; ideal computed on the server's own tokens). "
            "`computed/ideal` is the cache's score (1.00 is perfect); ratios are against `arbor --no-cache` "
-           "in the same run.", ""]
+           "in the same run. `cache/decode` is the engine-thread time spent in the cache (routing, restores, "
+           "write-back; from /cache/stats) over the decode time of the run (target ≤ 5%).", ""]
     if index is None:
         return out + ["Not measured in this revision.", ""]
+    out += [f"Started {index['started']}, model `{Path(index['model']).name}`.", ""]
     by_load: dict[str, list[dict]] = {}
     for run in index["runs"]:
         by_load.setdefault(run["workload"], []).append(run)
     for wname, runs in by_load.items():
         out += [f"### {wname}", "", "| configuration | computed prompt tokens | computed/ideal | wall (x no-cache) "
-                "| TTFT p50 (x no-cache) | TTFT mean (x no-cache) | sources |", "|---|---|---|---|---|---|---|"]
+                "| TTFT p50 (x no-cache) | TTFT mean (x no-cache) | cache/decode | sources |",
+                "|---|---|---|---|---|---|---|---|"]
         base = None
         rows = []
         for run in runs:
             s = load_results(run["result"]).summary
             if run["config"] == "arbor --no-cache":
                 base = s
-            rows.append((run["config"], s))
-        for name, s in rows:
+            rows.append((run["config"], s, run.get("engine_thread")))
+        for name, s, eng in rows:
             ideal = s.get("ideal", {})
 
             def rel(key, sub=None):
@@ -134,9 +155,66 @@ def run_all_section(res: Path) -> list[str]:
 
             out.append(f"| {name} | {s['tokens']['computed']} | {_f(ideal.get('computed_over_ideal'))} | "
                        f"{_f(s['wall_s'], 1)} s ({rel('wall_s')}) | {rel('ttft_s', 'p50')} | {rel('ttft_s', 'mean')} "
-                       f"| {', '.join(f'{k}:{v}' for k, v in sorted(s.get('cache_sources', {}).items()))} |")
+                       f"| {_share(eng)} | {', '.join(f'{k}:{v}' for k, v in sorted(s.get('cache_sources', {}).items()))} |")
         out.append("")
     return out
+
+
+def _share(eng: dict | None) -> str:
+    if not eng or not eng.get("decode_ms"):
+        return "–"
+    return f"{100 * eng['cache_ms'] / eng['decode_ms']:.1f}%"
+
+
+CARRIED = "_Carried over from an earlier generation of this file: not re-measured in this revision._"
+
+
+def _old_sections(path: Path) -> dict[str, list[str]]:
+    """The sections ('## ' headings) of the previous docs/benchmarks.md, by heading."""
+    if not path.exists():
+        return {}
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            current = line
+            out[current] = []
+        elif current is not None:
+            out[current].append(line)
+    return out
+
+
+def _or_carried(section: list[str], old: dict[str, list[str]]) -> list[str]:
+    """A section with no results this time keeps its earlier figures, marked as such."""
+    if not any(line.startswith("Not measured in this revision") for line in section):
+        return section
+    body = old.get(section[0])
+    if not body or any(line.startswith("Not measured in this revision") for line in body):
+        return section
+    body = [line for line in body if line != CARRIED]
+    return [section[0], "", CARRIED] + body
+
+
+def soak_section(res: Path) -> list[str]:
+    r = _load(res / "soak.json")
+    out = ["## Soak: mixed traffic for a long time", "",
+           "Command: `python -m bench.soak --duration-s 1800` (2 slots, 4 clients, agent sessions with hints and "
+           "branches + shared-prefix + unique prompts, 10% of streams cut by the client, tiers A,S,H,D on "
+           "16 MiB host / 32 MiB disk / 512 resident cells). Targets: 0 5xx, KV at rest within budgets and as "
+           "llama.cpp reports it, disk files = index, RSS growth < 5%.", ""]
+    if r is None:
+        return out + ["Not measured in this revision.", ""]
+    growth = (r["rss_end_mib"] / r["rss_start_mib"] - 1) * 100 if r["rss_start_mib"] else None
+    rows = [("duration", f"{_f(r['duration_s'], 0)} s"), ("requests", r["requests"]),
+            ("by kind", ", ".join(f"{k} {v}" for k, v in sorted(r.get("by_kind", {}).items()))),
+            ("by status", ", ".join(f"{k}: {v}" for k, v in sorted(r["by_status"].items()))),
+            ("5xx", r["server_errors"]), ("client errors", r["client_errors"]), ("streams cut", r["streams_cut"]),
+            ("TTFT p50 / p99", f"{_f(r['ttft_p50_s'])} s / {_f(r['ttft_p99_s'])} s"),
+            ("RSS start → end", f"{_f(r['rss_start_mib'], 0)} → {_f(r['rss_end_mib'], 0)} MiB ({_f(growth, 1)}%)"),
+            ("KV at rest, start", json.dumps(r["kv_start"])), ("KV at rest, end", json.dumps(r["kv_end"])),
+            ("disk files / index entries", f"{r['disk_files']} / {r['disk_index_entries']}"),
+            ("cache fallbacks", _f(r["fallbacks"], 0)), ("server alive at the end", r["server_alive"])]
+    return out + ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,8 +228,12 @@ def main(argv: list[str] | None = None) -> None:
              "committed). All figures come from one machine, measured side by side; the machine is shared and "
              "noisy, so compare ratios within a table, not absolute numbers across tables.", "",
              f"Machine: {machine()}. Model: the embedded SmolLM2-135M-Instruct Q4_1.", ""]
-    for section in (engine_section, unified_section, cache_micro_section, run_all_section):
-        lines += section(a.results)
+    old = _old_sections(a.out)
+    for section in (engine_section, unified_section, cache_micro_section):
+        lines += _or_carried(section(a.results), old)
+    for dirname in RUN_ALL_DIRS:
+        lines += _or_carried(run_all_section(a.results, dirname), old)
+    lines += _or_carried(soak_section(a.results), old)
     if a.notes.exists():
         lines += [a.notes.read_text().rstrip(), ""]
     a.out.parent.mkdir(parents=True, exist_ok=True)

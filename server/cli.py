@@ -34,12 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
     a("--flash-attn", choices=["auto", "on", "off"])
     a("--cache-tiers", help="prefix sources to use, comma separated among A,S,H,D (default A,S,H)")
     a("--cache-ram", type=int, help="host tier budget in MiB (default 1024)")
-    a("--cache-dir", type=Path, help="directory of the disk tier (enables tier D when listed)")
+    a("--cache-dir", type=Path, help="directory of the disk tier (adds D to the default tiers; "
+                                         "with --cache-tiers, list D there)")
     a("--cache-disk", type=int, help="disk tier budget in MiB (default 4096)")
     a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
-    a("--cache-route", choices=["longest"])
+    a("--cache-route", choices=["cost", "longest"],
+      help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
+    a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")
+    a("--embeddings", action="store_true", default=None, help="serve /v1/embeddings (a second, small context)")
+    a("--pooling", choices=["model", "mean", "cls", "last"], help="embedding pooling (default: the model's)")
+    a("--embeddings-ctx", type=int, help="most tokens of one embeddings input (default 512)")
     a("--log-level", choices=["debug", "info", "warning", "error"])
+    limits = p.add_argument_group("request limits", "larger requests get a 4xx answer that names the flag")
+    limits.add_argument("--max-body-kib", type=int, help="largest request body in KiB (default 4096; 413 beyond)")
+    limits.add_argument("--max-json-depth", type=int, help="deepest nesting of a JSON body (default 64)")
+    limits.add_argument("--max-messages", type=int, help="messages per chat request (default 1024)")
+    limits.add_argument("--max-tools", type=int, help="tools per chat request (default 128)")
+    limits.add_argument("--max-stop", type=int, help="stop strings per request (default 16)")
     return p
 
 

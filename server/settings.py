@@ -52,9 +52,23 @@ class ServerSettings(BaseSettings):
     cache_dir: Path | None = None
     cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
-    cache_route: Literal["longest"] = "longest"
+    cache_route: Literal["cost", "longest"] = Field(
+        "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
+    cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
+                                          "'*' for any); default: localhost origins only")
+    embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
+    pooling: Literal["model", "mean", "cls", "last"] = Field("model", description="embedding pooling; model: as "
+                                                             "the GGUF says (generative models say none)")
+    embeddings_ctx: int = Field(512, ge=8, description="most tokens of one embeddings input")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # request limits (server/api/request_guard.py): hostile or broken clients get a 4xx, not a
+    # slow or crashed server; the defaults are far above what agent traffic sends.
+    max_body_kib: int = Field(4096, ge=1, description="largest request body, KiB")
+    max_json_depth: int = Field(64, ge=2, le=512, description="deepest nesting of a JSON body")
+    max_messages: int = Field(1024, ge=1, description="messages per chat request")
+    max_tools: int = Field(128, ge=0, description="tools per chat request")
+    max_stop: int = Field(16, ge=0, description="stop strings per request")
 
     @field_validator("cache_tiers", mode="before")
     @classmethod
@@ -66,6 +80,17 @@ class ServerSettings(BaseSettings):
         if bad:
             raise ValueError(f"unknown cache tier(s) {bad}; choose among {','.join(CACHE_TIERS)}")
         return tiers
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, v):
+        if isinstance(v, str):
+            v = [o.strip() for o in v.split(",") if o.strip()]
+        origins = tuple(str(o).rstrip("/") for o in v)
+        bad = [o for o in origins if o != "*" and not o.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"CORS origins look like scheme://host[:port] or '*', got {bad}")
+        return origins
 
     @field_validator("model", "chat_template_file")
     @classmethod
@@ -80,6 +105,11 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"--batch-size ({self.batch_size}) must be at least --parallel ({self.parallel})")
         if "D" in self.cache_tiers and self.cache_dir is None:
             raise ValueError("cache tier D needs --cache-dir")
+        if self.cache_dir is not None and "D" not in self.cache_tiers:
+            if "cache_tiers" in self.model_fields_set:
+                raise ValueError(f"--cache-dir {self.cache_dir} is given but --cache-tiers "
+                                 f"{','.join(self.cache_tiers)} leaves out D; add D or drop --cache-dir")
+            self.cache_tiers = (*self.cache_tiers, "D")  # the default tiers plus the disk asked for
         return self
 
     @property

@@ -13,9 +13,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server import bootstrap
+from server.api.aliases import UnprefixedAliases
+from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
 from server.api.generation import LoopDelivery
-from server.api.routes import cache, chat, completions, info, tokens
+from server.api.request_guard import RequestGuard
+from server.api.routes import cache, chat, completions, embeddings, info, native_completion, tokens
 from server.api.state import ServerState
 from server.settings import ServerSettings
 
@@ -49,12 +52,17 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="arbor-server", version="0.1.0", lifespan=lifespan)
     app.state.arbor = state
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, settings=settings)
     app.include_router(info.public)
     app.include_router(info.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(native_completion.router)
+    app.include_router(embeddings.router)
     app.include_router(tokens.router)
     app.include_router(cache.router)
+    app.add_middleware(UnprefixedAliases)
+    install_cors(app, settings.cors_origins)
     return app
 
 
@@ -82,7 +90,7 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
         return {}
     out: dict[str, tuple[str, float]] = {
         "arbor:cache_fallbacks": ("Restores that failed and fell back to computing.", r.fallbacks),
-        "arbor:cache_deferrals": ("Admissions deferred to share an in-flight prefix.", r.deferrals),
+        "arbor:cache_deferrals": ("Requests deferred (at least once) to share an in-flight prefix.", r.deferrals),
     }
     for tier, name in ((r.host, "host"), (r.disk, "disk")):
         if tier is not None:

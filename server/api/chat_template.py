@@ -53,18 +53,24 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.native_tools = "tools" in self.source and "tool_call" in self.source
         try:
-            self._formatter = Jinja2ChatFormatter(self.source, eos_token=eos_token, bos_token=bos_token)
+            # one per value of add_generation_prompt (the formatter fixes it at construction)
+            self._formatters = {
+                gen: Jinja2ChatFormatter(self.source, eos_token=eos_token, bos_token=bos_token,
+                                         add_generation_prompt=gen)
+                for gen in (True, False)
+            }
         except TemplateError as exc:
             raise ValueError(f"the chat template does not parse: {exc}") from exc
 
-    def render(self, messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
-        """The prompt text, ending with the assistant generation prompt."""
+    def render(self, messages: list[ChatMessage], tools: list[Tool] | None = None, *,
+               add_generation_prompt: bool = True) -> str:
+        """The prompt text, ending with the assistant generation prompt (unless told not to)."""
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools or []]
         dicts = [self._message_dict(m) for m in messages]
         if tool_dicts and not self.native_tools:
             dicts = self._inject_tools(dicts, tool_dicts)
         try:
-            result = self._formatter(messages=dicts, tools=tool_dicts or None)
+            result = self._formatters[add_generation_prompt](messages=dicts, tools=tool_dicts or None)
         except (TemplateError, ValueError, TypeError, KeyError) as exc:
             raise invalid(f"the chat template could not render these messages: {exc}", param="messages") from exc
         return result.prompt

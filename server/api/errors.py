@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class ErrorJSONResponse(JSONResponse):
+    """JSON in ASCII: an error message may quote request text, even a lone surrogate that has no
+    UTF-8 form; escaped, it always encodes, so an error never turns into a dropped connection."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
 class APIError(Exception):
@@ -33,7 +44,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorJSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -69,5 +80,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return APIError(detail, status=exc.status_code, type=kind).response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception):
+        log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
         return APIError(f"internal error: {exc}", status=500, type="server_error").response()

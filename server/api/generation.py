@@ -19,6 +19,7 @@ import collections
 import ctypes
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -107,6 +108,15 @@ def engine_error(fin: Finished) -> APIError:
     return APIError(f"generation failed: {fin.error}", status=500, type="server_error")
 
 
+@dataclass(frozen=True)
+class Collected:
+    """A whole non-streamed answer: its text, its tokens and how it ended."""
+
+    text: str
+    tokens: list[int]
+    fin: Finished
+
+
 class Generation:
     def __init__(self, engine: Engine, request: GenerationRequest, metrics: ServerMetrics):
         self._engine = engine
@@ -161,3 +171,17 @@ class Generation:
         finally:
             if not self._finished:
                 self._engine.cancel(self.seq)
+
+    async def collect(self, watch: Request) -> Collected | None:
+        """Run to the end for a non-streaming answer; None if the client went away, raises
+        the HTTP error of a request the engine finished with an error."""
+        parts: list[str] = []
+        tokens: list[int] = []
+        async for ev in self.events(watch=watch):
+            if isinstance(ev, Finished):
+                if ev.finish_reason == "error":
+                    raise engine_error(ev)
+                return Collected("".join(parts), tokens, ev)
+            parts.append(ev.text)
+            tokens.extend(ev.tokens)
+        return None

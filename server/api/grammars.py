@@ -4,14 +4,32 @@ JSON-schema converter (the same one llama.cpp ships as json_schema_to_grammar.py
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+import llama_cpp
 from llama_cpp.llama_grammar import SchemaConverter
 
 from server.api.errors import invalid
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+
+# An escape for code point 0 in GBNF (\x00, \u0000, \U00000000) not itself escaped. llama.cpp
+# ends its code point arrays with 0, so a grammar that can match code point 0 can accept a token
+# into a dead end, and llama.cpp then aborts the whole process ("Unexpected empty grammar stack").
+_CODEPOINT_ZERO = re.compile(r"(?<!\\)(?:\\\\)*\\(?:x0{2}|u0{4}|U0{8})")
+# A rule with nothing to match (the converter writes `root ::= ` for an empty enum or oneOf).
+_EMPTY_RULE = re.compile(r"^\S+ ::= *$", re.MULTILINE)
+# Literals and character classes, whose brackets do not nest.
+_LITERALS = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
+# One character of a character class: an escape or a plain character.
+_CLASS_CHAR = re.compile(r"\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|\\U[0-9a-fA-F]{8}|\\.|.", re.DOTALL)
+_ESCAPES = {"n": 10, "r": 13, "t": 9}
+# llama.cpp parses grammars by recursive descent, one C stack frame per parenthesis: the
+# converter writes maxItems/maxLength n as n nested groups, and n = 100000 overflowed the stack
+# and killed the server. 1000 levels stay far inside the default thread stack.
+MAX_GRAMMAR_NESTING = 1000
 
 # Any JSON object, for response_format json_object.
 _ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -27,9 +45,61 @@ def json_schema_grammar(schema: dict[str, Any], *, param: str) -> str:
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
         conv.visit(resolved, "")
-        return conv.format_grammar()
+        grammar = conv.format_grammar()
     except Exception as exc:  # the converter raises bare errors on unsupported schemas
         raise invalid(f"{param}: unsupported JSON schema ({exc})", param=param) from exc
+    return _checked(grammar, param)
+
+
+def _checked(grammar: str, param: str) -> str:
+    """The grammar, if llama.cpp can take it without failing or crashing; else 400 naming why."""
+    if "\x00" in grammar or _CODEPOINT_ZERO.search(grammar):
+        raise invalid(f"{param}: the JSON schema has a NUL character (\\u0000) in a name, value or pattern, "
+                      "which constrained generation cannot produce", param=param, code="invalid_schema")
+    if _EMPTY_RULE.search(grammar):
+        raise invalid(f"{param}: the JSON schema admits no value at all (an empty enum, oneOf or anyOf?)",
+                      param=param, code="invalid_schema")
+    if _has_inverted_range(grammar):
+        # A class like [z-a] matches nothing: generation reaches a state no token satisfies, and
+        # llama.cpp aborts the process instead of failing the request.
+        raise invalid(f"{param}: the JSON schema has a pattern with an inverted character range (like [z-a])",
+                      param=param, code="invalid_schema")
+    depth = _nesting(_LITERALS.sub("", grammar))
+    if depth > MAX_GRAMMAR_NESTING:
+        raise invalid(f"{param}: the JSON schema is too large to enforce: its grammar nests {depth} levels, more "
+                      f"than {MAX_GRAMMAR_NESTING} (a large maxItems, maxLength or pattern repetition?)",
+                      param=param, code="invalid_schema")
+    return grammar
+
+
+def _has_inverted_range(grammar: str) -> bool:
+    for match in _LITERALS.finditer(grammar):
+        if not match.group().startswith("["):
+            continue
+        chars = _CLASS_CHAR.findall(match.group()[1:-1].removeprefix("^"))
+        for i in range(len(chars) - 2):
+            if chars[i + 1] == "-" and _codepoint(chars[i]) > _codepoint(chars[i + 2]):
+                return True
+    return False
+
+
+def _codepoint(char: str) -> int:
+    if len(char) == 1:
+        return ord(char)
+    if char[1] in "xuU" and len(char) > 2:
+        return int(char[2:], 16)
+    return _ESCAPES.get(char[1], ord(char[1]))
+
+
+def _nesting(text: str) -> int:
+    depth = deepest = 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+    return deepest
 
 
 def json_object_grammar() -> str:
@@ -64,4 +134,29 @@ def tool_call_grammar(functions: list[dict[str, Any]], *, allow_many: bool) -> s
         raise invalid(f"tools: a function's parameters are not a usable JSON schema ({exc})", param="tools") from exc
     one = f'"{TOOL_CALL_OPEN}\\n" call "\\n{TOOL_CALL_CLOSE}"'
     root = f"root ::= {one} (\"\\n\" {one})*" if allow_many else f"root ::= {one}"
-    return root + "\n" + body
+    return _checked(root + "\n" + body, "tools")
+
+
+def checked_gbnf(grammar: str, vocab, *, param: str = "grammar") -> str:
+    """`grammar` if llama.cpp's grammar sampler accepts it (parses, has a `root` rule, no
+    left recursion), else a 400. The check builds the sampler once and frees it: the same
+    code that will constrain sampling decides, so nothing valid is refused and nothing
+    invalid reaches the engine."""
+    _checked(grammar, param)  # shapes that would make llama.cpp abort the process, not just fail
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not sampler:
+        raise invalid(f"{param}: llama.cpp could not parse this GBNF grammar (a syntax error, an undefined rule, "
+                      f"no 'root' rule, or left recursion)", param=param, code="invalid_grammar")
+    llama_cpp.llama_sampler_free(sampler)
+    return grammar
+
+
+def requested_grammar(grammar: str | None, json_schema: dict[str, Any] | None, vocab) -> str | None:
+    """The constraint of llama-server's `grammar` / `json_schema` fields (at most one), or None."""
+    if grammar and json_schema is not None:
+        raise invalid("give either grammar or json_schema, not both", param="grammar")
+    if grammar:
+        return checked_gbnf(grammar, vocab)
+    if json_schema is not None:
+        return json_schema_grammar(json_schema, param="json_schema")
+    return None

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from server.api.conversation import render_conversation
 from server.api.errors import APIError, invalid
-from server.api.grammars import json_object_grammar, json_schema_grammar, tool_call_grammar
+from server.api.grammars import json_object_grammar, json_schema_grammar, requested_grammar, tool_call_grammar
 from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.bootstrap import LoadedModel
 from server.cache.lifecycle import CacheHint, CacheHintError, parse_cache_hint
@@ -107,7 +108,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     check_model_name(body.model, model, settings)
     choice = body.tool_choice or ("auto" if body.tools else "none")
     offered = body.tools if choice != "none" else None
-    text = model.template.render(body.messages, offered)
+    text = render_conversation(model.template, body, offered)
     tokens = _tokenize_prompt(model, text)
     grammar = None
     functions = [t.function.model_dump() for t in offered or []]
@@ -122,6 +123,12 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         grammar = json_object_grammar()
     elif body.response_format and body.response_format.type == "json_schema":
         grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema")
+    requested = requested_grammar(body.grammar, body.json_schema, model.runtime.vocab)
+    if requested is not None:
+        if grammar is not None:
+            raise invalid("grammar / json_schema cannot be combined with response_format or a forced tool_choice",
+                          param="grammar" if body.grammar else "json_schema")
+        grammar = requested
     budget = output_budget(body, len(tokens), model, settings, param="messages")
     generation = GenerationRequest(
         prompt_tokens=tokens,
@@ -149,7 +156,8 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
     budget = output_budget(body, len(tokens), model, settings, param="prompt")
     generation = GenerationRequest(
         prompt_tokens=tokens,
-        sampling=_sampling(body, None, model.runtime.info.n_vocab),
+        sampling=_sampling(body, requested_grammar(body.grammar, body.json_schema, model.runtime.vocab),
+                           model.runtime.info.n_vocab),
         max_tokens=budget.max_tokens,
         reserved_output=budget.reserved,
         stop=list(body.stop or []),

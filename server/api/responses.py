@@ -6,11 +6,25 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from server.api.errors import APIError
 from server.api.tool_calls import ParsedToolCall
 from server.engine.sequence import Finished
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """Who answers: the model name clients use and the build + model `system_fingerprint`."""
+
+    name: str
+    fingerprint: str
+
+
+def _head(rid: str, obj: str, created: int, model: ServedModel) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": created, "model": model.name,
+            "system_fingerprint": model.fingerprint}
 
 
 def new_id(prefix: str) -> str:
@@ -47,6 +61,8 @@ def arbor_extension(fin: Finished) -> dict[str, Any]:
             "reused_tokens": c.reused_tokens,
             "restored_bytes": c.restored_bytes,
             "restore_ms": round(c.restore_ms, 3),
+            "plan": c.plan,
+            "est_ms": None if c.est_ms is None else round(c.est_ms, 3),
         }
     }
 
@@ -61,27 +77,22 @@ def _extras(fin: Finished) -> dict[str, Any]:
     return {"usage": usage(fin), "timings": timings(fin), "arbor": arbor_extension(fin)}
 
 
-def chat_completion(rid: str, model: str, content: str, calls: list[ParsedToolCall], fin: Finished) -> dict[str, Any]:
+def chat_completion(rid: str, model: ServedModel, content: str, calls: list[ParsedToolCall],
+                    fin: Finished) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
         message["tool_calls"] = [c.as_openai() for c in calls]
     return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
+        **_head(rid, "chat.completion", int(time.time()), model),
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(fin, calls)}],
         **_extras(fin),
     }
 
 
-def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None,
+def chat_chunk(rid: str, model: ServedModel, created: int, delta: dict[str, Any], finish: str | None = None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
     body = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
+        **_head(rid, "chat.completion.chunk", created, model),
         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
     }
     if extra:
@@ -89,27 +100,21 @@ def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish
     return body
 
 
-def usage_chunk(rid: str, model: str, created: int, fin: Finished, obj: str) -> dict[str, Any]:
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], **_extras(fin)}
+def usage_chunk(rid: str, model: ServedModel, created: int, fin: Finished, obj: str) -> dict[str, Any]:
+    return {**_head(rid, obj, created, model), "choices": [], **_extras(fin)}
 
 
-def text_completion(rid: str, model: str, text: str, fin: Finished) -> dict[str, Any]:
+def text_completion(rid: str, model: ServedModel, text: str, fin: Finished) -> dict[str, Any]:
     return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
+        **_head(rid, "text_completion", int(time.time()), model),
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": fin.finish_reason}],
         **_extras(fin),
     }
 
 
-def text_chunk(rid: str, model: str, created: int, text: str, finish: str | None = None) -> dict[str, Any]:
+def text_chunk(rid: str, model: ServedModel, created: int, text: str, finish: str | None = None) -> dict[str, Any]:
     return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
+        **_head(rid, "text_completion", created, model),
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
     }
 

@@ -139,6 +139,8 @@ class SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     cache: Any = None  # Arbor's lifecycle hint; validated by server.cache.lifecycle
+    grammar: str | None = None  # llama-server's GBNF constraint (root rule "root"); checked by api.grammars
+    json_schema: dict[str, Any] | None = None  # llama-server's shorthand for a JSON-schema constraint
 
     @field_validator("n")
     @classmethod
@@ -150,9 +152,7 @@ class SamplingFields(_Lenient):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v):
-        stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop strings")
+        stops = [v] if isinstance(v, str) else (v or [])  # how many: --max-stop (request_guard)
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError("stop strings must be non-empty")
         return stops
@@ -177,6 +177,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # a final assistant message is continued unless continue_final_message is false (api.conversation)
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
 
     @model_validator(mode="after")
     def _tool_choice_consistent(self):

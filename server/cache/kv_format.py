@@ -9,11 +9,13 @@
     if not v_trans: n_layer x { i32 v_type, u64 v_row_bytes, cell_count rows }
     else:           n_layer x { i32 v_type, u32 v_el_bytes, u32 n_embd_v, n_embd_v x cell_count elements }
 
-A `KVSegment` holds the K and V of consecutive positions [pos0, pos0 + n), one row per
-token per layer (transposed V is turned back into rows), so segments split and join by
-slicing and concatenating, and a run of segments becomes one blob that
-`llama_state_seq_set_data_ext` restores with the original positions. A segment's KV is
-only valid after exactly the tokens of its radix path; the tree guarantees that, not us.
+A `KVSegment` holds the K and V of consecutive positions [pos0, pos0 + n) as numpy views
+in that same layout (transposed V stays transposed), so parsing, splitting and slicing copy
+nothing; cells are reordered only when llama.cpp wrote them out of position order. A run
+of segments becomes one blob for `llama_state_seq_set_data_ext` with a single copy per
+layer (`state_blob`), and a segment that is still its whole parsed blob is restored from
+that buffer as it is. A segment's KV is only valid after exactly the tokens of its radix
+path; the tree guarantees that, not us.
 """
 
 from __future__ import annotations
@@ -70,12 +72,30 @@ class _Reader:
         return out
 
 
+def _token_axis(layout: KVLayout, is_v: bool) -> int:
+    """K rows and untransposed V rows are token-major; transposed V is (n_embd_v, n, el)."""
+    return 1 if is_v and layout.v_trans else 0
+
+
+def _take(a: np.ndarray, axis: int, start: int, end: int) -> np.ndarray:
+    return a[start:end] if axis == 0 else a[:, start:end]
+
+
 @dataclass
 class KVSegment:
+    """K and V of positions [pos0, pos0 + n) as numpy views, in llama.cpp's own row layout.
+
+    `k[i]` is (n, k_row_bytes); `v[i]` is (n, v_row_bytes), or (n_embd_v, n, v_el_bytes)
+    when V is transposed. Splitting and slicing make views (no copy). `blob`, when set, is
+    the sequence state the views were parsed from, whole and in position order, so a
+    restore can hand it to llama.cpp as it is.
+    """
+
     layout: KVLayout
     pos0: int
-    k: list[np.ndarray]  # per layer: (n, k_row_bytes) uint8
-    v: list[np.ndarray]  # per layer: (n, v_row_bytes) uint8
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+    blob: memoryview | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -88,67 +108,111 @@ class KVSegment:
     def split(self, offset: int) -> tuple[KVSegment, KVSegment]:
         if not 0 < offset < self.n_tokens:
             raise ValueError(f"split offset {offset} outside (0, {self.n_tokens})")
-        left = KVSegment(self.layout, self.pos0, [a[:offset] for a in self.k], [a[:offset] for a in self.v])
-        right = KVSegment(self.layout, self.pos0 + offset, [a[offset:] for a in self.k], [a[offset:] for a in self.v])
-        return left, right
+        return self.slice(0, offset), self.slice(offset, self.n_tokens)
 
     def slice(self, start: int, end: int) -> KVSegment:
-        """Tokens [start, end) of this segment (offsets relative to pos0)."""
-        return KVSegment(self.layout, self.pos0 + start, [a[start:end] for a in self.k], [a[start:end] for a in self.v])
-
-    def compact(self) -> KVSegment:
-        """Own copies of the rows, so a slice does not keep a larger parent buffer alive."""
-        return KVSegment(self.layout, self.pos0, [np.ascontiguousarray(a).copy() for a in self.k],
-                         [np.ascontiguousarray(a).copy() for a in self.v])
+        """Tokens [start, end) of this segment (offsets relative to pos0), as views."""
+        va = _token_axis(self.layout, True)
+        return KVSegment(self.layout, self.pos0 + start, [a[start:end] for a in self.k],
+                         [_take(a, va, start, end) for a in self.v])
 
     @staticmethod
     def join(segments: list[KVSegment]) -> KVSegment:
-        if not segments:
-            raise ValueError("nothing to join")
-        first = segments[0]
-        pos = first.pos0
-        for s in segments:
-            if s.layout != first.layout:
-                raise KVFormatError("segments of different KV layouts cannot be joined")
-            if s.pos0 != pos:
-                raise KVFormatError(f"segments are not consecutive: expected pos {pos}, got {s.pos0}")
-            pos += s.n_tokens
+        """One segment over consecutive ones: a single copy into a fresh state blob."""
         if len(segments) == 1:
-            return first
-        return KVSegment(
-            first.layout, first.pos0,
-            [np.concatenate([s.k[i] for s in segments]) for i in range(first.layout.n_layer)],
-            [np.concatenate([s.v[i] for s in segments]) for i in range(first.layout.n_layer)],
-        )
+            return segments[0]
+        return parse_seq_state(state_blob(segments))
 
-    def to_state_blob(self) -> bytes:
+    def to_state_blob(self) -> memoryview:
         """A sequence state that restores exactly these tokens at their positions."""
-        n, lay = self.n_tokens, self.layout
-        parts: list[bytes] = [struct.pack("<IiII", SEQ_STATE_MAGIC, 0, 1, n)]
-        meta = np.zeros(n, dtype=[("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
-        meta["pos"] = np.arange(self.pos0, self.pos0 + n, dtype=np.int32)
-        meta["n_seq"] = 1
-        parts.append(meta.tobytes())
-        parts.append(struct.pack("<II", int(lay.v_trans), lay.n_layer))
-        for i in range(lay.n_layer):
-            parts.append(struct.pack("<iQ", lay.k_types[i], lay.k_row_bytes[i]))
-            parts.append(np.ascontiguousarray(self.k[i]).tobytes())
-        for i in range(lay.n_layer):
-            if not lay.v_trans:
-                parts.append(struct.pack("<iQ", lay.v_types[i], lay.v_row_bytes[i]))
-                parts.append(np.ascontiguousarray(self.v[i]).tobytes())
+        return self.blob if self.blob is not None else state_blob([self])
+
+    def arrays(self) -> list[np.ndarray]:
+        """Every per-layer array, K layers then V layers (the order of the state blob)."""
+        return self.k + self.v
+
+
+def state_blob(segments: list[KVSegment]) -> memoryview:
+    """Consecutive segments written into one new sequence state: one allocation and one
+    memcpy-class copy per layer and segment. Raises KVFormatError if they do not fit."""
+    if not segments:
+        raise KVFormatError("nothing to join")
+    lay, pos0 = segments[0].layout, segments[0].pos0
+    pos = pos0
+    for s in segments:
+        if s.layout != lay:
+            raise KVFormatError("segments of different KV layouts cannot be joined")
+        if s.pos0 != pos:
+            raise KVFormatError(f"segments are not consecutive: expected pos {pos}, got {s.pos0}")
+        pos += s.n_tokens
+    n = pos - pos0
+    header = 16 + 12 * n + 8
+    rows = list(lay.k_row_bytes) + list(lay.v_row_bytes)
+    total = header + sum(12 + n * r for r in rows)
+    buf = np.empty(total, dtype=np.uint8)  # every byte is written below
+    struct.pack_into("<IiII", buf, 0, SEQ_STATE_MAGIC, 0, 1, n)
+    meta = np.frombuffer(buf, dtype=_META, count=n, offset=16)
+    meta["pos"] = np.arange(pos0, pos0 + n, dtype=np.int32)
+    meta["n_seq"] = 1
+    meta["seq"] = 0
+    struct.pack_into("<II", buf, 16 + 12 * n, int(lay.v_trans), lay.n_layer)
+    off = header
+    for li in range(2 * lay.n_layer):
+        is_v, i = li >= lay.n_layer, li % lay.n_layer
+        if not is_v:
+            struct.pack_into("<iQ", buf, off, lay.k_types[i], lay.k_row_bytes[i])
+        elif not lay.v_trans:
+            struct.pack_into("<iQ", buf, off, lay.v_types[i], lay.v_row_bytes[i])
+        else:
+            struct.pack_into("<iII", buf, off, lay.v_types[i], lay.v_el_bytes[i],
+                             lay.v_row_bytes[i] // lay.v_el_bytes[i])
+        off += 12
+        dst = _rows_view(buf, off, n, lay, is_v, i)
+        axis, t = _token_axis(lay, is_v), 0
+        for s in segments:
+            src = s.v[i] if is_v else s.k[i]
+            if src.shape != _take(dst, axis, t, t + s.n_tokens).shape:
+                raise KVFormatError(f"a segment's layer {i} rows do not match its layout")
+            if axis == 0:
+                dst[t:t + s.n_tokens] = src
             else:
-                el = lay.v_el_bytes[i]
-                n_embd_v = lay.v_row_bytes[i] // el
-                parts.append(struct.pack("<iII", lay.v_types[i], el, n_embd_v))
-                cols = self.v[i].reshape(n, n_embd_v, el).transpose(1, 0, 2)
-                parts.append(np.ascontiguousarray(cols).tobytes())
-        return b"".join(parts)
+                dst[:, t:t + s.n_tokens] = src
+            t += s.n_tokens
+        off += dst.nbytes
+    return memoryview(buf)
 
 
-def parse_seq_state(blob: bytes) -> KVSegment:
-    """Parse one sequence's state into a segment ordered by position.
+_META = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
 
+
+def _rows_view(buf, off: int, n: int, lay: KVLayout, is_v: bool, i: int) -> np.ndarray:
+    """The array of layer i's K (or V) inside a state blob, as a view."""
+    if not is_v:
+        row = lay.k_row_bytes[i]
+        return np.frombuffer(buf, dtype=np.uint8, count=n * row, offset=off).reshape(n, row)
+    row = lay.v_row_bytes[i]
+    a = np.frombuffer(buf, dtype=np.uint8, count=n * row, offset=off)
+    if not lay.v_trans:
+        return a.reshape(n, row)
+    el = lay.v_el_bytes[i]
+    return a.reshape(row // el, n, el)
+
+
+def segment_from_arrays(layout: KVLayout, pos0: int, n: int, buf, offset: int = 0) -> KVSegment:
+    """Views over `buf` holding a segment's arrays back to back (the disk body format)."""
+    arrays = []
+    for li in range(2 * layout.n_layer):
+        is_v, i = li >= layout.n_layer, li % layout.n_layer
+        a = _rows_view(buf, offset, n, layout, is_v, i)
+        arrays.append(a)
+        offset += a.nbytes
+    return KVSegment(layout, pos0, arrays[:layout.n_layer], arrays[layout.n_layer:])
+
+
+def parse_seq_state(blob) -> KVSegment:
+    """Parse one sequence's state into a segment ordered by position, as views over `blob`.
+
+    Cells are reordered (one copy) only when llama.cpp wrote them out of position order.
     Raises KVFormatError unless the state holds consecutive positions of one sequence in
     one stream and the whole blob is consumed (anything else is a layout we do not know).
     """
@@ -162,20 +226,24 @@ def parse_seq_state(blob: bytes) -> KVSegment:
     (n,) = r.take("<I")
     if n == 0:
         raise KVFormatError("the sequence holds no cells")
-    meta = np.frombuffer(r.array(n * 12).tobytes(), dtype=[("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
+    meta = r.array(n * 12).view(_META)
     if np.any(meta["n_seq"] != 1):
         raise KVFormatError("cells with several sequence ids: not a single-sequence state")
-    order = np.argsort(meta["pos"], kind="stable")
-    pos = meta["pos"][order]
-    if np.any(np.diff(pos) != 1):
-        raise KVFormatError("the sequence's positions are not consecutive")
+    pos = meta["pos"]
+    in_order = bool(np.all(np.diff(pos) == 1))
+    order = None
+    if not in_order:
+        order = np.argsort(pos, kind="stable")
+        if np.any(np.diff(pos[order]) != 1):
+            raise KVFormatError("the sequence's positions are not consecutive")
+    pos0 = int(pos.min())
     v_trans, n_layer = r.take("<II")
     k_types, k_rows, ks = [], [], []
     for _ in range(n_layer):
         t, row = r.take("<iQ")
         k_types.append(t)
         k_rows.append(row)
-        ks.append(r.array(n * row).reshape(n, row)[order])
+        ks.append(r.array(n * row).reshape(n, row))
     v_types, v_rows, v_els, vs = [], [], [], []
     for _ in range(n_layer):
         if not v_trans:
@@ -183,21 +251,24 @@ def parse_seq_state(blob: bytes) -> KVSegment:
             v_types.append(t)
             v_rows.append(row)
             v_els.append(0)
-            vs.append(r.array(n * row).reshape(n, row)[order])
+            vs.append(r.array(n * row).reshape(n, row))
         else:
             t, el, n_embd_v = r.take("<iII")
             v_types.append(t)
             v_rows.append(el * n_embd_v)
             v_els.append(el)
-            cols = r.array(n * el * n_embd_v).reshape(n_embd_v, n, el)
-            vs.append(cols.transpose(1, 0, 2).reshape(n, n_embd_v * el)[order])
+            vs.append(r.array(n * el * n_embd_v).reshape(n_embd_v, n, el))
     if r.off != len(r.buf):
         raise KVFormatError(f"{len(r.buf) - r.off} unexpected trailing bytes (cell extensions are not supported)")
     layout = KVLayout(bool(v_trans), tuple(k_types), tuple(k_rows), tuple(v_types), tuple(v_rows), tuple(v_els))
-    return KVSegment(layout, int(pos[0]), ks, vs)
+    if order is not None:
+        ks = [a[order] for a in ks]
+        vs = [a[:, order] if v_trans else a[order] for a in vs]
+        return KVSegment(layout, pos0, ks, vs)
+    return KVSegment(layout, pos0, ks, vs, blob=r.buf)
 
 
-def count_state_cells(blob: bytes) -> int:
+def count_state_cells(blob) -> int:
     """Cells in a whole-context state dump (seq_id -1) of a unified (single-stream) KV."""
     magic, _seq, n_stream, n = struct.unpack_from("<IiII", blob, 0)
     if magic != SEQ_STATE_MAGIC:

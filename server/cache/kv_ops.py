@@ -2,10 +2,12 @@
 
 - `extract(src, start, end)`: the KV of positions [start, end) of a live sequence, as a
   segment: seq_cp into a scratch sequence (shares cells, copies nothing), read that
-  sequence's state, drop the scratch.
-- `restore(segments, target)`: the segments of one radix path joined into one state,
-  restored into a scratch sequence at their original positions, then attached to the
-  target with seq_cp and the scratch dropped. Raises RestoreError after clearing what
+  sequence's state into one buffer (llama.cpp's own copy; the segment is views over it),
+  drop the scratch.
+- `restore(segments, target)`: the segments of one radix path joined into one state
+  (no copy when it is a single segment that is still its whole extracted blob, else one
+  copy per layer into a new blob), restored into a scratch sequence at their original
+  positions, then attached to the target with seq_cp and the scratch dropped. Raises RestoreError after clearing what
   it touched, so the caller can fall back to computing the tokens.
 
 Every scratch sequence id is given back on every path (the pool's `in_use` shows leaks).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from server.cache.kv_format import KVFormatError, KVSegment, parse_seq_state
+from server.cache.kv_format import KVFormatError, KVSegment, parse_seq_state, state_blob
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
 
@@ -40,7 +42,6 @@ class KVOps:
     def __init__(self, runtime: LlamaRuntime, seq_ids: SequenceIdPool):
         self.runtime = runtime
         self.seq_ids = seq_ids
-        self.fail_next_restore_after_blob = False  # fault injection for tests (see tests/server/cache)
 
     def extract(self, src_seq: int, start: int, end: int) -> KVSegment:
         try:
@@ -65,28 +66,25 @@ class KVOps:
         """Attach the joined segments to `target_seq` (which must not hold those positions)."""
         t0 = time.perf_counter()
         try:
-            joined = KVSegment.join(segments)
+            blob = segments[0].to_state_blob() if len(segments) == 1 else state_blob(segments)
         except KVFormatError as exc:
             raise RestoreError(str(exc)) from exc
-        blob = joined.to_state_blob()
+        start = segments[0].pos0
+        end = start + sum(s.n_tokens for s in segments)
         try:
             scratch = self.seq_ids.take("scratch")
         except SequenceIdsExhausted as exc:
             raise RestoreError(str(exc)) from exc
         try:
-            if self.fail_next_restore_after_blob:
-                self.fail_next_restore_after_blob = False
-                raise RestoreError("injected failure halfway through a restore")
             if not self.runtime.state_seq_set(blob, scratch):
                 raise RestoreError("llama.cpp refused the restored state (no room in the KV cache?)")
-            start, end = joined.pos0, joined.pos0 + joined.n_tokens
             if self.runtime.seq_pos_max(scratch) != end - 1:
                 raise RestoreError("restored state does not end where the segments do")
             self.runtime.seq_cp(scratch, target_seq, start, end)
         except RestoreError:
-            self.runtime.seq_rm(target_seq, joined.pos0, -1)
+            self.runtime.seq_rm(target_seq, start, -1)
             raise
         finally:
             self.runtime.seq_rm(scratch, -1, -1)
             self.seq_ids.give("scratch", scratch)
-        return RestoreResult(joined.n_tokens, joined.nbytes, (time.perf_counter() - t0) * 1000.0)
+        return RestoreResult(end - start, len(blob), (time.perf_counter() - t0) * 1000.0)

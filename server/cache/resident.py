@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.cache.lifecycle import CacheHint, SessionRegistry
@@ -53,6 +54,8 @@ class ResidentOwners:
         self.budget_cells = budget_cells
         self.registry = registry
         self.owners: list[Owner] = []
+        # Called with (seq_id, tokens) before an evicted owner's cells are dropped (write-back).
+        self.on_evict: Callable[[int, list[int]], None] | None = None
         self.hits = 0
         self.evictions = 0
         self.publishes = 0
@@ -136,6 +139,8 @@ class ResidentOwners:
         if not ranked:
             return False
         _, victim = min(ranked, key=lambda x: x[0])
+        if self.on_evict is not None:
+            self.on_evict(victim.seq_id, victim.tokens)
         self._remove(victim)
         self.evictions += 1
         return True

@@ -6,21 +6,29 @@
 - H: segments in host RAM, restored,
 - D: segment files on disk, restored,
 
-policy `longest` with ties A > S > H > D, one path committed per request. Any failure while
+one plan committed per request: with route `cost` (the default) the plan with the lowest
+estimated time to first token from rates measured online (server/cache/cost.py), with
+route `longest` the longest match; ties A > S > H > D. Any failure while
 attaching or restoring clears the slot's sequence and falls back to computing the prompt:
 a cache may make a request faster, never wrong. After a request completes (never before),
-its new segments are stored (increments only) and its common prefix may be published as
-resident. Requests that arrive while another one is still computing a long common prefix
+its common prefix may be published as resident. Copies to host (and disk) are made
+write-back: only when a device copy is about to be lost (a slot taken for another prefix,
+a resident owner evicted, an idle slot's KV dropped for room), increments only, and not
+when another slot or owner still holds the same tokens. Requests that arrive while another one is still computing a long common prefix
 wait for it and then attach (in-flight sharing), instead of computing it twice.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import weakref
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from server.cache.disk_tier import DiskSegmentError, DiskTier
+from server.cache.cost import CostModel, Plan, PlanOption
+from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.host_tier import HostTier, TierMatch
 from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
@@ -32,7 +40,7 @@ from server.engine.sequence import CacheReport, Sequence, SeqStatus
 from server.engine.slots import SlotPool, common_prefix_len
 
 log = logging.getLogger(__name__)
-TIE_ORDER = {"A": 0, "S": 1, "H": 2, "D": 3}
+ROUTES = ("cost", "longest")
 
 
 @dataclass(frozen=True)
@@ -42,13 +50,15 @@ class Candidate:
     src_seq: int | None = None  # S: the sequence holding the cells
     owner: object | None = None  # S: the resident owner, when it is one
     host: TierMatch | None = None
-    disk_nodes: list | None = None
+    disk: DiskMatch | None = None
 
 
 class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tiers: set[str], host: HostTier | None, disk: DiskTier | None, resident: ResidentOwners | None,
-                 registry: SessionRegistry, min_tokens: int):
+                 registry: SessionRegistry, min_tokens: int, route: str = "cost"):
+        if route not in ROUTES:
+            raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime = runtime
         self.kv = kv
         self.slots = slots
@@ -59,10 +69,23 @@ class CacheRouter:
         self.resident = resident
         self.registry = registry
         self.min_tokens = min_tokens
+        self.route = route
+        self.costs = CostModel()
+        self.by_plan: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "compute")}
+        self.shorter_than_longest = 0  # plans that left a longer match unused because it cost more
+        self.recent_plans: deque[dict] = deque(maxlen=16)
+        self._overhead: weakref.WeakKeyDictionary[Sequence, float] = weakref.WeakKeyDictionary()
+        self._slot_hints: dict[int, object] = {}  # slot index -> the cache hint of its last request
+        self.write_backs = 0
+        self.engine_ms = 0.0  # engine-thread time spent in the cache (routing, restores, write-back)
+        self.write_back_ms = 0.0
+        if resident is not None:
+            resident.on_evict = self._write_back_owner
         self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "none")}
         self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D")}
         self.fallbacks = 0
-        self.deferrals = 0
+        self.deferrals = 0  # requests deferred at least once (not deferral decisions)
+        self._deferred: weakref.WeakSet[Sequence] = weakref.WeakSet()
         self.store_errors = 0
 
     # -------------------------------------------------------------- choosing
@@ -83,8 +106,8 @@ class CacheRouter:
             m = self.host.match(prompt[:limit])
             out.append(Candidate("H", m.length, host=m))
         if self.disk is not None:
-            n, nodes = self.disk.match(prompt[:limit])
-            out.append(Candidate("D", n, disk_nodes=nodes))
+            m = self.disk.match(prompt[:limit])
+            out.append(Candidate("D", m.length, disk=m))
         return out
 
     def _best_live(self, adm: Admission) -> tuple[int, int | None, None]:
@@ -100,23 +123,39 @@ class CacheRouter:
                 best, src = n, slot.seq_id
         return best, src, None
 
-    @staticmethod
-    def choose(cands: list[Candidate]) -> Candidate | None:
-        useful = [c for c in cands if c.length > 0]
-        if not useful:
-            return None
-        return max(useful, key=lambda c: (c.length, -TIE_ORDER[c.source]))
+    def plan(self, cands: list[Candidate], prompt_len: int) -> tuple[Candidate | None, Plan]:
+        """The candidate to commit (None: compute everything) and the plan behind it."""
+        a_len = next((c.length for c in cands if c.source == "A"), 0)
+        options = [PlanOption(c.source, c.length, c.length - min(a_len, c.length) if c.source in "HD" else 0)
+                   for c in cands if c.length > 0]
+        plan = self.costs.choose(options, prompt_len, longest=self.route == "longest")
+        chosen = next((c for c in cands if c.source == plan.option.source), None)
+        return chosen, plan
 
     # ------------------------------------------------------------- committing
     def provide(self, adm: Admission) -> CacheReport:
+        t0 = time.perf_counter()
+        try:
+            return self._provide(adm)
+        finally:
+            dt = time.perf_counter() - t0
+            self._overhead[adm.seq] = self._overhead.get(adm.seq, 0.0) + dt
+            self.engine_ms += dt * 1000.0
+
+    def _provide(self, adm: Admission) -> CacheReport:
         cands = self.candidates(adm)
-        best = self.choose(cands)
+        best, plan = self.plan(cands, len(adm.seq.prompt))
         a_len = next((c.length for c in cands if c.source == "A"), 0)
         slot_seq = adm.slot.seq_id
+        self._note_plan(adm, cands, plan)
+        kept = {"A": plan.option.length, "H": min(a_len, plan.option.length),
+                "D": min(a_len, plan.option.length)}.get(plan.option.source, 0)
+        if kept < len(adm.slot.tokens):
+            self._write_back(adm.slot, exclude=adm.slot)
         if best is None:
             self.runtime.seq_rm(slot_seq, -1, -1)
             self.by_source["none"] += 1
-            return CacheReport()
+            return CacheReport(est_ms=plan.est_ms)
         try:
             report = self._commit(best, slot_seq, a_len)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
@@ -124,10 +163,23 @@ class CacheRouter:
             self.runtime.seq_rm(slot_seq, -1, -1)
             self.fallbacks += 1
             self.by_source["none"] += 1
-            return CacheReport()
+            return CacheReport(est_ms=plan.est_ms)
         self.by_source[best.source] += 1
         self.reused_tokens[best.source] += report.reused_tokens
-        return report
+        return replace(report, plan=plan.label, est_ms=plan.est_ms)
+
+    def _note_plan(self, adm: Admission, cands: list[Candidate], plan: Plan) -> None:
+        self.by_plan[plan.label] += 1
+        longest = max((c.length for c in cands), default=0)
+        if plan.option.length < longest:
+            self.shorter_than_longest += 1
+        self.recent_plans.append({
+            "request": adm.seq.id, "prompt_tokens": len(adm.seq.prompt), "plan": plan.label,
+            "reused_tokens": plan.option.length, "est_ms": _ms(plan.est_ms),
+            "candidates": {c.source: {"tokens": c.length, "est_ms": _ms(plan.estimates.get(c.source))}
+                           for c in cands if c.length > 0},
+            "compute_all_est_ms": _ms(plan.estimates.get("none")),
+        })
 
     def _commit(self, c: Candidate, slot_seq: int, a_len: int) -> CacheReport:
         if c.source == "A":
@@ -149,15 +201,18 @@ class CacheRouter:
         if not self.runtime.seq_rm(slot_seq, keep, -1):
             self.runtime.seq_rm(slot_seq, -1, -1)
             keep = 0
+        t0 = time.perf_counter()
         if c.source == "H":
             segments = c.host.segments
             self.host.hits += 1
         else:
-            segments = self.disk.load(c.disk_nodes).segments
+            segments = self.disk.load(c.disk).segments
             self.disk.hits += 1
         need = _cut(segments, keep, c.length)
         result = self.kv.restore(need, slot_seq)
-        return CacheReport(c.source, c.length, result.nbytes, result.ms)
+        seconds = time.perf_counter() - t0
+        self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
+        return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
 
     # ------------------------------------------------- in-flight sharing (defer)
     def should_defer(self, seq: Sequence) -> bool:
@@ -169,22 +224,101 @@ class CacheRouter:
                 continue
             shared = common_prefix_len(other.prompt, seq.prompt)
             if shared >= self.min_tokens and other.n_past < min(shared, len(seq.prompt) - 1):
-                self.deferrals += 1
+                if seq not in self._deferred:
+                    self._deferred.add(seq)
+                    self.deferrals += 1
                 return True
         return False
 
     # --------------------------------------------------------------- finishing
     def on_finished(self, seq: Sequence, reason: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._on_finished(seq, reason)
+        finally:
+            self.engine_ms += (time.perf_counter() - t0) * 1000.0
+
+    def _on_finished(self, seq: Sequence, reason: str) -> None:
         hint = seq.request.cache_hint
-        if reason == "error" or seq.slot is None:
+        if seq.slot is None:
             return
+        if reason == "error":
+            self._slot_hints.pop(seq.slot.index, None)
+            return
+        self._observe_prefill(seq)
         tokens = seq.kv_tokens()
-        tip = None
         if len(tokens) >= self.min_tokens:
-            tip = self._store(seq.slot.seq_id, tokens)
             self._publish(seq, tokens, hint)
         if hint is not None:
-            self.registry.observe(hint, tip)
+            self.registry.observe(hint, self.host.match(tokens).tip if self.host is not None else None)
+            self._slot_hints[seq.slot.index] = hint
+
+    # ------------------------------------------------------------- write-back
+    def drop_idle_slot(self, slot) -> None:
+        """Free an idle slot's KV (e.g. for room), copying it to host/disk first if no
+        other device copy holds it."""
+        if slot.busy:
+            raise ValueError(f"slot {slot.index} is running a request")
+        self._write_back(slot, exclude=slot)
+        self.runtime.seq_rm(slot.seq_id, -1, -1)
+        slot.tokens = []
+
+    def drop_device_copies(self) -> None:
+        """Drop every idle slot's KV and every resident owner, writing back first what
+        host/disk lack (what a KV shortage would do to all of them; tests, benchmarks)."""
+        for slot in self.slots.slots:
+            if not slot.busy:
+                self.drop_idle_slot(slot)
+        if self.resident is not None:
+            for owner in list(self.resident.owners):
+                self._write_back_owner(owner.seq_id, owner.tokens)
+            self.resident.flush()
+
+    def _write_back(self, slot, exclude=None) -> None:
+        """The slot's kept KV is about to be lost: store what host/disk lack of it."""
+        tokens = list(slot.tokens)
+        if len(tokens) < self.min_tokens or self._held_on_device(tokens, exclude):
+            return
+        tip = self._timed_store(slot.seq_id, tokens)
+        hint = self._slot_hints.pop(slot.index, None)
+        if hint is not None and hint.session and tip is not None:
+            self.registry.observe(replace(hint, state=self.registry.state(hint.session), pin=False), tip)
+
+    def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
+        """A resident owner is being evicted (its cells may be freed)."""
+        if len(tokens) >= self.min_tokens and not self._held_on_device(tokens, None, owner_seq=seq_id):
+            self._timed_store(seq_id, tokens)
+
+    def _timed_store(self, seq_id: int, tokens: list[int]):
+        if self.host is None and self.disk is None:
+            return None  # nowhere to write back to (e.g. tiers A,S)
+        t0 = time.perf_counter()
+        try:
+            return self._store(seq_id, tokens)
+        finally:
+            self.write_backs += 1
+            self.write_back_ms += (time.perf_counter() - t0) * 1000.0
+
+    def _held_on_device(self, tokens: list[int], exclude, owner_seq: int | None = None) -> bool:
+        """Another slot (idle, or running over these tokens) or resident owner holds them all."""
+        running = {s.slot.index: s.kv_tokens() for s in self.running() if s.slot is not None}
+        for slot in self.slots.slots:
+            if slot is exclude:
+                continue
+            held = running.get(slot.index, slot.tokens if not slot.busy else [])
+            if common_prefix_len(held, tokens) == len(tokens):
+                return True
+        if self.resident is not None:
+            return any(o.seq_id != owner_seq and common_prefix_len(o.tokens, tokens) == len(tokens)
+                       for o in self.resident.owners)
+        return False
+
+    def _observe_prefill(self, seq: Sequence) -> None:
+        """Computed prompt tokens over admission-to-first-token, less the cache's own work."""
+        if seq.t_first_token is None or seq.t_prefill_start is None:
+            return
+        seconds = seq.t_first_token - seq.t_prefill_start - self._overhead.pop(seq, 0.0)
+        self.costs.observe_prefill(len(seq.prompt) - seq.n_cached, seconds)
 
     def _store(self, slot_seq: int, tokens: list[int]):
         if self.host is None and self.disk is None:
@@ -192,12 +326,14 @@ class CacheRouter:
         try:
             if self.host is not None:
                 result = self.host.store(tokens, lambda s, e: self.kv.extract(slot_seq, s, e))
+                if result is None:
+                    return None
                 if self.disk is not None and result.last_node.attached:
                     path = [n for n in result.last_node.iter_up()][::-1]
                     ranges = [(n.start(), n.payload) for n in path if n.payload is not None]
                     self.disk.store(tokens, ranges)
                 return result.last_node if result.last_node.attached else None
-            have, _ = self.disk.match(tokens)  # whole or partial: what is on disk already
+            have = self.disk.held(tokens)  # whole or partial: what is on disk already
             if have < len(tokens):
                 self.disk.store(tokens, [(have, self.kv.extract(slot_seq, have, len(tokens)))])
         except ExtractError as exc:
@@ -222,8 +358,9 @@ class CacheRouter:
     # ------------------------------------------------------------- operations
     def reclaim(self, slots: SlotPool) -> bool:
         """Free cells for running requests: idle slots' kept KV first (oldest first), then
-        resident owners (lifecycle order). Pinned owners stay."""
-        if slots.drop_oldest_idle(lambda slot: self.runtime.seq_rm(slot.seq_id, -1, -1)):
+        resident owners (lifecycle order), each written back to host/disk first. Pinned
+        owners stay."""
+        if slots.drop_oldest_idle(self.drop_idle_slot):
             return True
         return self.resident is not None and self.resident.evict_one()
 
@@ -238,6 +375,10 @@ class CacheRouter:
         return freed
 
 
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
 def _cut(segments: list[KVSegment], start: int, end: int) -> list[KVSegment]:
     """The parts of consecutive path segments (from position 0) covering [start, end)."""
     out, pos = [], 0
@@ -246,5 +387,6 @@ def _cut(segments: list[KVSegment], start: int, end: int) -> list[KVSegment]:
         pos = e
         if e <= start or s >= end:
             continue
-        out.append(seg.slice(max(start, s) - s, min(end, e) - s))
+        a, b = max(start, s) - s, min(end, e) - s
+        out.append(seg if (a, b) == (0, seg.n_tokens) else seg.slice(a, b))
     return out

@@ -317,27 +317,31 @@ class LlamaRuntime:
     def clear_memory(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
 
-    def state_seq_get(self, seq_id: int) -> bytes:
-        """The serialized KV state of one sequence (llama.cpp's own format)."""
+    def state_seq_get(self, seq_id: int) -> memoryview:
+        """The serialized KV state of one sequence (llama.cpp's own format), or of the whole
+        context for seq_id -1. llama.cpp writes straight into a fresh, uninitialised buffer:
+        the only copy is its own device-to-host one."""
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, 0)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf, size, seq_id, 0)
-        return bytes(buf[:n])
+        buf = np.empty(size, dtype=np.uint8)
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                                   size, seq_id, 0)
+        return memoryview(buf)[:n]
 
-    def state_seq_set(self, data: bytes, seq_id: int) -> bool:
-        """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first)."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return llama_cpp.llama_state_seq_set_data_ext(self.ctx, buf, len(data), seq_id, 0) > 0
+    def state_seq_set(self, data, seq_id: int) -> bool:
+        """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first).
+        `data` is any contiguous buffer (bytes, bytearray, memoryview, numpy); it is passed
+        by address, never copied here."""
+        arr = np.frombuffer(data, dtype=np.uint8)
+        ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        return llama_cpp.llama_state_seq_set_data_ext(self.ctx, ptr, arr.nbytes, seq_id, 0) > 0
 
     def used_cells(self) -> int:
         """Cells of the unified KV owned by at least one sequence (read from a full state
-        dump, so it is exact but costs a copy of the KV: for tests and benchmarks)."""
+        dump, so it is exact but costs a copy of the KV: for /cache/stats checks, tests
+        and benchmarks, never on the request path)."""
         from server.cache.kv_format import count_state_cells  # local: cache depends on engine, not vice versa
 
-        size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, -1, 0)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf, size, -1, 0)
-        return count_state_cells(bytes(buf[:n]))
+        return count_state_cells(self.state_seq_get(-1))
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

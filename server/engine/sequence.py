@@ -67,6 +67,8 @@ class CacheReport:
     reused_tokens: int = 0
     restored_bytes: int = 0
     restore_ms: float = 0.0
+    plan: str = "compute"  # what the cache router chose (a source, or "compute")
+    est_ms: float | None = None  # its estimated time to first token, when rates are known
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ class Sequence:
             tail = self._stops.feed(self._detok.flush()) + self._stops.flush()
             if tail:
                 self.sink(TextDelta(text=tail, tokens=()))
-        t0 = self.t_prefill_start or self.t_submit
+        t0 = self.t_submit  # TTFT and prompt_ms include queueing: what the client waited
         t1 = self.t_first_token or time.perf_counter()
         event = Finished(
             finish_reason=reason,

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from app import settings as settings_module
+from scenarios.edge_incident import service
+from server import cli
 from tests.deploy.deploy_files import env_example_filled, interpolate, load_compose
 
 SERVICES = load_compose("compose.yaml")["services"]
@@ -23,7 +26,6 @@ def rendered_environment(service: dict) -> dict[str, str]:
 
 @pytest.mark.parametrize("variant", ["cpu", "cuda", "cann"])
 def test_server_command_and_environment_build_valid_settings(variant, tmp_path, monkeypatch):
-    cli = pytest.importorskip("server.cli")
     command = rendered_command(SERVICES["server"])
     assert command[0] == "arbor-server"
     env = rendered_environment(SERVICES["server"])
@@ -47,7 +49,6 @@ def test_server_command_and_environment_build_valid_settings(variant, tmp_path, 
 
 
 def test_incident_command_is_accepted_by_its_parser():
-    service = pytest.importorskip("scenarios.edge_incident.service")
     command = rendered_command(SERVICES["incident-api"])
     assert command[0] == "arbor-incident"
     args = service._parser().parse_args(command[1:])
@@ -55,7 +56,6 @@ def test_incident_command_is_accepted_by_its_parser():
 
 
 def test_workbench_environment_builds_valid_settings(monkeypatch):
-    settings_module = pytest.importorskip("app.settings")
     monkeypatch.chdir("/")  # no developer .env is read
     for key, value in rendered_environment(SERVICES["workbench"]).items():
         if key != "ARBOR_LOG_FILE":

@@ -15,7 +15,10 @@ def _stats(model, measure: bool) -> dict:
     r, s = model.router, model.slots
     slot_tokens = [list(x.tokens) for x in s.slots if not x.busy]
     out = {
-        "route": "longest",
+        "route": r.route if r else "slot reuse only",
+        "costs": r.costs.stats() if r else None,
+        "plans": {"by_plan": dict(r.by_plan), "shorter_than_longest": r.shorter_than_longest,
+                  "recent": list(r.recent_plans)} if r else None,
         "note": model.cache_note,
         "requests_by_source": dict(r.by_source) if r else None,
         "reused_tokens_by_source": dict(r.reused_tokens) if r else None,
@@ -29,6 +32,10 @@ def _stats(model, measure: bool) -> dict:
             "D": r.disk.stats() if r and r.disk else {"enabled": False},
         },
         "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch")},
+        "engine_thread": {"decode_ms": round(model.engine.stats().busy_seconds * 1000.0, 3),
+                          "cache_ms": round(r.engine_ms, 3) if r else 0.0,
+                          "write_backs": r.write_backs if r else 0,
+                          "write_back_ms": round(r.write_back_ms, 3) if r else 0.0},
     }
     if measure:
         from server.cache.resident import union_positions

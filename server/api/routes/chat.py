@@ -23,7 +23,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: StateDep, model: ModelDep):
     prepared = prepare_chat(body, model, state.settings, request)
     generation = Generation(model.engine, prepared.generation, state.metrics)
-    rid, name = R.new_id("chatcmpl"), model.model_name
+    rid, name = R.new_id("chatcmpl"), model.served
     parser = ToolCallStreamParser(set(prepared.tool_names)) if prepared.tool_names else None
 
     if not body.stream:

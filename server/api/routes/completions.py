@@ -22,22 +22,14 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 async def completions(body: CompletionRequest, request: Request, state: StateDep, model: ModelDep):
     prepared = prepare_completion(body, model, state.settings, request)
     generation = Generation(model.engine, prepared.generation, state.metrics)
-    rid, name = R.new_id("cmpl"), model.model_name
+    rid, name = R.new_id("cmpl"), model.served
     prefix = prepared.prompt_text if body.echo and prepared.prompt_text else ""
 
     if not body.stream:
-        parts: list[str] = [prefix]
-        fin: Finished | None = None
-        async for ev in generation.events(watch=request):
-            if isinstance(ev, Finished):
-                fin = ev
-            else:
-                parts.append(ev.text)
-        if fin is None:
+        got = await generation.collect(watch=request)
+        if got is None:
             return APIError("client disconnected", status=499).response()
-        if fin.finish_reason == "error":
-            raise engine_error(fin)
-        return R.text_completion(rid, name, "".join(parts), fin)
+        return R.text_completion(rid, name, prefix + got.text, got.fin)
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 

@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
+from server.build_info import build_string
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -47,7 +48,8 @@ async def props(state: StateDep, model: ModelDep):
         "chat_template": model.template.source,
         "bos_token": info.bos_token,
         "eos_token": info.eos_token,
-        "build_info": "arbor-server over llama.cpp (llama-cpp-python)",
+        "build_info": build_string(),
+        "system_fingerprint": model.system_fingerprint,
         "default_generation_settings": {"n_ctx": model.max_request_tokens, "params": {"temperature": 0.8, "top_k": 40,
                                                                          "top_p": 0.95, "min_p": 0.05}},
         "arbor": {

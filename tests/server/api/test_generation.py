@@ -47,6 +47,7 @@ async def test_loop_delivery_runs_every_step_in_order_on_the_loop_thread():
 
 
 def test_sse_with_text_frames_equal_full_serialization():
-    frame = R.sse_with_text(R.chat_chunk("id-1", 'model "x"', 7, {"content": R.TEXT_SLOT}))
+    served = R.ServedModel('model "x"', "fp_0123")
+    frame = R.sse_with_text(R.chat_chunk("id-1", served, 7, {"content": R.TEXT_SLOT}))
     for text in ["hello", 'quote " and \\ backslash', "line\nbreak", "\x00", "héllo ☃", ""]:
-        assert frame(text) == R.sse(R.chat_chunk("id-1", 'model "x"', 7, {"content": text}))
+        assert frame(text) == R.sse(R.chat_chunk("id-1", served, 7, {"content": text}))

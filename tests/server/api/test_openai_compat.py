@@ -51,6 +51,8 @@ def test_chat_non_stream_has_usage_timings_and_cache_extension(arbor_server, cli
     extra = r.model_extra
     assert set(extra["timings"]) >= {"cache_n", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms"}
     assert extra["arbor"]["cache"]["source"] in ("A", "S", "H", "D", "none")
+    assert extra["arbor"]["cache"]["plan"] in ("A", "S", "H", "D", "compute")
+    assert "est_ms" in extra["arbor"]["cache"]
 
 
 def test_any_model_name_gets_the_served_model(client):
@@ -75,7 +77,17 @@ def test_same_prompt_twice_reuses_the_slot_prefix(client):
     second = client.chat.completions.create(messages=msgs, model="", max_tokens=4, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
     assert second.model_extra["arbor"]["cache"]["source"] == "A"
+    assert second.model_extra["arbor"]["cache"]["plan"] == "A"
     assert second.choices[0].message.content == first.choices[0].message.content
+
+
+def test_cache_stats_show_measured_rates_and_plans(arbor_server, client):
+    client.chat.completions.create(messages=SHORT, model="", max_tokens=2, temperature=0)
+    stats = httpx.get(arbor_server.base_url + "/cache/stats", timeout=30).json()
+    assert stats["route"] == "cost"
+    assert set(stats["costs"]) >= {"prefill_tokens_per_s", "restore_bytes_per_s", "kv_bytes_per_token"}
+    assert sum(stats["plans"]["by_plan"].values()) >= 1 and stats["plans"]["recent"][-1]["plan"]
+    assert stats["engine_thread"]["cache_ms"] >= 0
 
 
 def test_stream_with_include_usage(client):

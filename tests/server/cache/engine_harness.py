@@ -67,13 +67,28 @@ def kept_cells(model) -> int:
 
 
 def reset_kv(model) -> None:
-    """Empty every slot and resident owner (tiers H and D keep their segments)."""
+    """Empty every slot and resident owner, as a KV shortage would: through the router, so
+    what tiers H/D lack is written back first (they keep their segments)."""
 
     def job():
+        if model.router is not None:
+            model.router.drop_device_copies()
+            return
         for s in model.slots.slots:
             model.runtime.seq_rm(s.seq_id, -1, -1)
             s.tokens = []
-        if model.router is not None and model.router.resident is not None:
-            model.router.resident.flush()
 
     model.engine.run_exclusive(job)
+
+
+def fail_next_restore(runtime) -> None:
+    """Fault injection: the next state restore loads the KV, then reports failure (as if
+    llama.cpp gave up halfway). Wraps this runtime instance only; production code has no hook."""
+    real = runtime.state_seq_set
+
+    def once(data, seq_id):
+        runtime.state_seq_set = real
+        real(data, seq_id)
+        return False
+
+    runtime.state_seq_set = once

@@ -12,7 +12,7 @@ from server.cache.eviction import (
     enforce_budget,
 )
 from server.cache.lifecycle import CacheHint, SessionRegistry
-from server.cache.radix_tree import simulated_tree
+from tests.server.cache.sim_payload import simulated_tree
 
 
 def counter():

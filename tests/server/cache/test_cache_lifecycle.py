@@ -15,7 +15,7 @@ from server.cache.lifecycle import (
     SessionRegistry,
     parse_cache_hint,
 )
-from server.cache.radix_tree import simulated_tree
+from tests.server.cache.sim_payload import simulated_tree
 
 
 def test_no_hint_gives_the_empty_hint():

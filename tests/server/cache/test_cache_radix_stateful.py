@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from server.cache.eviction import LifecyclePolicy, LRUPolicy
 from server.cache.lifecycle import CACHE_STATES, CacheHint, SessionRegistry
-from server.cache.radix_tree import FakePayload, RadixNode, RadixTree
+from server.cache.radix_tree import RadixNode, RadixTree
+from tests.server.cache.sim_payload import FakePayload
 
 BPT = 3  # bytes per token
 TOKENS = st.integers(min_value=0, max_value=3)  # small alphabet: many shared prefixes

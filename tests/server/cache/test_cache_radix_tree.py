@@ -6,14 +6,13 @@ import pytest
 
 from server.cache.radix_tree import (
     DetachedNodeError,
-    FakePayload,
     NodeLockedError,
     PayloadSizeError,
     RadixTree,
     RadixTreeError,
     TreeInvariantError,
-    simulated_tree,
 )
+from tests.server.cache.sim_payload import FakePayload, simulated_tree
 
 
 def assert_segments_on_own_path(tree: RadixTree) -> None:

@@ -63,11 +63,12 @@ def test_extract_parse_roundtrip_is_byte_exact(rt, kv):
     blob = rt.state_seq_get(0)
     seg = parse_seq_state(blob)
     assert seg.pos0 == 0 and seg.n_tokens == len(tokens)
-    assert seg.to_state_blob() == blob
+    assert bytes(seg.to_state_blob()) == bytes(blob)
     left, right = seg.split(10)
     from server.cache.kv_format import KVSegment
 
-    assert KVSegment.join([left, right]).to_state_blob() == blob
+    assert bytes(KVSegment.join([left, right]).to_state_blob()) == bytes(blob)
+    assert seg.blob is not None and np.shares_memory(seg.k[0], np.frombuffer(blob, np.uint8))  # views, no copy
     part = kv.extract(0, 10, len(tokens))
     assert part.pos0 == 10 and part.n_tokens == len(tokens) - 10
     assert all(np.array_equal(a, b) for a, b in zip(part.k, right.k))
@@ -101,7 +102,9 @@ def test_failed_restore_leaves_the_target_empty(rt, kv):
     tokens = tok(rt, "A short prefix to store and restore.")
     prefill(rt, 0, tokens)
     seg = kv.extract(0, 0, len(tokens))
-    kv.fail_next_restore_after_blob = True
+    from tests.server.cache.engine_harness import fail_next_restore
+
+    fail_next_restore(rt)
     with pytest.raises(RestoreError):
         kv.restore([seg], 1)
     assert rt.seq_pos_max(1) == -1

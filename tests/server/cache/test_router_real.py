@@ -9,12 +9,13 @@ Sharing: concurrent requests over a common prefix hold one physical copy of it.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.server.cache.engine_harness import (
-    chat_tokens, generate, generate_many, kept_cells, reset_kv, used_cells,
+    chat_tokens, fail_next_restore, generate, generate_many, kept_cells, reset_kv, used_cells,
 )
 from tests.server.conftest import embedded_model_available
 
@@ -90,9 +91,9 @@ def _store_trunk(model, n_other=4):
     """Run a trunk request, then push it out of every slot, so only tiers H/D hold it."""
     trunk = chat_tokens(model, SYSTEM, QUESTIONS[0])
     generate(model, trunk, max_tokens=2)
+    reset_kv(model)  # write-back: the trunk goes to H/D as its device copies are dropped
     if model.router.disk is not None:
         model.router.disk.wait_idle()
-    reset_kv(model)
     return trunk
 
 
@@ -143,7 +144,7 @@ def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
             for f in files:
                 f.unlink()
         elif fault == "halfway":
-            model.router.kv.fail_next_restore_after_blob = True
+            fail_next_restore(model.runtime)
         elif fault == "scratch":
             taken = [model.seq_ids.take("scratch") for _ in range(model.seq_ids.layout.scratch)]
         got = generate(model, trunk, max_tokens=6)
@@ -191,3 +192,50 @@ def test_four_concurrent_requests_share_one_copy_of_their_prefix(cached):
     no_sharing = sum(len(s.tokens) for s in cached.slots.slots)
     assert cells <= bound * 1.02, (cells, bound)
     assert cells < no_sharing * 0.8, (cells, no_sharing)
+
+
+def test_a_slow_restore_makes_the_router_recompute(cached, reference):
+    """Injected slowness: the first host restore is measured slow, so the next request whose
+    prefix only tier H holds is computed instead, with the estimates in its report."""
+    trunk = _store_trunk(cached)  # computing the trunk measures the prefill rate
+    real = cached.router.kv.restore
+    second = trunk[:-3] + chat_tokens(cached, "", QUESTIONS[2])[3:]
+    # Slower than computing the whole prompt by a wide margin, whatever this machine's speed.
+    delay = max(2.0, 3 * len(second) / cached.router.costs.prefill.per_second)
+
+    def slow(segments, target):
+        time.sleep(delay)
+        return real(segments, target)
+
+    cached.router.kv.restore = slow
+    first = trunk[:-3] + chat_tokens(cached, "", QUESTIONS[1])[3:]
+    got = generate(cached, first, max_tokens=2)
+    assert got.final.cache.source == "H"  # longest until a restore rate is known
+    assert cached.router.costs.restore["H"].samples == 1
+    reset_kv(cached)
+    got = generate(cached, second, max_tokens=6)
+    assert got.final.cache.source == "none" and got.final.cache.plan == "compute", (cached.router.recent_plans[-1], cached.router.costs.stats())
+    assert got.final.cache.est_ms is not None and cached.router.shorter_than_longest >= 1
+    last = cached.router.recent_plans[-1]
+    assert last["candidates"]["H"]["est_ms"] > last["compute_all_est_ms"], last
+    assert got.text == generate(reference, second, max_tokens=6).text
+    _assert_no_leak(cached)
+
+
+def test_host_copies_are_made_only_when_the_device_copy_is_lost(tmp_path, reference):
+    """Write-back: finishing a request stores nothing; taking its slot for another prefix
+    copies it to host first, and a later request restores it from there."""
+    model = load(None, parallel=1, cache_tiers=("A", "H"))
+    try:
+        trunk = chat_tokens(model, SYSTEM, QUESTIONS[0])
+        generate(model, trunk, max_tokens=2)
+        assert model.router.host.stats()["entries"] == 0 and model.router.write_backs == 0
+        other = chat_tokens(model, "You are a financial research assistant.", QUESTIONS[3])
+        generate(model, other, max_tokens=2)  # the only slot is taken: the trunk is written back
+        assert model.router.write_backs == 1 and model.router.host.stats()["tokens"] >= len(trunk)
+        got = generate(model, trunk, max_tokens=6)
+        assert got.final.cache.source == "H" and got.final.cache.reused_tokens == len(trunk) - 1
+        assert got.text == generate(reference, trunk, max_tokens=6).text
+        _assert_no_leak(model)
+    finally:
+        model.close()

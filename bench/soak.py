@@ -1,0 +1,231 @@
+"""Soak: mixed traffic against one arbor-server for a bounded time and count, loopback only.
+
+    python -m bench.soak [--duration-s 1800] [--max-requests 100000] [--parallel 2] [--out bench/results/soak.json]
+
+Traffic runs at 2x the slot count (so requests queue all the time) and mixes three kinds:
+agent sessions (a shared system prompt, growing history, cache hints in headers, and now and
+then a branch: an earlier point of the session continued differently), shared-prefix requests
+(one long preamble, a different question each) and unique prompts. Every request streams;
+10% are cut by the client right after the first chunk. The cache runs all four tiers (A,S,H,D)
+on small budgets, so eviction and disk writes never stop.
+
+Reported (JSON at --out, and a line per figure on stdout): requests by status, 5xx (must be 0),
+client errors, streams cut, p50/p99 time to first token, the server's RSS at start and end, KV
+cells held at rest at start and end (slots from llama.cpp's own positions via /slots, resident
+owners from /metrics), disk files vs. the disk tier's index, cache fallbacks. `soak()` is the
+same run as a function, for the test suite's short version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.servers import arbor_command, free_port, running
+
+WORDS = ("pump valve sensor alarm shift report pressure flow tank motor fan belt filter relay switch panel cable "
+         "bearing seal gauge meter line crew ticket").split()
+SYSTEM = ("You are the assistant of an edge maintenance team. Answer briefly, cite device ids, never invent "
+          "telemetry. Devices: pump-1, pump-2, compressor-7, fan-3, relay-9. Shifts: day and night.")
+PREAMBLE = "Maintenance handbook, chapter 4. " + " ".join(WORDS * 6)
+
+
+@dataclass
+class SoakResult:
+    duration_s: float
+    requests: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    by_status: dict[str, int] = field(default_factory=dict)
+    server_errors: int = 0  # 5xx
+    client_errors: int = 0  # connection failures, timeouts
+    streams_cut: int = 0
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    rss_start_mib: float = 0.0
+    rss_end_mib: float = 0.0
+    kv_start: dict = field(default_factory=dict)
+    kv_end: dict = field(default_factory=dict)
+    disk_files: int = 0
+    disk_index_entries: int = 0
+    fallbacks: float = 0.0
+    server_alive: bool = True
+
+
+def server_args(parallel: int, cache_dir: Path) -> list[str]:
+    """Small budgets: a few segments fill the host tier and the disk tier, so both evict."""
+    return ["--parallel", str(parallel), "--ctx-size", str(parallel * 2048), "--batch-size", "128", "--threads", "2",
+            "--max-queue", str(4 * parallel), "--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir),
+            "--cache-ram", "16", "--cache-disk", "32", "--resident-cells", "512", "--cache-min-tokens", "16"]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def metrics(base_url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(base_url + "/metrics", timeout=30).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def kv_at_rest(base_url: str, timeout_s: float = 120) -> dict:
+    """Wait until no slot is busy; then the KV cells held, as llama.cpp reports them per slot."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        slots = httpx.get(base_url + "/slots", timeout=30).json()
+        if not any(s["is_processing"] for s in slots) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    m = metrics(base_url)
+    return {"slot_cells": sum(s["kv_pos_max"] + 1 for s in slots),
+            "slots_consistent": all(s["kv_pos_max"] == s["n_past"] - 1 for s in slots),
+            "resident_cells": m.get("arbor:cache_resident_cells", 0.0), "idle": not any(s["is_processing"] for s in slots)}
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Traffic:
+    """Request bodies (and headers) of the three kinds; agent sessions keep their history."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.sessions: list[tuple[str, list[dict]]] = []
+
+    def next(self) -> tuple[str, dict, dict]:
+        kind = self.rng.choices(("agent", "shared", "unique"), weights=(5, 3, 2))[0]
+        if kind == "shared":
+            return kind, {"messages": [{"role": "system", "content": PREAMBLE},
+                                       {"role": "user", "content": f"Question: {_words(self.rng, 6)}?"}]}, {}
+        if kind == "unique":
+            return kind, {"messages": [{"role": "user", "content": f"{self.rng.random():.6f} {_words(self.rng, 30)}"}]}, {}
+        return (kind, *self._agent_step())
+
+    def _agent_step(self) -> tuple[dict, dict]:
+        rng = self.rng
+        if not self.sessions or rng.random() < 0.2:
+            self.sessions.append((f"s{len(self.sessions)}", [{"role": "system", "content": SYSTEM}]))
+            self.sessions = self.sessions[-16:]
+        name, history = rng.choice(self.sessions)
+        if len(history) > 3 and rng.random() < 0.2:  # a branch: continue from an earlier point
+            history = history[:rng.randrange(2, len(history))]
+            name = f"{name}b{rng.randrange(1000)}"
+            self.sessions.append((name, history))
+        history.append({"role": "user", "content": f"Check {rng.choice(WORDS)}-{rng.randrange(9)}: {_words(rng, 8)}"})
+        if len(history) > 12:  # keep sessions inside a slot's context
+            del history[1:3]
+        state = rng.choice(("active", "tool_wait", "done"))
+        body = {"messages": list(history)}
+        history.append({"role": "assistant", "content": _words(rng, 5)})
+        return body, {"X-Arbor-Session": name, "X-Arbor-Cache-State": state}
+
+
+async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict, cut: bool, res: SoakResult,
+              ttfts: list[float]) -> None:
+    body = {**body, "max_tokens": 12, "temperature": 0.7, "stream": True}
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            res.by_status[str(r.status_code)] = res.by_status.get(str(r.status_code), 0) + 1
+            if r.status_code >= 500:
+                res.server_errors += 1
+            if r.status_code != 200:
+                await r.aread()
+                return
+            first = True
+            async for line in r.aiter_lines():
+                if first and line.startswith("data: {") and _has_text(line[6:]):
+                    first = False
+                    ttfts.append(time.perf_counter() - t0)
+                    if cut:
+                        res.streams_cut += 1
+                        return  # leaving the block closes the connection mid-answer
+    except httpx.HTTPError:
+        res.client_errors += 1
+    finally:
+        res.requests += 1
+
+
+def _has_text(chunk: str) -> bool:
+    """A chunk with generated text (the first chunk only announces the role, with empty content)."""
+    choices = json.loads(chunk).get("choices") or [{}]
+    delta = choices[0].get("delta", {})
+    return bool(delta.get("content") or delta.get("tool_calls"))
+
+
+async def drive(base_url: str, workers: int, deadline: float, max_requests: int, seed: int, cut_fraction: float,
+                res: SoakResult) -> None:
+    traffic, ttfts = Traffic(seed), []
+    rng = random.Random(seed + 1)
+    url = base_url + "/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=300) as client:
+        async def worker():
+            while time.monotonic() < deadline and res.requests < max_requests:
+                kind, body, headers = traffic.next()
+                res.by_kind[kind] = res.by_kind.get(kind, 0) + 1
+                await one(client, url, body, headers, rng.random() < cut_fraction, res, ttfts)
+
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    if ttfts:
+        ttfts.sort()
+        res.ttft_p50_s = statistics.median(ttfts)
+        res.ttft_p99_s = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+
+
+def soak(duration_s: float, max_requests: int, parallel: int, log_dir: Path, seed: int = 0,
+         cut_fraction: float = 0.1) -> SoakResult:
+    cache_dir = Path(tempfile.mkdtemp(prefix="arbor-soak-kv-"))
+    port = free_port()
+    res = SoakResult(duration_s=duration_s)
+    with running("arbor-soak", arbor_command(port, None, server_args(parallel, cache_dir)), port, log_dir) as server:
+        warm = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
+        httpx.post(server.v1 + "/chat/completions", json=warm, timeout=300).raise_for_status()
+        res.rss_start_mib, res.kv_start = rss_mib(server.proc.pid), kv_at_rest(server.base_url)
+        asyncio.run(drive(server.base_url, 2 * parallel, time.monotonic() + duration_s, max_requests, seed,
+                          cut_fraction, res))
+        res.server_alive = server.proc.poll() is None
+        res.kv_end = kv_at_rest(server.base_url)
+        time.sleep(1.0)  # the disk writer finishes what the last requests queued
+        m = metrics(server.base_url)
+        res.rss_end_mib = rss_mib(server.proc.pid)
+        res.disk_files = len(list(cache_dir.glob("*.kvseg")))
+        res.disk_index_entries = int(m.get("arbor:cache_disk_entries", -1))
+        res.fallbacks = m.get("arbor:cache_fallbacks", 0.0)
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration-s", type=float, default=1800)
+    p.add_argument("--max-requests", type=int, default=100_000)
+    p.add_argument("--parallel", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
+    args = p.parse_args(argv)
+    res = soak(args.duration_s, args.max_requests, args.parallel, args.out.parent / "soak-logs", args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(asdict(res), indent=2) + "\n")
+    for key, value in asdict(res).items():
+        print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()

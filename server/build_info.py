@@ -1,0 +1,33 @@
+"""What this server build is, and the `system_fingerprint` of its answers.
+
+OpenAI's `system_fingerprint` names the backend configuration an answer came from, so a
+client can tell when a change in output may come from a change of server rather than of
+its own request. Ours hashes the build (Arbor's version, llama-cpp-python's and so
+llama.cpp's) and the identity of the model file (the same cheap file hash the disk cache
+keys its segments with): a new build or another model file gives a new fingerprint; a
+restart of the same server keeps it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import metadata
+from pathlib import Path
+
+from server.cache.fingerprint import file_identity
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_string() -> str:
+    return f"arbor-server {_version('arbor')} over llama-cpp-python {_version('llama_cpp_python')}"
+
+
+def system_fingerprint(model_path: Path) -> str:
+    doc = f"{build_string()}\n{file_identity(model_path)}"
+    return "fp_" + hashlib.sha256(doc.encode()).hexdigest()[:16]

@@ -1,0 +1,116 @@
+"""What each prefix source costs here, measured online, and the plan with the lowest
+estimated time to first token.
+
+Rates are exponentially weighted sums (amount, seconds) so one outlier does not decide:
+prefill tokens/s of this model on this hardware (from finished requests: computed prompt
+tokens over the time from admission to the first token, minus the cache's own work, so
+it includes the batching with other requests that a new request will also see), restore
+bytes/s per tier (H, D; measured on every restore, file read included for D) and the
+KV bytes per token. Until the prefill rate is measured the router takes the longest
+match; a tier whose restore rate is not measured yet is assumed as fast as the slowest
+measured one (free when none is), so it gets tried without betting on a known loss.
+
+A plan restores (or attaches) a prefix and computes the rest; its estimate is
+restore_bytes / restore_rate + computed_tokens / prefill_rate. Attaching (S) and keeping
+(A) cost no copy. The lowest estimate wins; ties keep A > S > H > D > none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TIE_ORDER = {"A": 0, "S": 1, "H": 2, "D": 3, "none": 4}
+
+
+class Rate:
+    """amount per second over recent observations (weight `decay` per new observation)."""
+
+    def __init__(self, decay: float = 0.8):
+        self.decay = decay
+        self.amount = 0.0
+        self.seconds = 0.0
+        self.samples = 0
+
+    def observe(self, amount: float, seconds: float) -> None:
+        if amount <= 0 or seconds <= 0:
+            return
+        self.amount = self.amount * self.decay + amount
+        self.seconds = self.seconds * self.decay + seconds
+        self.samples += 1
+
+    @property
+    def per_second(self) -> float | None:
+        return self.amount / self.seconds if self.samples else None
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One way to serve a prompt: reuse `length` tokens from `source`, restoring
+    `restore_tokens` of them, and compute the rest."""
+
+    source: str  # "A" | "S" | "H" | "D" | "none"
+    length: int
+    restore_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    option: PlanOption
+    est_ms: float | None  # None when a needed rate is not measured yet
+    estimates: dict[str, float | None]  # every source considered -> its estimate
+
+    @property
+    def label(self) -> str:
+        o = self.option
+        return o.source if o.source != "none" else "compute"
+
+
+class CostModel:
+    MIN_PREFILL_SAMPLE = 16  # shorter prefills are mostly fixed per-step overhead
+
+    def __init__(self):
+        self.prefill = Rate()  # tokens/s
+        self.restore = {"H": Rate(), "D": Rate()}  # bytes/s
+        self.bytes_per_token = 0
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens >= self.MIN_PREFILL_SAMPLE:
+            self.prefill.observe(tokens, seconds)
+
+    def observe_restore(self, tier: str, nbytes: int, seconds: float, tokens: int) -> None:
+        self.restore[tier].observe(nbytes, seconds)
+        if tokens > 0:
+            self.bytes_per_token = nbytes // tokens
+
+    def estimate_ms(self, opt: PlanOption, prompt_len: int) -> float | None:
+        tps = self.prefill.per_second
+        if tps is None:
+            return None
+        ms = 1000.0 * max(1, prompt_len - opt.length) / tps
+        if opt.restore_tokens and self.bytes_per_token:
+            ms += 1000.0 * opt.restore_tokens * self.bytes_per_token / self.restore_rate(opt.source)
+        return ms
+
+    def restore_rate(self, tier: str) -> float:
+        """Measured bytes/s of `tier`; until measured, that of the slowest measured tier (or
+        unbounded when none is): an unmeasured tier gets tried, but not at a known loss."""
+        known = [r.per_second for r in self.restore.values() if r.per_second is not None]
+        rate = self.restore[tier].per_second if tier in self.restore else None
+        return rate if rate is not None else (min(known) if known else float("inf"))
+
+    def choose(self, options: list[PlanOption], prompt_len: int, *, longest: bool = False) -> Plan:
+        """The cheapest option; the longest (ties A > S > H > D) with `longest` or while the
+        prefill rate is unknown."""
+        options = options + [PlanOption("none", 0)]
+        est = {o.source: self.estimate_ms(o, prompt_len) for o in options}
+        if longest or any(v is None for v in est.values()):
+            best = max(options, key=lambda o: (o.length, -TIE_ORDER[o.source]))
+        else:
+            best = min(options, key=lambda o: (round(est[o.source], 3), TIE_ORDER[o.source]))
+        return Plan(best, est[best.source], est)
+
+    def stats(self) -> dict:
+        return {"prefill_tokens_per_s": self.prefill.per_second,
+                "restore_bytes_per_s": {k: r.per_second for k, r in self.restore.items()},
+                "kv_bytes_per_token": self.bytes_per_token,
+                "samples": {"prefill": self.prefill.samples, **{k: r.samples for k, r in self.restore.items()}}}

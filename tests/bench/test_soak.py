@@ -1,0 +1,27 @@
+"""The soak's short version: 60 seconds of mixed traffic at 2x the slots, with clients cutting
+streams, on all four cache tiers with small budgets. Nothing may answer 5xx, the server must
+stay up, and at rest the KV it holds must be what llama.cpp reports and within its budgets,
+and the disk tier's files must match its index. (The long run: python -m bench.soak.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.soak import soak
+from tests.server.conftest import embedded_model_available
+
+pytestmark = pytest.mark.model
+
+
+def test_sixty_second_soak(tmp_path):
+    why = embedded_model_available()
+    if why:
+        pytest.skip(why)
+    res = soak(duration_s=60, max_requests=10_000, parallel=2, log_dir=tmp_path, seed=1, cut_fraction=0.3)
+    log = (tmp_path / "arbor-soak.log").read_text(errors="replace")[-3000:]
+    assert res.server_alive, log
+    assert res.requests > 0 and res.server_errors == 0 and res.client_errors == 0, (res, log)
+    assert set(res.by_status) == {"200"}, res
+    assert res.kv_end["idle"] and res.kv_end["slots_consistent"], res
+    assert res.kv_end["slot_cells"] <= 2 * 2048 and res.kv_end["resident_cells"] <= 512, res
+    assert res.disk_files == res.disk_index_entries, res

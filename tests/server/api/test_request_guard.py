@@ -1,0 +1,83 @@
+"""Unit tests of the request guard's checks, the grammar checks, and the limit flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.api.errors import APIError, ErrorJSONResponse
+from server.api.grammars import json_schema_grammar
+from server.api.request_guard import Limits, check_body
+from server.cli import build_parser, settings_from_args
+
+LIMITS = Limits(body_bytes=1024, json_depth=8, messages=3, tools=2, stop=1)
+
+
+def refused(body: bytes, limits: Limits = LIMITS) -> APIError:
+    with pytest.raises(APIError) as info:
+        check_body(body, limits)
+    return info.value
+
+
+def test_lone_surrogates_are_named_with_their_path():
+    err = refused(b'{"messages": [{"role": "user", "content": "ok"}, {"content": "a\\udc00"}]}')
+    assert err.status == 400 and err.code == "invalid_unicode" and err.param == "messages.1.content"
+    assert "\\udc00" in err.message
+    assert refused(b'{"x": {"\\ud800": 1}}').param == "x.\ud800"
+
+
+def test_surrogate_pairs_and_nul_in_text_pass():
+    check_body(b'{"messages": [{"content": "\\ud83d\\ude00 a\\u0000b"}]}', LIMITS)
+
+
+def test_depth_is_counted_in_containers():
+    check_body(json.dumps({"a": [[[[[[[1]]]]]]]}).encode(), LIMITS)  # 8 nested containers: the limit
+    assert refused(json.dumps({"a": [[[[[[[[1]]]]]]]]}).encode()).code == "too_deeply_nested"  # 9
+    assert refused(b"[" * 50_000 + b"]" * 50_000).code == "too_deeply_nested"  # past Python's own limit
+
+
+@pytest.mark.parametrize("key,value,code", [("messages", [{}] * 4, "too_many_messages"),
+                                             ("tools", [{}] * 3, "too_many_tools"), ("stop", ["a", "b"], "too_many_stop")])
+def test_counts_name_the_flag(key, value, code):
+    err = refused(json.dumps({key: value}).encode())
+    assert err.code == code and err.param == key and "--max-" in err.message
+
+
+def test_at_the_limits_passes_and_non_json_is_left_to_the_route():
+    check_body(json.dumps({"messages": [{}] * 3, "tools": [{}] * 2, "stop": ["a"]}).encode(), LIMITS)
+    check_body(b'{"messages": [', LIMITS)
+    check_body(b"", LIMITS)
+
+
+def test_error_bodies_are_ascii_even_with_a_surrogate_in_the_message():
+    body = ErrorJSONResponse(APIError("bad name '\ud800'").body()).body
+    assert json.loads(body)["error"]["message"] == "bad name '\ud800'"
+
+
+@pytest.mark.parametrize("schema,why", [
+    ({"enum": ["a\u0000"]}, "NUL"),
+    ({"type": "string", "pattern": "^[\\u0000-\\u001f]$"}, "NUL"),
+    ({"enum": []}, "admits no value"),
+    ({"type": "string", "pattern": "^[z-a]$"}, "inverted"),
+    ({"type": "array", "items": {"type": "integer"}, "maxItems": 5000}, "nests"),
+])
+def test_grammars_llama_cpp_would_fail_on_are_refused(schema, why):
+    with pytest.raises(APIError) as info:
+        json_schema_grammar(schema, param="response_format")
+    assert why in info.value.message and info.value.code == "invalid_schema"
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "pattern": "^[a-z0-9_-]+$"}, {"enum": ["a", "b"]},
+                                    {"type": "array", "items": {"type": "integer"}, "maxItems": 500},
+                                    {"type": "string", "pattern": "^a\\\\u0000$"}])
+def test_ordinary_schemas_still_make_grammars(schema):
+    assert "root ::=" in json_schema_grammar(schema, param="response_format")
+
+
+def test_limits_are_flags_documented_in_help():
+    text = build_parser().format_help()
+    for flag in ("--max-body-kib", "--max-json-depth", "--max-messages", "--max-tools", "--max-stop"):
+        assert flag in text
+    s = settings_from_args(["--max-body-kib", "8", "--max-tools", "0", "--max-stop", "3", "--max-messages", "5"])
+    assert Limits.from_settings(s) == Limits(body_bytes=8192, json_depth=64, messages=5, tools=0, stop=3)

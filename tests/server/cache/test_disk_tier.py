@@ -1,0 +1,86 @@
+"""Tier D without a model: synthetic KV segments written, split, matched and read back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
+from server.cache.eviction import LRUPolicy
+from server.cache.kv_format import KVLayout, KVSegment
+
+LAYOUT = KVLayout(False, (1, 1), (8, 8), (1, 1), (8, 8), (0, 0))
+
+
+def kv_for(tokens: list[int], start: int, end: int) -> KVSegment:
+    """KV whose every row encodes (position, token), so a misplaced read shows."""
+    rows = np.array([[p % 256, tokens[p] % 256] * 4 for p in range(start, end)], dtype=np.uint8)
+    return KVSegment(LAYOUT, start, [rows.copy(), rows.copy()], [rows.copy(), rows.copy()])
+
+
+def positions(seg: KVSegment) -> list[int]:
+    return [int(r[0]) for r in seg.k[0]]
+
+
+@pytest.fixture()
+def disk(tmp_path):
+    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    yield tier
+    tier.close()
+
+
+def test_a_split_by_the_writer_does_not_move_a_pending_read(disk):
+    a = list(range(100, 140))
+    disk.store(a, [(0, kv_for(a, 0, len(a)))])
+    disk.wait_idle()
+    match = disk.match(a[:30])
+    assert match.length == 30
+    b = a[:10] + [7, 8, 9]  # the writer splits the node at 10 before the read
+    disk.store(b, [(0, kv_for(b, 0, len(b)))])
+    disk.wait_idle()
+    got = disk.load(match)
+    assert [p for s in got.segments for p in positions(s)] == list(range(30))
+    assert len(list(disk.dir.glob("*.kvseg"))) == 2  # the split made no new file
+    again = disk.match(a)
+    assert [p for s in disk.load(again).segments for p in positions(s)] == list(range(40))
+    disk.tree.check_invariants()
+
+
+def test_a_range_that_does_not_start_where_the_match_needs_is_refused(disk):
+    a = list(range(50))
+    disk.store(a, [(0, kv_for(a, 0, 20)), (20, kv_for(a, 20, 50))])
+    disk.wait_idle()
+    m = disk.match(a)
+    seg, n = m.parts[0]
+    wrong = DiskMatch(m.length, [(type(seg)(seg.file, seg.start + 5, seg.end), n - 5)], m.node)
+    with pytest.raises(DiskSegmentError, match="does not continue"):
+        disk.load(wrong)
+    assert m.node.lock_ref == 0, "the read's lock reference is released on failure"
+
+
+def test_evicted_ranges_delete_their_file_only_when_unused(disk):
+    a = list(range(60))
+    disk.store(a, [(0, kv_for(a, 0, 60))])
+    disk.wait_idle()
+    disk.store(a[:30] + [1, 2, 3], [(0, kv_for(a[:30] + [1, 2, 3], 0, 33))])
+    disk.wait_idle()
+    files = set(disk.dir.glob("*.kvseg"))
+    assert len(files) == 2
+    disk.flush()
+    assert not list(disk.dir.glob("*.kvseg"))
+    assert disk.stats()["entries"] == 0
+
+
+def test_files_are_reindexed_after_a_restart(tmp_path):
+    a = list(range(200, 260))
+    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    tier.store(a, [(0, kv_for(a, 0, len(a)))])
+    tier.wait_idle()
+    tier.close()
+    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    try:
+        m = tier.match(a)
+        assert m.length == len(a)
+        assert [p for s in tier.load(m).segments for p in positions(s)] == list(range(len(a)))
+    finally:
+        tier.close()
