@@ -212,7 +212,8 @@ def soak_section(res: Path) -> list[str]:
             ("TTFT p50 / p99", f"{_f(r['ttft_p50_s'])} s / {_f(r['ttft_p99_s'])} s"),
             ("RSS start → end", f"{_f(r['rss_start_mib'], 0)} → {_f(r['rss_end_mib'], 0)} MiB ({_f(growth, 1)}%)"),
             ("KV at rest, start", json.dumps(r["kv_start"])), ("KV at rest, end", json.dumps(r["kv_end"])),
-            ("disk files / index entries", f"{r['disk_files']} / {r['disk_index_entries']}"),
+            ("disk files / files the index uses / index ranges",
+             f"{r['disk_files']} / {r.get('disk_index_files', '–')} / {r['disk_index_entries']}"),
             ("cache fallbacks", _f(r["fallbacks"], 0)), ("server alive at the end", r["server_alive"])]
     return out + ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
 

@@ -56,7 +56,8 @@ class SoakResult:
     kv_start: dict = field(default_factory=dict)
     kv_end: dict = field(default_factory=dict)
     disk_files: int = 0
-    disk_index_entries: int = 0
+    disk_index_entries: int = 0  # index ranges; several may share one file after splits
+    disk_index_files: int = 0  # distinct files the index uses
     fallbacks: float = 0.0
     server_alive: bool = True
 
@@ -207,6 +208,7 @@ def soak(duration_s: float, max_requests: int, parallel: int, log_dir: Path, see
         res.rss_end_mib = rss_mib(server.proc.pid)
         res.disk_files = len(list(cache_dir.glob("*.kvseg")))
         res.disk_index_entries = int(m.get("arbor:cache_disk_entries", -1))
+        res.disk_index_files = int(m.get("arbor:cache_disk_files", -1))
         res.fallbacks = m.get("arbor:cache_fallbacks", 0.0)
     shutil.rmtree(cache_dir, ignore_errors=True)
     return res

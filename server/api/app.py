@@ -95,8 +95,9 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
     for tier, name in ((r.host, "host"), (r.disk, "disk")):
         if tier is not None:
             st = tier.stats()
-            for key in ("entries", "tokens", "bytes", "hits", "evictions"):
-                out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", st[key])
+            for key in ("entries", "files", "tokens", "bytes", "hits", "evictions"):
+                if key in st:
+                    out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", st[key])
     if r.resident is not None:
         st = r.resident.stats()
         for key in ("entries", "cells", "hits", "evictions"):

@@ -372,7 +372,10 @@ class DiskTier:
     def stats(self) -> dict:
         with self._lock:
             s = self.tree.stats()
-        return {"entries": s.n_payloads, "tokens": s.payload_tokens, "bytes": s.total_bytes,
+            # nodes split from one write share its file, so files <= entries; every file the
+            # index uses should exist on disk, and no other file should
+            files = len({n.payload.file.path for n in self.tree.nodes() if isinstance(n.payload, DiskSegment)})
+        return {"entries": s.n_payloads, "files": files, "tokens": s.payload_tokens, "bytes": s.total_bytes,
                 "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
                 "skipped_files": self.skipped_files, "write_errors": self.write_errors,
                 "pending_writes": self._queue.qsize()}
