@@ -6,8 +6,13 @@ A request may carry ``{"cache": {"session": "...", "state": "active|tool_wait|do
 both.  Eviction uses them (``eviction.LifecyclePolicy``): a session waiting
 on a tool stays warm, a finished one goes first, a pinned one stays.
 
+A hint rides on a generation request (it takes effect when the request
+ends), or comes alone through ``POST /cache/hint`` when nothing is generated
+(a turn ended, a branch was deleted, the user opened another branch):
+``SessionRegistry.apply`` takes those.
+
 ``parse_cache_hint`` validates; ``SessionRegistry`` remembers each session's
-latest state and the radix path tips it touched.
+latest state, its pin and the radix path tips it touched.
 """
 
 from __future__ import annotations
@@ -43,15 +48,18 @@ class CacheHintError(ValueError):
 
 @dataclass(frozen=True)
 class CacheHint:
-    """A validated lifecycle hint.  The empty hint (all defaults) means "no hint"."""
+    """A validated lifecycle hint.  The empty hint (all defaults) means "no hint".
+
+    ``pin``: True pins the session, False unpins it, None leaves its pin as it is.
+    """
 
     session: str | None = None
     state: CacheState | None = None
-    pin: bool = False
+    pin: bool | None = None
 
     @property
     def is_empty(self) -> bool:
-        return self.session is None and self.state is None and not self.pin
+        return self.session is None and self.state is None and self.pin is None
 
 
 def _check_session(value: Any, param: str) -> str:
@@ -91,8 +99,8 @@ def parse_cache_hint(
     * session: a printable string of 1..256 characters;
     * state: one of active, tool_wait, done;
     * pin: a JSON boolean in the body; true/false/1/0/yes/no/on/off in the header;
-    * state and pin need a session (a pin is released when its session is
-      done, so a pin without a session could never be released);
+    * state and ``pin: true`` need a session (a pin without a session could
+      never be released); ``pin: false`` without a session says nothing;
     * unknown keys in ``body["cache"]`` are rejected (a typo would otherwise
       silently disable the hint).
     """
@@ -127,11 +135,24 @@ def parse_cache_hint(
 
     session = _check_session(*fields["session"]) if "session" in fields else None
     state = _check_state(*fields["state"]) if "state" in fields else None
-    pin = bool(fields["pin"][0]) if "pin" in fields else False
+    pin = bool(fields["pin"][0]) if "pin" in fields else None
     if session is None and (state is not None or pin):
         param = fields["state"][1] if state is not None else fields["pin"][1]
         raise CacheHintError(f"{param} needs a session (cache.session or {SESSION_HEADER})", param)
-    return CacheHint(session=session, state=state, pin=pin)
+    return CacheHint(session=session, state=state, pin=pin if session is not None else None)
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """What the registry holds for one session (the answer of ``POST /cache/hint``)."""
+
+    session: str
+    state: CacheState | None
+    pinned: bool
+    known: bool
+
+    def to_dict(self) -> dict:
+        return {"session": self.session, "state": self.state, "pinned": self.pinned, "known": self.known}
 
 
 @dataclass
@@ -148,8 +169,10 @@ class SessionRegistry:
     (``RadixNode.sessions``) so a policy can rank a node without walking
     sessions; the tree copies tags when it splits an edge.  Tips are held
     weakly: an evicted tip disappears from ``tips()`` without leaking its
-    payload.  Pins are sticky: ``pin=True`` pins a session until it reports
-    ``done`` (which releases it) or is forgotten.
+    payload.  Pins are sticky: ``pin=True`` pins a session until a hint says
+    ``pin: false``, or ``done`` without ``pin: true`` (a release), or it is
+    forgotten.  ``done`` with ``pin: true`` keeps the pin: a finished turn on
+    the branch a user is looking at.
     """
 
     def __init__(self) -> None:
@@ -169,10 +192,10 @@ class SessionRegistry:
         if info is None:
             info = self._sessions[hint.session] = _Session(state)
         info.state = state
-        if state == "done":
-            info.pinned = False
-        elif hint.pin:
-            info.pinned = True
+        if hint.pin is not None:
+            info.pinned = hint.pin
+        elif state == "done":
+            info.pinned = False  # a release
         if tip is not None and tip.attached and not tip.is_root:
             path = list(tip.iter_up())
             for node in path:
@@ -182,6 +205,37 @@ class SessionRegistry:
                 if id(old) in on_path:
                     info.tips.discard(old)
             info.tips.add(tip)
+
+    def apply(self, hint: CacheHint) -> SessionStatus:
+        """Record a hint that came without a request (``POST /cache/hint``).
+
+        It changes only what it names: without a state a known session keeps
+        its state (an unknown one becomes active).  Releasing or unpinning a
+        session the server never saw records nothing (``known`` is False), so
+        hints about deleted branches cannot grow the registry.
+        """
+        if hint.session is None:
+            raise CacheHintError("a hint needs a session (cache.session or X-Arbor-Session)", "session")
+        info = self._sessions.get(hint.session)
+        if info is None and not hint.pin and hint.state in (None, "done"):
+            return SessionStatus(hint.session, None, False, known=False)
+        state = hint.state or (info.state if info is not None else "active")
+        self.observe(CacheHint(hint.session, state, hint.pin))
+        return self.status(hint.session)
+
+    def status(self, session: str) -> SessionStatus:
+        info = self._sessions.get(session)
+        if info is None:
+            return SessionStatus(session, None, False, known=False)
+        return SessionStatus(session, info.state, info.pinned, known=True)
+
+    def summary(self) -> dict:
+        """Counts for /cache/stats: known sessions, pinned ones, sessions per state."""
+        by_state = dict.fromkeys(CACHE_STATES, 0)
+        for info in self._sessions.values():
+            by_state[info.state] += 1
+        return {"sessions": len(self._sessions), "pinned": sum(i.pinned for i in self._sessions.values()),
+                "by_state": by_state}
 
     def state(self, session: str) -> CacheState | None:
         info = self._sessions.get(session)

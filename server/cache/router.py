@@ -282,7 +282,10 @@ class CacheRouter:
         tip = self._timed_store(slot.seq_id, tokens)
         hint = self._slot_hints.pop(slot.index, None)
         if hint is not None and hint.session and tip is not None:
-            self.registry.observe(replace(hint, state=self.registry.state(hint.session), pin=False), tip)
+            # tags the stored path only: the session's state and pin stay as they are
+            session = hint.session
+            self.registry.observe(replace(hint, state=self.registry.state(session),
+                                          pin=self.registry.is_pinned(session)), tip)
 
     def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
         """A resident owner is being evicted (its cells may be freed)."""
@@ -350,8 +353,9 @@ class CacheRouter:
         for slot in self.slots.slots:
             if slot is not seq.slot and not slot.busy:
                 common = max(common, common_prefix_len(slot.tokens, tokens))
-        if hint is not None and hint.pin:
-            common = len(tokens)
+        if hint is not None and (hint.pin or (hint.pin is None and hint.session is not None
+                                              and self.registry.is_pinned(hint.session))):
+            common = len(tokens)  # pinned by this request or by an earlier hint (POST /cache/hint)
         if common >= self.min_tokens:
             self.resident.publish(tokens[:common], seq.slot.seq_id, hint)
 

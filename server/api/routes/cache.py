@@ -1,12 +1,16 @@
-"""GET /cache/stats, POST /cache/flush: what each prefix source holds, and emptying them."""
+"""GET /cache/stats, POST /cache/flush: what each prefix source holds, and emptying them.
+POST /cache/hint: a lifecycle hint without a generation (server/cache/lifecycle.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from server.api.deps import ModelDep, require_api_key
+from server.api.errors import invalid
+from server.cache.lifecycle import CacheHintError, parse_cache_hint
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -32,6 +36,7 @@ def _stats(model, measure: bool) -> dict:
             "D": r.disk.stats() if r and r.disk else {"enabled": False},
         },
         "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch")},
+        "lifecycle": r.registry.summary() if r else None,
         "engine_thread": {"decode_ms": round(model.engine.stats().busy_seconds * 1000.0, 3),
                           "cache_ms": round(r.engine_ms, 3) if r else 0.0,
                           "write_backs": r.write_backs if r else 0,
@@ -61,3 +66,29 @@ async def cache_flush(model: ModelDep):
         return {"flushed": {}}
     freed = await asyncio.to_thread(model.engine.run_exclusive, model.router.flush)
     return {"flushed": freed}
+
+
+@router.post("/cache/hint")
+async def cache_hint(request: Request, model: ModelDep):
+    """A lifecycle hint that no request carries: the body is what a request's ``"cache"``
+    holds (``{"session", "state", "pin"}``), or the X-Arbor-* headers. Answers what the
+    server now holds for the session; ``recorded`` is false when the cache is off."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except ValueError:
+        raise invalid("the body must be a JSON object like a request's \"cache\" field") from None
+    if body is not None and not isinstance(body, dict):
+        raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
+    try:
+        hint = parse_cache_hint({"cache": body}, request.headers)
+        if hint.session is None:
+            raise CacheHintError("a hint needs a session (session in the body, or X-Arbor-Session)", "session")
+    except CacheHintError as exc:
+        raise invalid(str(exc), param=exc.param) from exc
+    r = model.router
+    if r is None:
+        return {"session": hint.session, "recorded": False,
+                "reason": model.cache_note or "the prefix cache is off (only slot reuse)"}
+    status = await asyncio.to_thread(model.engine.run_exclusive, lambda: r.registry.apply(hint))
+    return {**status.to_dict(), "recorded": status.known}

@@ -83,9 +83,45 @@ def test_registry_records_latest_state_and_pins():
     assert reg.state("s") == "active" and not reg.is_pinned("s")
     reg.observe(CacheHint("s", "tool_wait", pin=True))
     assert reg.state("s") == "tool_wait" and reg.is_pinned("s")
+    reg.observe(CacheHint("s", "active"))
+    assert reg.is_pinned("s"), "a hint that does not name the pin keeps it"
     reg.observe(CacheHint("s", "done", pin=True))
-    assert reg.state("s") == "done" and not reg.is_pinned("s"), "done releases the pin"
+    assert reg.state("s") == "done" and reg.is_pinned("s"), "a finished turn on a branch the user looks at"
+    reg.observe(CacheHint("s", "done"))
+    assert reg.state("s") == "done" and not reg.is_pinned("s"), "done without a pin releases it"
+    reg.observe(CacheHint("s", "tool_wait", pin=True))
+    reg.observe(CacheHint("s", "tool_wait", pin=False))
+    assert reg.state("s") == "tool_wait" and not reg.is_pinned("s"), "pin: false unpins"
     assert reg.state("unknown") is None
+
+
+def test_pin_false_is_kept_apart_from_no_pin():
+    assert parse_cache_hint({"cache": {"session": "s"}}).pin is None
+    assert parse_cache_hint({"cache": {"session": "s", "pin": False}}).pin is False
+    assert parse_cache_hint(None, {SESSION_HEADER: "s", PIN_HEADER: "off"}).pin is False
+    assert parse_cache_hint({"cache": {"pin": False}}).is_empty, "pin: false without a session says nothing"
+
+
+def test_bare_hints_change_only_what_they_name():
+    reg = SessionRegistry()
+    assert reg.apply(CacheHint("s", "tool_wait")).to_dict() == {
+        "session": "s", "state": "tool_wait", "pinned": False, "known": True}
+    assert reg.apply(CacheHint("s", pin=True)).to_dict() == {
+        "session": "s", "state": "tool_wait", "pinned": True, "known": True}, "no state: the state stays"
+    assert reg.apply(CacheHint("s", pin=False)).state == "tool_wait"
+    assert reg.apply(CacheHint("new", pin=True)).state == "active", "an unknown session pinned becomes active"
+    assert reg.summary() == {"sessions": 2, "pinned": 1, "by_state": {"active": 1, "tool_wait": 1, "done": 0}}
+
+
+def test_releasing_an_unknown_session_records_nothing():
+    reg = SessionRegistry()
+    for hint in (CacheHint("gone", "done"), CacheHint("gone", pin=False), CacheHint("gone")):
+        status = reg.apply(hint)
+        assert not status.known and status.state is None and not status.pinned
+    assert reg.sessions() == ()
+    with pytest.raises(CacheHintError) as err:
+        reg.apply(CacheHint())
+    assert err.value.param == "session"
 
 
 def test_registry_tips_follow_a_growing_conversation_and_keep_branches():
