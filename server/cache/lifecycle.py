@@ -17,6 +17,7 @@ latest state, its pin and the radix path tips it touched.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -173,10 +174,16 @@ class SessionRegistry:
     ``pin: false``, or ``done`` without ``pin: true`` (a release), or it is
     forgotten.  ``done`` with ``pin: true`` keeps the pin: a finished turn on
     the branch a user is looking at.
+
+    Threads: the engine thread observes requests and ranks nodes; ``apply``
+    runs on the HTTP event loop, so a bare hint never waits for an engine
+    step.  Writes and whole-registry reads hold a lock; the per-node reads
+    eviction makes (``state``, ``is_pinned``) are single dict look-ups.
     """
 
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
+        self._lock = threading.RLock()
 
     def observe(self, hint: CacheHint, tip: RadixNode | None = None) -> None:
         """Record ``hint`` for its session; ``tip`` is the end of the radix path it used.
@@ -187,6 +194,10 @@ class SessionRegistry:
         """
         if hint.session is None:
             return
+        with self._lock:
+            self._observe(hint, tip)
+
+    def _observe(self, hint: CacheHint, tip: RadixNode | None) -> None:
         info = self._sessions.get(hint.session)
         state: CacheState = hint.state or "active"
         if info is None:
@@ -196,10 +207,23 @@ class SessionRegistry:
             info.pinned = hint.pin
         elif state == "done":
             info.pinned = False  # a release
+        self._tag(hint.session, info, tip)
+
+    def tag(self, session: str, tip: RadixNode) -> None:
+        """Tag the path to ``tip`` with ``session`` and leave its state and pin as they are
+        (KV written back to host for a session that already reported its state)."""
+        with self._lock:
+            info = self._sessions.get(session)
+            if info is None:
+                info = self._sessions[session] = _Session("active")
+            self._tag(session, info, tip)
+
+    @staticmethod
+    def _tag(session: str, info: _Session, tip: RadixNode | None) -> None:
         if tip is not None and tip.attached and not tip.is_root:
             path = list(tip.iter_up())
             for node in path:
-                node.sessions.add(hint.session)
+                node.sessions.add(session)
             on_path = set(map(id, path))
             for old in list(info.tips):
                 if id(old) in on_path:
@@ -216,26 +240,29 @@ class SessionRegistry:
         """
         if hint.session is None:
             raise CacheHintError("a hint needs a session (cache.session or X-Arbor-Session)", "session")
-        info = self._sessions.get(hint.session)
-        if info is None and not hint.pin and hint.state in (None, "done"):
-            return SessionStatus(hint.session, None, False, known=False)
-        state = hint.state or (info.state if info is not None else "active")
-        self.observe(CacheHint(hint.session, state, hint.pin))
-        return self.status(hint.session)
+        with self._lock:
+            info = self._sessions.get(hint.session)
+            if info is None and not hint.pin and hint.state in (None, "done"):
+                return SessionStatus(hint.session, None, False, known=False)
+            state = hint.state or (info.state if info is not None else "active")
+            self._observe(CacheHint(hint.session, state, hint.pin), None)
+            return self.status(hint.session)
 
     def status(self, session: str) -> SessionStatus:
-        info = self._sessions.get(session)
-        if info is None:
-            return SessionStatus(session, None, False, known=False)
-        return SessionStatus(session, info.state, info.pinned, known=True)
+        with self._lock:
+            info = self._sessions.get(session)
+            if info is None:
+                return SessionStatus(session, None, False, known=False)
+            return SessionStatus(session, info.state, info.pinned, known=True)
 
     def summary(self) -> dict:
         """Counts for /cache/stats: known sessions, pinned ones, sessions per state."""
+        with self._lock:
+            infos = list(self._sessions.values())
         by_state = dict.fromkeys(CACHE_STATES, 0)
-        for info in self._sessions.values():
+        for info in infos:
             by_state[info.state] += 1
-        return {"sessions": len(self._sessions), "pinned": sum(i.pinned for i in self._sessions.values()),
-                "by_state": by_state}
+        return {"sessions": len(infos), "pinned": sum(i.pinned for i in infos), "by_state": by_state}
 
     def state(self, session: str) -> CacheState | None:
         info = self._sessions.get(session)
@@ -253,7 +280,8 @@ class SessionRegistry:
         return tuple(sorted((t for t in info.tips if t.attached), key=lambda n: n.id))
 
     def sessions(self) -> tuple[str, ...]:
-        return tuple(self._sessions)
+        with self._lock:
+            return tuple(self._sessions)
 
     def states_of(self, node: RadixNode) -> tuple[CacheState, ...]:
         """States of the known sessions whose paths pass through ``node``."""
@@ -264,7 +292,8 @@ class SessionRegistry:
 
     def forget(self, session: str, nodes: Iterable[RadixNode] = ()) -> None:
         """Drop a session and remove its tag from ``nodes`` (pass ``tree.nodes()``)."""
-        self._sessions.pop(session, None)
+        with self._lock:
+            self._sessions.pop(session, None)
         for node in nodes:
             node.sessions.discard(session)
 
@@ -273,9 +302,10 @@ class SessionRegistry:
 
         Their nodes then rank as untagged (plain LRU) instead of "done first".
         """
-        done = {name for name, info in self._sessions.items() if info.state == "done"}
-        for name in done:
-            del self._sessions[name]
+        with self._lock:
+            done = {name for name, info in self._sessions.items() if info.state == "done"}
+            for name in done:
+                del self._sessions[name]
         if done:
             for node in tree.nodes():
                 node.sessions -= done

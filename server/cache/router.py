@@ -282,10 +282,7 @@ class CacheRouter:
         tip = self._timed_store(slot.seq_id, tokens)
         hint = self._slot_hints.pop(slot.index, None)
         if hint is not None and hint.session and tip is not None:
-            # tags the stored path only: the session's state and pin stay as they are
-            session = hint.session
-            self.registry.observe(replace(hint, state=self.registry.state(session),
-                                          pin=self.registry.is_pinned(session)), tip)
+            self.registry.tag(hint.session, tip)
 
     def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
         """A resident owner is being evicted (its cells may be freed)."""
