@@ -8,6 +8,7 @@ exporter if one is added later; what GenAI has no name for uses an ``arbor.`` pr
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlparse
@@ -110,14 +111,18 @@ class TraceRecorder:
         self.session_id, self.branch_id, self.turn_id, self.run_id = session_id, branch_id, turn_id, run_id
         self.base_url = base_url
 
-    def _save(self, row: Any) -> str:
+    async def _save(self, row: Any) -> str:
+        # The graph's nodes are async: the write runs in a worker thread, off the event loop.
+        return await asyncio.to_thread(self._write, row)
+
+    def _write(self, row: Any) -> str:
         row_id = row.id  # read before commit expires the instance
         with Session(self.engine) as db:
             db.add(row)
             db.commit()
         return row_id
 
-    def model_call(self, *, step: int, body: dict, started_at: datetime, duration_ms: float,
+    async def model_call(self, *, step: int, body: dict, started_at: datetime, duration_ms: float,
                    result: ModelCallResult | None = None, error: str | None = None,
                    error_type: str | None = None) -> str:
         """Record a chat call; `body` is the exact request body. Returns the span id."""
@@ -140,9 +145,9 @@ class TraceRecorder:
                                              branch_id=self.branch_id, step=step, error_type=error_type),
             request=body, response=response,
         )
-        return self._save(span)
+        return await self._save(span)
 
-    def compaction(self, *, step: int, fitted: FittedRequest, retry: bool = False) -> str:
+    async def compaction(self, *, step: int, fitted: FittedRequest, retry: bool = False) -> str:
         """Record that the request of model step `step` carries a compacted history. Returns the span id."""
         done = fitted.compaction
         span = Span(
@@ -153,9 +158,9 @@ class TraceRecorder:
                                  f"{done.reduced_turns} turn(s) reduced, {done.dropped_turns} dropped of "
                                  f"{done.past_turns}"},
         )
-        return self._save(span)
+        return await self._save(span)
 
-    def tool_call(self, *, name: str, call_id: str, arguments: Any, started_at: datetime, duration_ms: float,
+    async def tool_call(self, *, name: str, call_id: str, arguments: Any, started_at: datetime, duration_ms: float,
                   context_text: str, error: str | None, error_type: str | None, trimmed: bool,
                   full_chars: int | None, artifact_id: str | None, requires_approval: bool,
                   decision: str | None) -> str:
@@ -171,9 +176,9 @@ class TraceRecorder:
             response={"content": context_text, "trimmed": trimmed, "full_chars": full_chars},
             artifact_id=artifact_id,
         )
-        return self._save(span)
+        return await self._save(span)
 
-    def artifact(self, *, artifact_id: str, tool_name: str, call_id: str, content: str, context_chars: int) -> None:
-        self._save(Artifact(id=artifact_id, session_id=self.session_id, turn_id=self.turn_id, tool_name=tool_name,
+    async def artifact(self, *, artifact_id: str, tool_name: str, call_id: str, content: str, context_chars: int) -> None:
+        await self._save(Artifact(id=artifact_id, session_id=self.session_id, turn_id=self.turn_id, tool_name=tool_name,
                             tool_call_id=call_id, content=content, chars=len(content),
                             context_chars=context_chars, created_at=utcnow()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.agent.cache_hints import CacheHints, hint_key
 from app.agent.context_budget import ContextBudget
 from app.agent.model_client import ModelAdapter
 from app.tracing import TraceRecorder
@@ -27,6 +28,7 @@ class TurnContext:
     recorder: TraceRecorder
     tool_context: ToolContext
     tool_budget_chars: int
+    hints: CacheHints
     force_tool: bool = False
     tool_choice: str | dict | None = None
     history_len: int = 0  # messages of the conversation that belong to earlier turns
@@ -34,4 +36,4 @@ class TurnContext:
     @property
     def cache_session(self) -> str:
         """The session key of the cache hints: one per branch of a session."""
-        return f"{self.session_id}/{self.branch_id}"
+        return hint_key(self.session_id, self.branch_id)

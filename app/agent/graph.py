@@ -14,6 +14,10 @@ tool call, resumed with ``Command(resume={"approved": bool, "comment": str})``.
 
 The approval node only asks; it runs nothing, because LangGraph re-executes an interrupted
 node from its start when resumed. Tools run afterwards, once, in the tools node.
+
+Cache hints: each model request says ``active``; the approval and tools nodes tell the server
+the branch waits on tools (``tool_wait``), however long the operator takes; the turn's end is
+told by app/services/turns.py.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
             max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
             cache_session=ctx.cache_session)
         if fitted.compacted:
-            span_id = ctx.recorder.compaction(step=step, fitted=fitted, retry=attempt > 1)
+            span_id = await ctx.recorder.compaction(step=step, fitted=fitted, retry=attempt > 1)
             write({"type": "compacted", "step": step, "span_id": span_id,
                    "tokens_before": fitted.compaction.tokens_before, "tokens_after": fitted.compaction.tokens_after,
                    "reduced_turns": fitted.compaction.reduced_turns, "dropped_turns": fitted.compaction.dropped_turns})
@@ -53,14 +57,14 @@ async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
             result = await ctx.adapter.stream(body, on_token=lambda text: write({"type": "token", "text": text}))
             break
         except ModelBackendError as exc:
-            ctx.recorder.model_call(step=step, body=body, started_at=started_at,
+            await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
                                     duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc), error_type=exc.kind)
             # Our estimate fell short of the server's count: compact harder, once.
             if attempt == 2 or not exc.context_exceeded or fitted.limit is None:
                 raise
             ctx.budget.tighten(body, str(exc))
     ctx.budget.observe(body, result.prompt_tokens)
-    span_id = ctx.recorder.model_call(step=step, body=body, started_at=started_at,
+    span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
                                       duration_ms=result.duration_ms, result=result)
     write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,
            "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
@@ -79,8 +83,9 @@ async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
     return update
 
 
-def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
+async def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
     """Ask the operator about each proposed action of the last model message, in order."""
+    await runtime.context.hints.tool_wait(runtime.context.cache_session)
     decided = state.get("decisions") or {}
     calls = {c["id"]: c for c in state["messages"][-1]["tool_calls"]}
     decisions: dict[str, dict] = {}
@@ -97,6 +102,7 @@ def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
 
 async def run_tools(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
     ctx = runtime.context
+    await ctx.hints.tool_wait(ctx.cache_session)
     decisions = state.get("decisions") or {}
     messages = []
     for call in state["messages"][-1]["tool_calls"]:

@@ -4,14 +4,11 @@ It uses `openai.AsyncOpenAI` (base URL, key and timeout from the settings) and w
 against arbor-server, llama-server, vLLM or SGLang. The request body is built here in one
 place (`build_body`) so the exact body sent is also what the trace and the manifest store.
 
-Cache hints (the cache issue's lifecycle extension, ignored by other servers) travel twice:
-as the body extension ``"cache": {"session", "state"}`` and as ``X-Arbor-Session`` /
-``X-Arbor-Cache-State`` headers. A hint is attached to a request, so its ``state`` says what
-the session does once the server has answered *this* request:
-
-- ``tool_wait``: the client will run tools next (the request forces a tool call);
-- ``done``: the turn ends with this answer (the request forbids tools: last step);
-- ``active``: otherwise (the model decides).
+Cache hints (arbor-server's lifecycle extension, ignored by other servers) travel twice: as
+the body extension ``"cache": {"session", "state"}`` and as ``X-Arbor-Session`` /
+``X-Arbor-Cache-State`` headers. A model request always says ``active``: the model is being
+called. What happens between requests (tools, an approval, the end of a turn) is told by the
+hints that need no request (app/agent/cache_hints.py).
 
 Failures become `ModelBackendError` with a readable message and a `kind`
 (``unreachable``, ``timeout``, ``http_error``, ``bad_response``, ``context_exceeded``); the
@@ -74,15 +71,6 @@ class ModelCallResult:
         return message
 
 
-def cache_state_for(tool_choice: Any, offers_tools: bool) -> str:
-    """The lifecycle state a request announces (see the module docstring)."""
-    if not offers_tools or tool_choice == "none":
-        return "done"
-    if tool_choice == "required" or isinstance(tool_choice, dict):
-        return "tool_wait"
-    return "active"
-
-
 class ModelAdapter:
     """Streams chat completions from the configured backend."""
 
@@ -130,7 +118,7 @@ class ModelAdapter:
             body["tools"] = tools
             if tool_choice is not None:
                 body["tool_choice"] = tool_choice
-        body["cache"] = {"session": cache_session, "state": cache_state_for(tool_choice, bool(tools))}
+        body["cache"] = {"session": cache_session, "state": "active"}
         return body
 
     @staticmethod

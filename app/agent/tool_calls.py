@@ -116,12 +116,12 @@ async def execute_tool_call(ctx: TurnContext, call: dict, decision: dict | None 
         content, trimmed, full_chars = shaped.context_text, shaped.trimmed, shaped.full_chars
         if trimmed:
             artifact_id = candidate_id
-            ctx.recorder.artifact(artifact_id=artifact_id, tool_name=name, call_id=call_id,
+            await ctx.recorder.artifact(artifact_id=artifact_id, tool_name=name, call_id=call_id,
                                   content=shaped.full_text, context_chars=len(content))
     decision_name = None
     if requires_approval and decision is not None:
         decision_name = "approved" if decision.get("approved") else "rejected"
-    span_id = ctx.recorder.tool_call(
+    span_id = await ctx.recorder.tool_call(
         name=name, call_id=call_id, arguments=arguments, started_at=started_at, duration_ms=duration_ms,
         context_text=content, error=error, error_type=error_type, trimmed=trimmed, full_chars=full_chars,
         artifact_id=artifact_id, requires_approval=requires_approval, decision=decision_name)

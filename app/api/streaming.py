@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi.responses import JSONResponse
@@ -23,7 +24,7 @@ def event_stream(handle: TurnHandle) -> EventSourceResponse:
 async def collected(handle: TurnHandle, turns: TurnService) -> JSONResponse:
     """Wait for the run to stop; 200 with the turn and its events, 502 when the model backend failed."""
     events = await handle.collect()
-    turn = turns.turn_public(handle.turn_id).model_dump(mode="json")
+    turn = (await asyncio.to_thread(turns.turn_public, handle.turn_id)).model_dump(mode="json")
     body = {"turn": turn, "events": events}
     error = next((e for e in events if e["type"] == "error"), None)
     if error is None:

@@ -19,12 +19,18 @@ Event types (each a dict with "type"):
 
 Each LangGraph thread is one run of one turn (thread id "turn-<turn id>"); the conversation
 history comes from the turn tree, so forks and branch switches never copy graph state.
+
+Database work runs in worker threads (`asyncio.to_thread`), never on the event loop that
+streams every turn. When a turn ends (answer, budget, failure; not a pause for approval) the
+inference server is told its branch is done (app/agent/cache_hints.py) before the event
+stream closes, so a next turn's hints always come after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -34,6 +40,7 @@ from langgraph.types import Command
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.agent.cache_hints import CacheHints
 from app.agent.context import TurnContext
 from app.agent.context_budget import ContextBudget
 from app.agent.model_client import ModelAdapter, ModelBackendError
@@ -77,7 +84,11 @@ class TurnService:
                  catalog: ScenarioCatalog, budget: ContextBudget) -> None:
         self.settings, self.engine, self.graph, self.adapter, self.catalog = settings, engine, graph, adapter, catalog
         self.budget = budget
+        self.hints = CacheHints(settings.llm_base_url, settings.llm_api_key)
         self._tasks: set[asyncio.Task] = set()
+        # Check-then-write steps (branch busy? approval pending?) run in worker threads now;
+        # this keeps each one atomic against a concurrent request, as the event loop did.
+        self._record_lock = threading.Lock()
         self.tool_context = ToolContext(incident_base_url=settings.incident_base_url,
                                         http_timeout_s=settings.incident_timeout_s,
                                         workspace_dir=settings.data_dir / "workspace")
@@ -91,10 +102,17 @@ class TurnService:
                                  f"{self.settings.max_message_chars} (ARBOR_MAX_MESSAGE_CHARS)")
         return message
 
-    def start_turn(self, session_id: str, request: TurnCreate) -> TurnHandle:
+    async def start_turn(self, session_id: str, request: TurnCreate) -> TurnHandle:
         """Validate and record a new turn, then run it in the background."""
+        handle, first, graph_input, context, thread_id = await asyncio.to_thread(
+            self._record_turn, session_id, request)
+        handle.queue.put_nowait(first)  # here, on the loop: asyncio queues are not thread-safe
+        self._launch(handle, graph_input, context, thread_id)
+        return handle
+
+    def _record_turn(self, session_id: str, request: TurnCreate) -> tuple[TurnHandle, dict, dict, TurnContext, str]:
         message = self.validate_message(request.message)
-        with Session(self.engine) as db:
+        with self._record_lock, Session(self.engine) as db:
             session = sessions_service.get_session(db, session_id)
             scenario = self.catalog.get(session.scenario)
             branch = sessions_service.get_branch(db, session, request.branch_id)
@@ -122,13 +140,19 @@ class TurnService:
         graph_input = {"messages": [*past, {"role": "user", "content": message}], "steps": 0,
                        "max_steps": self.settings.step_budget, "awaiting": [], "decisions": {},
                        "final_answer": None, "outcome": None}
+        return handle, first, graph_input, context, run.thread_id
+
+    async def decide(self, approval_id: str, approved: bool, comment: str) -> TurnHandle:
+        """Record the operator's decision and resume the paused run."""
+        handle, first, context, thread_id = await asyncio.to_thread(
+            self._record_decision, approval_id, approved, comment)
         handle.queue.put_nowait(first)
-        self._launch(handle, graph_input, context, run.thread_id)
+        self._launch(handle, Command(resume={"approved": approved, "comment": comment}), context, thread_id)
         return handle
 
-    def decide(self, approval_id: str, approved: bool, comment: str) -> TurnHandle:
-        """Record the operator's decision and resume the paused run."""
-        with Session(self.engine) as db:
+    def _record_decision(self, approval_id: str, approved: bool,
+                         comment: str) -> tuple[TurnHandle, dict, TurnContext, str]:
+        with self._record_lock, Session(self.engine) as db:
             approval = db.get(Approval, approval_id)
             if approval is None:
                 raise NotFound(f"unknown approval {approval_id!r}", "unknown_approval")
@@ -153,9 +177,7 @@ class TurnService:
                      "branch_id": turn.branch_id, "parent_turn_id": turn.parent_turn_id, "resumed": True}
             context = self._context(session, turn, run, scenario)
             thread_id = run.thread_id
-        handle.queue.put_nowait(first)
-        self._launch(handle, Command(resume={"approved": approved, "comment": comment}), context, thread_id)
-        return handle
+        return handle, first, context, thread_id
 
     async def shutdown(self) -> None:
         """Wait briefly for running turns, then cancel what is left (they are marked failed)."""
@@ -164,6 +186,7 @@ class TurnService:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await self.hints.close()
 
     # -- the run itself --------------------------------------------------------------------------
     def _context(self, session: AgentSession, turn: Turn, run: Run, scenario: Any) -> TurnContext:
@@ -175,7 +198,7 @@ class TurnService:
                            tool_context=replace(self.tool_context, artifact_reader=partial(
                                session_artifact_text, self.engine, session.id),
                                result_budget_chars=self.settings.tool_result_budget_chars),
-                           tool_budget_chars=self.settings.tool_result_budget_chars,
+                           tool_budget_chars=self.settings.tool_result_budget_chars, hints=self.hints,
                            force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"),
                            history_len=options.get("history_len", 0))
 
@@ -186,6 +209,14 @@ class TurnService:
         task.add_done_callback(self._tasks.discard)
 
     async def _drive(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> None:
+        try:
+            if await self._run_graph(handle, graph_input, context, thread_id):
+                await self.hints.turn_ended(context.cache_session)
+        finally:
+            handle.queue.put_nowait(_END)
+
+    async def _run_graph(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> bool:
+        """Run the graph, emit its events and record the outcome; False when it waits for the operator."""
         emit = handle.queue.put_nowait
         config = {"configurable": {"thread_id": thread_id}}
         try:
@@ -197,21 +228,21 @@ class TurnService:
                 elif isinstance(chunk, dict) and "__interrupt__" in chunk:
                     interrupts.extend(chunk["__interrupt__"])
             if interrupts:
-                emit(self._pause(context, interrupts[0].value))
-            else:
-                state = await self.graph.aget_state(config)
-                emit(self._complete(context, state.values))
+                emit(await asyncio.to_thread(self._pause, context, interrupts[0].value))
+                return False
+            state = await self.graph.aget_state(config)
+            emit(await asyncio.to_thread(self._complete, context, state.values))
         except ModelBackendError as exc:
-            emit(self._fail(context, str(exc), f"model_backend_{exc.kind}", retryable=True))
+            emit(await asyncio.to_thread(self._fail, context, str(exc), f"model_backend_{exc.kind}", True))
         except asyncio.CancelledError:
+            # synchronously: the workbench is stopping, and an await here could be cancelled too
             self._fail(context, "the workbench stopped while this turn was running", "cancelled", retryable=True)
             raise
         except Exception as exc:  # keep the process up and the session usable
             log.exception("turn %s failed", context.turn_id)
-            emit(self._fail(context, f"internal error: {type(exc).__name__}: {exc}", "internal_error",
-                            retryable=True))
-        finally:
-            handle.queue.put_nowait(_END)
+            emit(await asyncio.to_thread(self._fail, context, f"internal error: {type(exc).__name__}: {exc}",
+                                         "internal_error", True))
+        return True
 
     def _pause(self, context: TurnContext, request: dict) -> dict:
         with Session(self.engine) as db:

@@ -24,7 +24,7 @@ const els = {
   tree: document.getElementById("turn-tree"),
 };
 
-const state = { detail: null, history: null, spans: [], scenario: null, streaming: false };
+const state = { detail: null, history: null, spans: [], scenario: null, streaming: false, reportedBranch: null };
 
 // -- small helpers ------------------------------------------------------------------------
 function showError(text) {
@@ -63,10 +63,21 @@ function pendingTurns() {
 }
 
 // -- loading -------------------------------------------------------------------------------
+/** Tell the workbench which branch this page shows: it keeps that branch's cache pinned on the
+ * inference server. Only when it changed (or `again`); a failure only costs cache warmth. */
+function reportOpenBranch(branchId, again = false) {
+  if (!branchId || (branchId === state.reportedBranch && !again)) return;
+  state.reportedBranch = branchId;
+  api(`${base}/branches/${encodeURIComponent(branchId)}/open`, { method: "POST" }).catch(() => {
+    state.reportedBranch = null;
+  });
+}
+
 async function load() {
   try {
     const detail = await api(base);
     state.detail = detail;
+    reportOpenBranch(detail.active_branch_id);
     const [history, trace, scenario] = await Promise.all([
       detail.active_branch_id ? api(`${base}/branches/${encodeURIComponent(detail.active_branch_id)}`) : null,
       api(`${base}/trace`).catch(() => ({ spans: [] })),
@@ -496,6 +507,10 @@ els.message.addEventListener("keydown", (event) => {
     event.preventDefault();
     sendMessage(els.message.value);
   }
+});
+document.addEventListener("visibilitychange", () => {
+  // Back to this tab, maybe after another tab opened another branch: this one is looked at again.
+  if (!document.hidden) reportOpenBranch(state.detail?.active_branch_id, true);
 });
 const ask = new URLSearchParams(window.location.search).get("ask");
 if (ask) els.message.value = ask;

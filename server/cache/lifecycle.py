@@ -245,7 +245,10 @@ class SessionRegistry:
             if info is None and not hint.pin and hint.state in (None, "done"):
                 return SessionStatus(hint.session, None, False, known=False)
             state = hint.state or (info.state if info is not None else "active")
-            self._observe(CacheHint(hint.session, state, hint.pin), None)
+            pin = hint.pin
+            if hint.state is None and pin is None and info is not None:
+                pin = info.pinned  # a kept "done" must not read as a release
+            self._observe(CacheHint(hint.session, state, pin), None)
             return self.status(hint.session)
 
     def status(self, session: str) -> SessionStatus:

@@ -1,10 +1,9 @@
-"""Pure parts of the agent: routers, tool_choice policy, trimming, cache-hint states."""
+"""Pure parts of the agent: routers, tool_choice policy, trimming."""
 
 import json
 
 from langgraph.graph import END
 
-from app.agent.model_client import cache_state_for
 from app.agent.routers import route_after_model, tool_choice_for_step
 from app.agent.trimming import trim_tool_result
 
@@ -33,11 +32,6 @@ def test_tool_choice_policy():
     assert tool_choice_for_step(1, 4, True, named) == named
     assert tool_choice_for_step(4, 4, False, None) == "none"
     assert tool_choice_for_step(1, 1, True, None) == "required"  # forcing wins on a one-step budget
-    assert cache_state_for("required", True) == "tool_wait"
-    assert cache_state_for(named, True) == "tool_wait"
-    assert cache_state_for(None, True) == "active"
-    assert cache_state_for("none", True) == "done"
-    assert cache_state_for(None, False) == "done"
 
 
 def test_small_results_pass_unchanged():

@@ -30,12 +30,14 @@ def test_tool_loop_runs_tool_and_feeds_result_back(tmp_path):
         # the tool result reached the model, paired with its call
         assert second["messages"][-2]["tool_calls"][0]["id"] == "c1"
         assert second["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": '{"echo":"ping"}'}
-        # cache hints: body extension and headers, one session key per branch
+        # cache hints: body extension and headers, one session key per branch; a model request
+        # is active, the tools between requests and the end of the turn are told on their own
         hint_key = f"{session['id']}/{session['active_branch_id']}"
-        assert first["cache"] == {"session": hint_key, "state": "tool_wait"}
-        assert second["cache"] == {"session": hint_key, "state": "active"}
+        assert first["cache"] == second["cache"] == {"session": hint_key, "state": "active"}
         assert fake.requests[0]["headers"]["x-arbor-session"] == hint_key
-        assert fake.requests[0]["headers"]["x-arbor-cache-state"] == "tool_wait"
+        assert fake.requests[0]["headers"]["x-arbor-cache-state"] == "active"
+        assert fake.timeline == [("chat", first["cache"]), ("hint", {"session": hint_key, "state": "tool_wait"}),
+                                 ("chat", second["cache"]), ("hint", {"session": hint_key, "state": "done"})]
 
         detail = client.get(f"/api/sessions/{session['id']}").json()
         (turn,) = detail["turns"]
@@ -59,7 +61,9 @@ def test_step_budget_stops_a_model_that_never_answers(tmp_path):
             assert "step budget of 3" in final["content"]
             assert len(fake.bodies) == 3
             assert len(of_type(events, "tool_result")) == 2  # the last step's calls were not executed
-            assert fake.bodies[-1]["tool_choice"] == "none" and fake.bodies[-1]["cache"]["state"] == "done"
+            assert fake.bodies[-1]["tool_choice"] == "none" and fake.bodies[-1]["cache"]["state"] == "active"
+            assert [h.get("state") for h in fake.hints] == ["tool_wait", "tool_wait", "done"], \
+                "done only when the turn ends at the budget, not with the last request"
             turn = client.get(f"/api/sessions/{session['id']}").json()["turns"][0]
             # every tool call of the stored history has its answer, so the next turn is a valid request
             calls = [c["id"] for m in turn["messages"] if m["role"] == "assistant" for c in m.get("tool_calls", [])]

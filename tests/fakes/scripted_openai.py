@@ -26,6 +26,10 @@ Contract of the responses (mirrors arbor-server, see the helper brief):
   ``stream_options.include_usage`` is true, then ``data: [DONE]``;
 - ``status`` other than 200 answers an OpenAI-style error body with that status;
 - an exhausted reply list answers 500 with a message saying so (the test then fails loudly);
+- ``POST /cache/hint`` (arbor-server's bare lifecycle hint) is checked with the server's own
+  parser and recorded in ``hints``; ``timeline`` holds ``("chat", body["cache"])`` and
+  ``("hint", hint)`` in arrival order; with ``hint_endpoint=False`` it answers 404 like a
+  server without it;
 - with ``n_ctx`` set, the fake has a context like arbor-server: ``GET /props`` reports it
   (``default_generation_settings.n_ctx``; with ``limit_via="models"`` it is ``max_model_len`` of
   ``GET /v1/models`` instead, as vLLM reports it), and a request whose prompt tokens +
@@ -51,6 +55,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from server.cache.lifecycle import CacheHintError, parse_cache_hint
 
 MODEL_ID = "scripted-fake"
 
@@ -104,6 +110,10 @@ class ScriptedOpenAI:
     n_ctx: int | None = None  # tokens one request may hold; None: no limit, no /props
     limit_via: str = "props"  # where n_ctx is reported: "props" | "models"
     chars_per_token: float = 4.0  # the fake's tokenizer (tests may change it between requests)
+    hint_endpoint: bool = True
+    hint_refusals: int = 0  # hints answered 404 because hint_endpoint is False
+    hints: list[dict] = field(default_factory=list)
+    timeline: list[tuple[str, dict | None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._queue = None if callable(self.replies) else list(self.replies)
@@ -176,10 +186,27 @@ class ScriptedOpenAI:
                 return _error(404, "File Not Found")
             return {"total_slots": 1, "default_generation_settings": {"n_ctx": self.n_ctx}}
 
+        @app.post("/cache/hint")
+        async def cache_hint(request: Request):
+            if not self.hint_endpoint:
+                self.hint_refusals += 1
+                return _error(404, "File Not Found")
+            body = await request.json()
+            try:
+                parsed = parse_cache_hint({"cache": body}, None)
+            except CacheHintError as exc:
+                return _error(400, str(exc))
+            if parsed.session is None:
+                return _error(400, "a hint needs a session")
+            self.hints.append(body)
+            self.timeline.append(("hint", body))
+            return {"session": parsed.session, "recorded": True}
+
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
             body = await request.json()
             self.requests.append({"body": body, "headers": {k.lower(): v for k, v in request.headers.items()}})
+            self.timeline.append(("chat", body.get("cache")))
             prompt = _prompt_tokens(body, self.chars_per_token)
             if self.n_ctx and prompt + (body.get("max_tokens") or 0) > self.n_ctx:
                 return _error(400, f"max_tokens={body.get('max_tokens')} does not fit: the prompt has {prompt} "

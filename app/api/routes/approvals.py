@@ -34,7 +34,7 @@ def get_approval(approval_id: str, db: DbDep) -> ApprovalPublic:
 @router.post("/{approval_id}")
 async def decide(approval_id: str, decision: ApprovalDecision, turns: TurnServiceDep):
     """Approve or reject; the run resumes and its remaining events stream like a turn's."""
-    handle = turns.decide(approval_id, decision.approved, decision.comment)
+    handle = await turns.decide(approval_id, decision.approved, decision.comment)
     if decision.stream:
         return event_stream(handle)
     return await collected(handle, turns)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
-from sqlmodel import select
+from sqlmodel import Session, select
 
+from app.agent.cache_hints import hint_key
 from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
 from app.api.deps import AgentSessionDep, CatalogDep, DbDep, TurnServiceDep, WorkbenchDep
-from app.db.models import AgentSession, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic
+from app.db.models import AgentSession, Branch, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic
 from app.errors import WorkbenchError
 from app.services import sessions as sessions_service
 
@@ -64,9 +66,18 @@ def update_session(request: SessionUpdate, session: AgentSessionDep, db: DbDep) 
 
 
 @router.delete("/{session_id}", status_code=204)
-def delete_session(session: AgentSessionDep, db: DbDep) -> Response:
-    sessions_service.delete_session(db, session)
+async def delete_session(session: AgentSessionDep, db: DbDep, turns: TurnServiceDep) -> Response:
+    """Delete the session; the inference server is told its branches are done (a release)."""
+    keys = await asyncio.to_thread(_delete_session, db, session)
+    await turns.hints.release(keys)
     return Response(status_code=204)
+
+
+def _delete_session(db: Session, session: AgentSession) -> list[str]:
+    branches = db.exec(select(Branch.id).where(Branch.session_id == session.id)).all()
+    keys = [hint_key(session.id, branch_id) for branch_id in branches]
+    sessions_service.delete_session(db, session)
+    return keys
 
 
 @router.post("/{session_id}/branches", status_code=201)
@@ -74,6 +85,15 @@ def fork_branch(request: BranchCreate, session: AgentSessionDep, db: DbDep) -> B
     """Fork a branch from `turn_id` (its history up to and including that turn); it becomes active."""
     branch = sessions_service.fork_branch(db, session, request.turn_id, request.name)
     return BranchPublic.model_validate(branch)
+
+
+@router.post("/{session_id}/branches/{branch_id}/open", status_code=204)
+async def open_branch(branch_id: str, session: AgentSessionDep, db: DbDep, turns: TurnServiceDep) -> Response:
+    """The user opened this branch (the session page shows it): the workbench pins its cache on
+    the inference server and unpins the branch it pinned before. Nothing changes in the database."""
+    branch = await asyncio.to_thread(sessions_service.get_branch, db, session, branch_id)
+    await turns.hints.open_branch(hint_key(session.id, branch.id))
+    return Response(status_code=204)
 
 
 @router.get("/{session_id}/branches/{branch_id}")
@@ -104,7 +124,7 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
         body, fitted = await fitted_step_body(
             workbench.budget, workbench.adapter, scenario, model, [*past, {"role": "user", "content": message}],
             len(past), step=1, max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
-            tool_choice=request.tool_choice, cache_session=f"{session.id}/{branch.id}")
+            tool_choice=request.tool_choice, cache_session=hint_key(session.id, branch.id))
     except ModelBackendError as exc:  # the message alone does not fit the context
         raise WorkbenchError(str(exc), "context_exceeded", 422) from None
     if fitted.compacted:

@@ -15,7 +15,7 @@ router = APIRouter(tags=["turns"])
 @router.post("/sessions/{session_id}/turns")
 async def run_turn(session_id: str, request: TurnCreate, turns: TurnServiceDep):
     """Run one turn on `branch_id` (default: the active branch). `stream` false waits and answers JSON."""
-    handle = turns.start_turn(session_id, request)
+    handle = await turns.start_turn(session_id, request)
     if request.stream:
         return event_stream(handle)
     return await collected(handle, turns)

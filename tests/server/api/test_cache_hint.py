@@ -39,6 +39,7 @@ def test_a_bare_hint_changes_only_what_it_names(arbor_server):
     assert after["by_state"]["tool_wait"] == before["by_state"]["tool_wait"] + 1
     # done with pin keeps the pin (a finished turn the user looks at); done alone releases it
     assert _hint(arbor_server, {"session": s, "state": "done", "pin": True}).json()["pinned"] is True
+    assert _hint(arbor_server, {"session": s}).json()["pinned"] is True, "naming nothing changes nothing"
     r = _hint(arbor_server, {"session": s, "state": "done"})
     assert r.json()["state"] == "done" and r.json()["pinned"] is False
     assert _lifecycle(arbor_server)["lifecycle"]["pinned"] == before["pinned"]

@@ -110,6 +110,11 @@ def test_bare_hints_change_only_what_they_name():
         "session": "s", "state": "tool_wait", "pinned": True, "known": True}, "no state: the state stays"
     assert reg.apply(CacheHint("s", pin=False)).state == "tool_wait"
     assert reg.apply(CacheHint("new", pin=True)).state == "active", "an unknown session pinned becomes active"
+    reg.apply(CacheHint("new", "done", pin=True))
+    assert reg.apply(CacheHint("new")).pinned, "a hint naming neither state nor pin changes nothing"
+    reg.apply(CacheHint("new", "tool_wait"))
+    assert reg.apply(CacheHint("new", "done")).pinned is False, "done named alone releases"
+    reg.apply(CacheHint("new", "active", pin=True))
     assert reg.summary() == {"sessions": 2, "pinned": 1, "by_state": {"active": 1, "tool_wait": 1, "done": 0}}
 
 
