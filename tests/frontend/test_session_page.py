@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from playwright.sync_api import expect
@@ -107,6 +108,38 @@ def test_fork_from_first_turn_and_switch_between_branches(page, workbench, scrip
     fork_body = next(b for b in workbench.fake.bodies if "other path please" in str(b["messages"][-1]))
     seen = " ".join(str(m.get("content")) for m in fork_body["messages"])
     assert "first question" in seen and "second question" not in seen
+    assert page.js_errors == []
+
+
+def _pins(workbench, session_id: str) -> list[tuple[str, bool]]:
+    """(branch id, pin) of the bare pin hints the workbench sent for the session, in order."""
+    return [(h["session"].split("/", 1)[1], h["pin"]) for h in list(workbench.fake.hints)
+            if h["session"].startswith(session_id + "/") and "pin" in h and "state" not in h]
+
+
+def _wait_for_pins(workbench, session_id: str, expected: list[tuple[str, bool]]) -> None:
+    deadline = time.monotonic() + 10  # the page reports without waiting for the answer
+    while _pins(workbench, session_id) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pins(workbench, session_id) == expected
+
+
+def test_the_page_pins_the_branch_it_shows(page, workbench, script):
+    script.on("first question", ScriptedReply(content="Answer one."))
+    session_id = open_new_session(page, workbench, "Field maintenance")
+    main_id = workbench.api("GET", f"/api/sessions/{session_id}").json()["active_branch_id"]
+    _wait_for_pins(workbench, session_id, [(main_id, True)])
+    send(page, "first question")
+    expect(last_turn(page)).to_contain_text("Answer one.")
+    page.locator("#conversation > li.turn").first.get_by_role("button", name=re.compile("Fork a new branch")).click()
+    expect(page.locator("#branch-list > li.branch")).to_have_count(2)
+    fork_id = workbench.api("GET", f"/api/sessions/{session_id}").json()["active_branch_id"]
+    assert fork_id != main_id
+    _wait_for_pins(workbench, session_id, [(main_id, True), (main_id, False), (fork_id, True)])
+    page.get_by_role("button", name="Switch to branch main").click()
+    expect(page.locator("#current-branch-name")).to_have_text("main")
+    _wait_for_pins(workbench, session_id, [(main_id, True), (main_id, False), (fork_id, True),
+                                           (fork_id, False), (main_id, True)])
     assert page.js_errors == []
 
 
