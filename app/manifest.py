@@ -5,7 +5,9 @@ The format is shared with the replay tools (app/replay/), which import this modu
     {"t": 12.5, "session_id": "...", "branch_id": "...", "body": {...}, "expected_output_tokens": 87}
 
 - ``t``: seconds since the session started when the request was sent (float, >= 0);
-- ``session_id`` / ``branch_id``: the workbench ids the request belongs to;
+- ``session_id`` / ``branch_id``: the workbench ids the request belongs to; the cache
+  session of its hints is ``"<session_id>/<branch_id>"`` (`ManifestLine.cache_session`), the
+  same key the workbench sends and replay uses;
 - ``body``: the exact OpenAI Chat Completions request body the workbench sent (model,
   messages, tools, tool_choice, stream, stream_options, max_tokens, the ``cache`` hint ...);
 - ``expected_output_tokens``: completion tokens the server produced for it (``None`` when
@@ -22,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from app.agent.cache_hints import hint_key
+
 
 class ManifestError(ValueError):
     """A manifest line that is not valid JSON or lacks a field; the message names the line."""
@@ -34,6 +38,11 @@ class ManifestLine:
     branch_id: str
     body: dict[str, Any]
     expected_output_tokens: int | None = None
+
+    @property
+    def cache_session(self) -> str:
+        """The cache hints' session key of this line: ``"<session_id>/<branch_id>"``."""
+        return hint_key(self.session_id, self.branch_id)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))

@@ -7,7 +7,9 @@ In both, a request first waits for the request it depends on (``ordering.py``: t
 turn of its session/branch), so a later turn never overtakes an earlier one.
 
 Requests are always streamed (TTFT needs it) with ``stream_options.include_usage``; the
-body is otherwise sent as recorded. Errors are recorded per request and the run goes on.
+body is otherwise sent as recorded, less its recorded ``cache`` hint: hints are the replay's
+own (`hint_states`, sent as headers unless ``session_hints`` is off). Errors are recorded per
+request and the run goes on.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class ReplaySettings:
 def prepare_body(line: ManifestLine, settings: ReplaySettings, default_model: str | None) -> dict[str, Any]:
     """The body actually sent: streaming with usage, a model name, an output length."""
     body = copy.deepcopy(line.body)
+    # A recorded hint would win over the replay's headers (the body beats headers field by
+    # field) and over --no-session-hints; the replay's hints come from hint_states instead.
+    body.pop("cache", None)
     body["stream"] = True
     body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     if settings.model:
@@ -84,11 +89,29 @@ def prepare_body(line: ManifestLine, settings: ReplaySettings, default_model: st
     return body
 
 
-def _hint_headers(line: ManifestLine, has_follower: bool) -> dict[str, str]:
-    # Lifecycle hints (arbor-server; other servers ignore unknown headers): a request that a
-    # later turn of the same session waits on leaves the session waiting on a tool.
-    return {"X-Arbor-Session": line.session_id,
-            "X-Arbor-Cache-State": "tool_wait" if has_follower else "done"}
+def hint_states(lines: Sequence[ManifestLine]) -> list[str]:
+    """The lifecycle state each line's request announces, as the workbench lived it.
+
+    A request's hint takes effect when it ends, so it says what its branch does next: the
+    next line of the same session/branch continues with tool results -> ``tool_wait`` (tools
+    or an approval in between); it starts with a user message, or nothing follows -> ``done``
+    (the turn ended).
+    """
+    states = ["done"] * len(lines)
+    last_of: dict[str, int] = {}
+    for index, line in enumerate(lines):
+        key = line.cache_session
+        if key in last_of:
+            messages = line.body.get("messages") or []
+            continues = bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
+            states[last_of[key]] = "tool_wait" if continues else "done"
+        last_of[key] = index
+    return states
+
+
+def _hint_headers(line: ManifestLine, state: str) -> dict[str, str]:
+    # arbor-server's lifecycle hint; other servers ignore unknown headers
+    return {"X-Arbor-Session": line.cache_session, "X-Arbor-Cache-State": state}
 
 
 async def _compute_ideal(lines: Sequence[ManifestLine], settings: ReplaySettings, client: httpx.AsyncClient,
@@ -114,7 +137,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
     root = server_root(settings.base_url)
     headers = auth_headers(settings.api_key)
     waits = predecessors(lines)
-    followed = {w for w in waits if w is not None}
+    states = hint_states(lines)
     limits = httpx.Limits(max_connections=None if settings.schedule else settings.concurrency,
                           max_keepalive_connections=None if settings.schedule else settings.concurrency)
     timeout = httpx.Timeout(settings.timeout_s, connect=min(30.0, settings.timeout_s))
@@ -143,7 +166,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
                 body = prepare_body(line, settings, default_model)
                 request_headers = dict(headers)
                 if settings.session_hints:
-                    request_headers.update(_hint_headers(line, index in followed))
+                    request_headers.update(_hint_headers(line, states[index]))
                 async with gate:
                     m = await send_streaming(client, root + completion_path(body), body, request_headers)
                 result.start_s = m.started - run_start

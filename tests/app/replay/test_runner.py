@@ -12,7 +12,7 @@ import pytest
 from app.manifest import ManifestLine, write_manifest
 from app.replay.cli import main as replay_main
 from app.replay.results import load_results
-from app.replay.runner import ReplaySettings, replay
+from app.replay.runner import ReplaySettings, hint_states, replay
 from app.replay.streamed_request import Measurement, _Accumulator
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply
 
@@ -121,11 +121,46 @@ async def test_branches_wait_for_the_trunk_then_run_together():
     with ScriptedOpenAI(lambda body: ScriptedReply(content="x", delay_s=0.15)) as fake:
         result = await replay(lines, ReplaySettings(base_url=fake.base_url, concurrency=4, progress=False,
                                                     ideal="off"))
-        hints = [r["headers"].get("x-arbor-cache-state") for r in fake.requests]
+        hints = {r["headers"]["x-arbor-session"]: r["headers"]["x-arbor-cache-state"] for r in fake.requests}
     trunk, *branches = result.requests
     assert all(b.start_s >= trunk.start_s + trunk.latency_s for b in branches)
     assert max_overlap(branches) == 3
-    assert sorted(hints) == ["done", "done", "done", "tool_wait"]
+    # one key per session/branch, as the workbench sends; each ends its only turn
+    assert hints == {"f/trunk": "done", "f/b0": "done", "f/b1": "done", "f/b2": "done"}
+
+
+def _tool_step(session, branch="main"):
+    """A request that continues a turn with a tool result (the step after a tool call)."""
+    return ManifestLine(t=0.0, session_id=session, branch_id=branch, expected_output_tokens=4, body={
+        "messages": [{"role": "user", "content": "q"},
+                     {"role": "assistant", "content": "", "tool_calls": [
+                         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "42"}]})
+
+
+def test_hint_states_follow_the_recorded_turns():
+    lines = [chat_line("s", "q1"), _tool_step("s"), chat_line("s", "q2"), chat_line("s", "alt", branch="b"),
+             _tool_step("s", branch="b"), chat_line("t", "other")]
+    assert hint_states(lines) == ["tool_wait",  # the next request of s/main carries a tool result
+                                  "done",       # then the user asks again: the turn had ended
+                                  "done", "tool_wait", "done", "done"]
+
+
+async def test_recorded_body_hints_never_reach_the_server():
+    recorded = {"session": "old-session/old-branch", "state": "active", "pin": True}
+    lines = [chat_line("s", "q1", cache=recorded), _tool_step("s")]
+    for hints_on in (True, False):
+        with ScriptedOpenAI(lambda body: ScriptedReply(content="x")) as fake:
+            result = await replay(lines, ReplaySettings(base_url=fake.base_url, progress=False, ideal="off",
+                                                        session_hints=hints_on))
+        assert all(r.ok for r in result.requests)
+        assert all("cache" not in b for b in fake.bodies)
+        headers = [r["headers"] for r in fake.requests]
+        if hints_on:
+            assert [(h["x-arbor-session"], h["x-arbor-cache-state"]) for h in headers] == [
+                ("s/main", "tool_wait"), ("s/main", "done")]
+        else:
+            assert not any(k.startswith("x-arbor") for h in headers for k in h), "--no-session-hints"
 
 
 async def test_ideal_on_server_tokens_when_the_server_tokenizes():
