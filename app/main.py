@@ -12,9 +12,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.api.body_guard import BodyGuard
 from app.api.routes import approvals, health, scenarios, sessions, traces, turns
 from app.errors import WorkbenchError
+from app.replay.run_files import load_replay_runs
 from app.scenario_catalog import ScenarioCatalog
 from app.settings import WorkbenchSettings, get_settings
 from app.workbench import Workbench
+from frontend import pages
 
 
 def _error(status: int, message: str, error_type: str) -> JSONResponse:
@@ -69,7 +71,6 @@ def create_app(settings: WorkbenchSettings | None = None, catalog: ScenarioCatal
     install_error_handlers(app)
     app.add_middleware(BodyGuard, max_message_chars=settings.max_message_chars)
     app.include_router(api_router())
-    # -- web pages (frontend/, issue 5): HTML routes and /static ----------------------------
-    from frontend import pages  # imported here: frontend itself imports app
-    app.include_router(pages.router); pages.mount_static(app)
+    # -- web pages (frontend/): HTML routes and /static; the frontend never imports the app ----
+    pages.install(app, replay_runs=load_replay_runs)
     return app

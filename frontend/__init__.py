@@ -1,6 +1,7 @@
 """The workbench's web pages: jinja2 templates and static JS/CSS (no build step).
 
-`frontend.pages.router` serves the HTML pages and two small read-only proxies to the
-inference server; `frontend.pages.mount_static(app)` serves `frontend/static/` at /static.
-Everything else the pages show comes from the workbench's JSON API under /api.
+`frontend.pages.install(app, replay_runs=...)` serves the HTML pages, `frontend/static/` at
+/static and a small read-only proxy to the inference server. Everything else the pages show
+comes from the workbench's JSON API under /api. The app serves the frontend; the frontend
+never imports the app (tests/test_import_direction.py).
 """

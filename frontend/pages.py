@@ -9,16 +9,21 @@ Pages (all GET, HTML):
 
 Helper JSON for the pages (read-only):
   /ui/server/{cache-stats|props|slots}   the inference server's llama-server style endpoints,
-                                         always HTTP 200 with {"available": bool, "reason", "data"}
+                                         always HTTP 200 with {"available": bool, "reason", "data"};
+                                         cache-stats passes ?measure=true on
 
 The pages are thin shells: their scripts read the workbench API (/api/...) and render with
 DOM methods only (text nodes, never innerHTML of data), so no model answer or tool result can
 run a script. A Content-Security-Policy without 'unsafe-inline' backs that up.
+
+The app serves the frontend (`install`); the frontend never imports the app. What a page
+needs from it comes through ``app.state``: ``settings`` (llm_base_url, llm_api_key, data_dir),
+``workbench`` (its scenario catalog) and the replay-runs loader handed to `install`.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +32,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from frontend.replay_files import load_replay_runs
-from frontend.server_proxy import ENDPOINTS, lookup
+from frontend.server_proxy import ENDPOINTS, lookup, passed_params
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -41,18 +45,17 @@ CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'se
 router = APIRouter(include_in_schema=False)
 
 
-def mount_static(app: FastAPI) -> None:
-    """Serve frontend/static/ at /static (name "static", used by url_for in the templates)."""
+def install(app: FastAPI, *, replay_runs: Callable[[Path], Any]) -> None:
+    """Serve the pages and frontend/static/ at /static (name "static", for url_for in the
+    templates). `replay_runs(data_dir)` lists the replay results for the Replay page (an object
+    with ``runs``, ``unreadable`` and ``folder``)."""
+    app.state.replay_runs = replay_runs
+    app.include_router(router)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
 
 
 def _settings(request: Request) -> Any:
-    settings = getattr(request.app.state, "settings", None)
-    if settings is None:  # an app built without create_app(): read the environment like it would
-        from app.settings import get_settings
-
-        settings = get_settings()
-    return settings
+    return request.app.state.settings
 
 
 def _page(request: Request, template: str, active: str, **context: Any) -> HTMLResponse:
@@ -123,7 +126,7 @@ def cache_page(request: Request) -> HTMLResponse:
 
 @router.get("/replay", response_class=HTMLResponse)
 def replay_page(request: Request) -> HTMLResponse:
-    found = load_replay_runs(_settings(request).data_dir)
+    found = request.app.state.replay_runs(_settings(request).data_dir)
     return _page(request, "replay.html", "replay", runs=found.runs, unreadable=found.unreadable,
                  folder=str(found.folder))
 
@@ -136,7 +139,7 @@ async def server_endpoint(request: Request, endpoint: str) -> JSONResponse:
                                                   f"{', '.join(ENDPOINTS)}", "type": "not_found"}},
                             status_code=404)
     settings = _settings(request)
-    base_url = getattr(settings, "llm_base_url", None) or os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8080/v1")
-    api_key = getattr(settings, "llm_api_key", None)
-    result = await lookup(base_url, endpoint, api_key if api_key and api_key != "not-needed" else None)
+    api_key = settings.llm_api_key
+    result = await lookup(settings.llm_base_url, endpoint, api_key if api_key and api_key != "not-needed" else None,
+                          params=passed_params(endpoint, dict(request.query_params)))
     return JSONResponse(result.to_dict(), headers={"Cache-Control": "no-store"})

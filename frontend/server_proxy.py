@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
@@ -19,6 +20,7 @@ import httpx
 ENDPOINTS: dict[str, str] = {"cache-stats": "/cache/stats", "props": "/props", "slots": "/slots"}
 
 _TIMEOUT_S = 3.0
+_MEASURE_TIMEOUT_S = 60.0  # measure=true reads the whole KV state on the server
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,27 @@ def server_root(llm_base_url: str) -> str:
     return root
 
 
+#: query parameters a page may pass on, per endpoint (anything else is dropped)
+PASSED_PARAMS: dict[str, dict[str, tuple[str, ...]]] = {"cache-stats": {"measure": ("true", "false")}}
+
+
+def passed_params(endpoint: str, query: dict[str, str]) -> dict[str, str]:
+    """The part of a page's query that `endpoint` takes (e.g. cache-stats' measure=true)."""
+    allowed = PASSED_PARAMS.get(endpoint, {})
+    return {k: v for k, v in query.items() if v in allowed.get(k, ())}
+
+
 async def lookup(llm_base_url: str, endpoint: str, api_key: str | None = None,
-                 client: httpx.AsyncClient | None = None) -> ServerLookup:
+                 client: httpx.AsyncClient | None = None, params: dict[str, str] | None = None) -> ServerLookup:
     """GET one of `ENDPOINTS` on the server behind `llm_base_url`; never raises for HTTP trouble."""
     if endpoint not in ENDPOINTS:
         raise KeyError(f"unknown server endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
     url = server_root(llm_base_url) + ENDPOINTS[endpoint]
+    if params:
+        url += "?" + urlencode(params)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     owned = client is None
-    client = client or httpx.AsyncClient(timeout=_TIMEOUT_S)
+    client = client or httpx.AsyncClient(timeout=_MEASURE_TIMEOUT_S if params else _TIMEOUT_S)
     try:
         response = await client.get(url, headers=headers)
     except httpx.HTTPError as exc:

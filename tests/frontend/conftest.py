@@ -42,6 +42,16 @@ def browser():
 
 
 @pytest.fixture(scope="session")
+def real_server(tmp_path_factory):
+    """arbor-server on the embedded model (2 slots), shared by the browser tests that need one."""
+    from tests.server.conftest import start_server, stop_server
+
+    server = start_server(tmp_path_factory.mktemp("arbor-server"), "--parallel", "2", "--ctx-size", "8192")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
 def incident_url():
     with incident_service("degraded") as url:
         yield url

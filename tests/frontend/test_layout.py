@@ -5,9 +5,9 @@ Set ARBOR_SCREENSHOTS=1 to (re)write docs/screenshots/*.png; otherwise they go t
 
 from __future__ import annotations
 
-import itertools
 import os
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -15,7 +15,7 @@ from tests.fakes.scripted_openai import ScriptedReply, tool_call
 from tests.frontend.support import REPO, live_workbench
 from tests.frontend.test_replay_page import _run
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.model, pytest.mark.timeout(300)]
 
 WIDTHS = {"wide": (1280, 860), "narrow": (390, 844)}
 TABLE_ANSWER = ("Northwind Robotics grew revenue **18.4 %** from 2023Q4 to 2024Q4.\n\n"
@@ -34,16 +34,15 @@ WIDE_ELEMENTS = """() => {
 }"""
 
 
-def _stats_route(fake):
-    counter = itertools.count(1)
-
-    def stats() -> dict:
-        n = next(counter)
-        return {"tiers": {"A": {"entries": 2, "hits": 4 * n, "reused_tokens": 900 * n},
-                          "S": {"entries": 3, "bytes": 6_291_456, "hits": 2 * n, "evictions": 0,
-                                "resident_cells": 2100, "union_bound_cells": 1800},
-                          "H": {"entries": 12, "bytes": 48_234_496 + 4096 * n, "hits": n, "evictions": n // 3}}}
-    fake.app.add_api_route("/cache/stats", stats, methods=["GET"])
+def _stats_route(server):
+    """The fake LLM's /cache/stats answers with a real arbor-server's (the chat stays scripted)."""
+    def add(fake):
+        async def stats(measure: bool = False) -> dict:
+            async with httpx.AsyncClient(timeout=60) as client:
+                r = await client.get(server.base_url + "/cache/stats", params={"measure": str(measure).lower()})
+            return r.json()
+        fake.app.add_api_route("/cache/stats", stats, methods=["GET"])
+    return add
 
 
 def _fill(live) -> str:
@@ -76,10 +75,16 @@ def _fill(live) -> str:
     return session["id"], incident["id"]
 
 
-def test_pages_fit_wide_and_narrow_screens(browser, tmp_path, incident_url, script):
+def test_pages_fit_wide_and_narrow_screens(browser, tmp_path, incident_url, script, real_server):
     out = REPO / "docs" / "screenshots" if os.environ.get("ARBOR_SCREENSHOTS") == "1" else tmp_path
     out.mkdir(parents=True, exist_ok=True)
-    with live_workbench(tmp_path / "var", incident_url, script, extra_fake_routes=_stats_route) as live:
+    for question in ("Which turbine runs hottest?", "Which one vibrates most?"):  # the cache page has something to show
+        r = httpx.post(real_server.v1 + "/chat/completions", timeout=300, json={
+            "messages": [{"role": "system", "content": "You assist wind farm technicians. Be brief. " * 6},
+                         {"role": "user", "content": question}], "max_tokens": 2,
+            "cache": {"session": "layout/main", "state": "done"}})
+        assert r.status_code == 200, r.text
+    with live_workbench(tmp_path / "var", incident_url, script, extra_fake_routes=_stats_route(real_server)) as live:
         session_id, incident_id = _fill(live)
         pages = {"home": "/", "session": f"/sessions/{session_id}", "approval": f"/sessions/{incident_id}",
                  "trace": f"/sessions/{session_id}/trace", "cache": "/cache", "replay": "/replay"}
@@ -96,6 +101,8 @@ def test_pages_fit_wide_and_narrow_screens(browser, tmp_path, incident_url, scri
                 expect(page.locator(ready[name]).first).to_be_visible()
                 if name == "cache":  # two samples, so the page shows changes and lines over time
                     expect(page.locator("#cache-updated")).to_contain_text("2 sample(s)", timeout=15_000)
+                    page.get_by_role("button", name="Measure sharing").click()
+                    expect(page.locator("#cache-sharing p.score")).to_be_visible()
                 else:
                     page.wait_for_load_state("networkidle")
                 overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")

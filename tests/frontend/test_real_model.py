@@ -11,16 +11,8 @@ from app.main import create_app
 from app.settings import WorkbenchSettings
 from tests.frontend.support import serve
 from tests.frontend.test_session_page import last_turn, open_new_session, send
-from tests.server.conftest import start_server, stop_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.model, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def real_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("real"), "--parallel", "2", "--ctx-size", "8192")
-    yield server
-    stop_server(server)
 
 
 def test_a_forced_tool_turn_on_the_embedded_model(page, real_server, incident_url, tmp_path):

@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from frontend import server_proxy
-from frontend.replay_files import load_replay_runs
 from frontend.server_proxy import lookup, server_root
 from tests.fakes.scripted_openai import free_port, scripted_server
 
@@ -37,22 +36,15 @@ def test_lookup_reports_404_and_unreachable_servers_in_words():
         run(lookup("http://127.0.0.1:9/v1", "../admin"))
 
 
+def test_only_known_query_parameters_pass_to_the_server():
+    assert server_proxy.passed_params("cache-stats", {"measure": "true", "x": "1"}) == {"measure": "true"}
+    assert server_proxy.passed_params("cache-stats", {"measure": "drop table"}) == {}
+    assert server_proxy.passed_params("props", {"measure": "true"}) == {}
+
+
 def test_lookup_passes_the_server_json_through(monkeypatch):
     # the fake's /health stands in for a JSON endpoint at the server root
     monkeypatch.setitem(server_proxy.ENDPOINTS, "health", "/health")
     with scripted_server([]) as fake:
         found = run(lookup(fake.base_url, "health", api_key="secret"))
     assert found.available and found.status == 200 and found.data == {"status": "ok"}
-
-
-def test_replay_files_list_unreadable_files_with_the_reason(tmp_path):
-    assert load_replay_runs(tmp_path).runs == []
-    folder = tmp_path / "replay"
-    folder.mkdir()
-    (folder / "broken.json").write_text("{", encoding="utf-8")
-    (folder / "other.json").write_text('{"format": "something-else"}', encoding="utf-8")
-    found = load_replay_runs(tmp_path)
-    assert found.runs == []
-    reasons = {u["file"]: u["reason"] for u in found.unreadable}
-    assert "cannot read replay results" in reasons["broken.json"]
-    assert "not an arbor replay results file" in reasons["other.json"]

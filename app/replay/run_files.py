@@ -1,5 +1,7 @@
 """Replay results files for the Replay page: `<data dir>/replay/*.json` (format arbor-replay/1).
 
+The app hands `load_replay_runs` to the frontend (`frontend.pages.install`).
+
 `arbor replay ... --out <data dir>/replay/NAME.json` puts a run where the page finds it.
 Files that are not replay results are listed with the reason, never silently skipped.
 """
