@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 from fastapi import APIRouter
 from sqlalchemy import text
@@ -18,7 +20,7 @@ async def health(workbench: WorkbenchDep, db: DbDep) -> dict:
     """status "ok" when the model backend answers GET /models, "degraded" otherwise (still HTTP 200:
     the workbench itself is up; turns fail with a readable error until the backend is back)."""
     settings = workbench.settings
-    db.exec(text("SELECT 1"))
+    await asyncio.to_thread(db.exec, text("SELECT 1"))  # off the event loop, like every database call
     llm: dict = {"base_url": settings.llm_base_url, "configured_model": settings.llm_model or None,
                  "reachable": False, "models": [], "error": None}
     try:

@@ -112,14 +112,13 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
     """The exact body and headers the first model step of this message would send (nothing is sent)."""
     message = turns.validate_message(request.message)
     scenario = catalog.get(session.scenario)
-    branch = sessions_service.get_branch(db, session, request.branch_id)
+    branch, past = await asyncio.to_thread(_branch_and_history, db, session, request.branch_id)
     warnings = []
     try:
         model = await workbench.adapter.model_name()
     except ModelBackendError as exc:
         model = workbench.settings.llm_model or "<first model of GET /models>"
         warnings.append(f"model name not resolved: {exc}")
-    past = sessions_service.history(db, branch)
     try:
         body, fitted = await fitted_step_body(
             workbench.budget, workbench.adapter, scenario, model, [*past, {"role": "user", "content": message}],
@@ -136,3 +135,8 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
             "headers": workbench.adapter.hint_headers(body), "branch_id": branch.id,
             "prompt_chars": sum(len(str(m.get("content") or "")) for m in body["messages"]),
             "warnings": warnings}
+
+
+def _branch_and_history(db: Session, session: AgentSession, branch_id: str | None) -> tuple[Branch, list[dict]]:
+    branch = sessions_service.get_branch(db, session, branch_id)
+    return branch, sessions_service.history(db, branch)
