@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
 from typing import Any, Callable
 
@@ -106,3 +107,15 @@ def object_schema(properties: dict, required: tuple[str, ...] | list[str] = ()) 
         schema["required"] = list(required)
     schema["additionalProperties"] = False
     return schema
+
+
+def with_data(source: Callable[[], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator factory for tools over a scenario's data: it turns ``f(data, ctx, **arguments)``
+    into the Tool contract's ``f(ctx, **arguments)``, with ``data = source()`` at each call (the
+    source caches). The scenario passes its loader in, so tools/ never imports scenarios/."""
+    def bind(func: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(func)
+        def call(ctx: ToolContext, **arguments: Any) -> Any:
+            return func(source(), ctx, **arguments)
+        return call
+    return bind

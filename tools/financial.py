@@ -1,17 +1,22 @@
 """Tools of the financial_research scenario: reports of fictional companies, ratios, growth.
 
-Every number comes from the local dataset (scenarios/financial_research/data); arithmetic is
-done here or by the safe evaluator, never by eval. Amounts are USD millions, as in the
-reports; percentages are rounded to two decimals. Unknown companies, quarters or metrics
-raise `ToolError` naming what exists, so the model can correct itself.
+Every number comes from the scenario's dataset, which the scenario hands in
+(`financial_tools(load_dataset)`: tools never import scenarios); arithmetic is done here or
+by the safe evaluator, never by eval. Amounts are USD millions, as in the reports;
+percentages are rounded to two decimals. Unknown companies, quarters or metrics raise
+`ToolError` naming what exists, so the model can correct itself.
+
+The dataset is duck-typed: ``meta``, ``companies``, ``statements``, ``notes``, ``quarters``,
+``company(name)``, ``quarter(text)``, ``metric(ticker, quarter, name)`` and
+``report(ticker, quarter, statement)`` (lookups raise `LookupError` naming what exists).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
-from scenarios.financial_research.dataset import FinancialDataset, load_dataset
-from tools.base import Tool, ToolContext, ToolError, object_schema
+from tools.base import Tool, ToolContext, ToolError, object_schema, with_data
 from tools.safe_math import UnsafeExpression, evaluate
 from tools.text_search import rank
 
@@ -21,21 +26,16 @@ _COMPANY = {"type": "string"}
 _QUARTER = {"type": "string"}
 
 
-def _data() -> FinancialDataset:
-    return load_dataset()
-
-
-def _resolve(company: str, *quarters: str) -> tuple[dict, list[str]]:
-    data = _data()
+def _resolve(data: Any, company: str, *quarters: str) -> tuple[dict, list[str]]:
     try:
         return data.company(company), [data.quarter(q) for q in quarters]
     except LookupError as problem:
         raise ToolError(str(problem.args[0])) from None
 
 
-def _metric(ticker: str, quarter: str, metric: str) -> float:
+def _metric(data: Any, ticker: str, quarter: str, metric: str) -> float:
     try:
-        return _data().metric(ticker, quarter, metric)
+        return data.metric(ticker, quarter, metric)
     except LookupError as problem:
         raise ToolError(str(problem.args[0])) from None
 
@@ -47,8 +47,7 @@ def _pct(new: float, old: float) -> float | None:
     return round((new - old) / abs(old) * 100, 2)
 
 
-def list_companies(ctx: ToolContext) -> dict:
-    data = _data()
+def list_companies(data: Any, ctx: ToolContext) -> dict:
     quarters = data.quarters
     return {
         "unit": f"{data.meta['currency']} {data.meta['unit']}",
@@ -60,38 +59,37 @@ def list_companies(ctx: ToolContext) -> dict:
     }
 
 
-def get_report(ctx: ToolContext, company: str, quarter: str, statement: str) -> dict:
-    found, (q,) = _resolve(company, quarter)
+def get_report(data: Any, ctx: ToolContext, company: str, quarter: str, statement: str) -> dict:
+    found, (q,) = _resolve(data, company, quarter)
     return {"company": found["ticker"], "quarter": q, "statement": statement,
-            "items": _data().report(found["ticker"], q, statement)}
+            "items": data.report(found["ticker"], q, statement)}
 
 
-def get_metric(ctx: ToolContext, company: str, metric: str, quarter: str | None = None) -> dict:
-    data = _data()
+def get_metric(data: Any, ctx: ToolContext, company: str, metric: str, quarter: str | None = None) -> dict:
     if quarter is not None:
-        found, (q,) = _resolve(company, quarter)
+        found, (q,) = _resolve(data, company, quarter)
         return {"company": found["ticker"], "metric": metric, "quarter": q,
-                "value": _metric(found["ticker"], q, metric)}
-    found, _ = _resolve(company)
-    values = {q: _metric(found["ticker"], q, metric) for q in data.quarters}
+                "value": _metric(data, found["ticker"], q, metric)}
+    found, _ = _resolve(data, company)
+    values = {q: _metric(data, found["ticker"], q, metric) for q in data.quarters}
     return {"company": found["ticker"], "metric": metric, "values": values}
 
 
-def compare_periods(ctx: ToolContext, company: str, quarter_a: str, quarter_b: str,
+def compare_periods(data: Any, ctx: ToolContext, company: str, quarter_a: str, quarter_b: str,
                     statement: str = "income") -> dict:
-    found, (a, b) = _resolve(company, quarter_a, quarter_b)
-    first = _data().report(found["ticker"], a, statement)
-    second = _data().report(found["ticker"], b, statement)
+    found, (a, b) = _resolve(data, company, quarter_a, quarter_b)
+    first = data.report(found["ticker"], a, statement)
+    second = data.report(found["ticker"], b, statement)
     return {
         "company": found["ticker"], "from": a, "to": b, "columns": ["from", "to", "change_pct"],
         "items": {name: [first[name], second[name], _pct(second[name], first[name])] for name in first},
     }
 
 
-def growth(ctx: ToolContext, company: str, metric: str, from_quarter: str, to_quarter: str) -> dict:
-    found, (a, b) = _resolve(company, from_quarter, to_quarter)
-    start, end = _metric(found["ticker"], a, metric), _metric(found["ticker"], b, metric)
-    quarters = _data().quarters
+def growth(data: Any, ctx: ToolContext, company: str, metric: str, from_quarter: str, to_quarter: str) -> dict:
+    found, (a, b) = _resolve(data, company, from_quarter, to_quarter)
+    start, end = _metric(data, found["ticker"], a, metric), _metric(data, found["ticker"], b, metric)
+    quarters = data.quarters
     steps = quarters.index(b) - quarters.index(a)
     result = {"company": found["ticker"], "metric": metric, "from": a, "to": b,
               "from_value": start, "to_value": end, "change": round(end - start, 2),
@@ -120,9 +118,9 @@ _PERCENT_RATIOS = {"gross_margin", "operating_margin", "net_margin", "return_on_
                    "free_cash_flow_margin", "rnd_intensity"}
 
 
-def compute_ratio(ctx: ToolContext, company: str, quarter: str, ratio: str) -> dict:
-    found, (q,) = _resolve(company, quarter)
-    report = _data().statements[found["ticker"]][q]
+def compute_ratio(data: Any, ctx: ToolContext, company: str, quarter: str, ratio: str) -> dict:
+    found, (q,) = _resolve(data, company, quarter)
+    report = data.statements[found["ticker"]][q]
     items = {**report["income"], **report["balance"], **report["cash_flow"]}
     formula, parts = _RATIOS[ratio]
     numerator, denominator = parts(items)
@@ -146,11 +144,10 @@ def calculate(ctx: ToolContext, expression: str) -> dict:
     return {"expression": expression, "result": round(value, 6)}
 
 
-def search_notes(ctx: ToolContext, query: str, company: str | None = None, limit: int = 3) -> dict:
-    data = _data()
+def search_notes(data: Any, ctx: ToolContext, query: str, company: str | None = None, limit: int = 3) -> dict:
     notes = data.notes
     if company is not None:
-        found, _ = _resolve(company)
+        found, _ = _resolve(data, company)
         notes = tuple(n for n in notes if n["company"] == found["ticker"])
     names = {c["ticker"]: c["name"] for c in data.companies}
     hits = rank(query, notes,
@@ -159,39 +156,42 @@ def search_notes(ctx: ToolContext, query: str, company: str | None = None, limit
     return {"query": query, "matches": [dict(note) for _, note in hits]}
 
 
-FINANCIAL_TOOLS: tuple[Tool, ...] = (
-    Tool("list_companies", "List the companies, quarters and segments.",
-         object_schema({}), list_companies),
-    Tool("get_report", "One statement of a company for a quarter.",
-         object_schema({"company": _COMPANY, "quarter": _QUARTER,
-                        "statement": {"type": "string", "enum": ["income", "balance", "cash_flow", "segments"]}},
-                       ["company", "quarter", "statement"]),
-         get_report),
-    Tool("get_metric", "A line item (e.g. revenue, net_income, cash) for one or all quarters.",
-         object_schema({"company": _COMPANY, "metric": {"type": "string"}, "quarter": _QUARTER},
-                       ["company", "metric"]),
-         get_metric),
-    Tool("compare_periods", "Compare a statement between two quarters, item by item.",
-         object_schema({"company": _COMPANY, "quarter_a": _QUARTER, "quarter_b": _QUARTER,
-                        "statement": {"type": "string", "enum": ["income", "balance", "cash_flow"]}},
-                       ["company", "quarter_a", "quarter_b"]),
-         compare_periods),
-    Tool("growth", "Growth of a line item between two quarters.",
-         object_schema({"company": _COMPANY, "metric": {"type": "string"},
-                        "from_quarter": _QUARTER, "to_quarter": _QUARTER},
-                       ["company", "metric", "from_quarter", "to_quarter"]),
-         growth),
-    Tool("compute_ratio", "A financial ratio for a company and quarter.",
-         object_schema({"company": _COMPANY, "quarter": _QUARTER,
-                        "ratio": {"type": "string", "enum": list(_RATIOS)}},
-                       ["company", "quarter", "ratio"]),
-         compute_ratio),
-    Tool("calculate", "Arithmetic on numbers: + - * / ** and parentheses.",
-         object_schema({"expression": {"type": "string", "maxLength": 200}}, ["expression"]),
-         calculate),
-    Tool("search_notes", "Search report notes (segments, events) by keywords.",
-         object_schema({"query": {"type": "string"}, "company": _COMPANY,
-                        "limit": {"type": "integer", "minimum": 1, "maximum": 10}},
-                       ["query"]),
-         search_notes),
-)
+def financial_tools(source: Callable[[], Any]) -> tuple[Tool, ...]:
+    """The tools, reading the dataset that ``source()`` returns (see the module docstring)."""
+    bind = with_data(source)
+    return (
+        Tool("list_companies", "List the companies, quarters and segments.",
+             object_schema({}), bind(list_companies)),
+        Tool("get_report", "One statement of a company for a quarter.",
+             object_schema({"company": _COMPANY, "quarter": _QUARTER,
+                            "statement": {"type": "string", "enum": ["income", "balance", "cash_flow", "segments"]}},
+                           ["company", "quarter", "statement"]),
+             bind(get_report)),
+        Tool("get_metric", "A line item (e.g. revenue, net_income, cash) for one or all quarters.",
+             object_schema({"company": _COMPANY, "metric": {"type": "string"}, "quarter": _QUARTER},
+                           ["company", "metric"]),
+             bind(get_metric)),
+        Tool("compare_periods", "Compare a statement between two quarters, item by item.",
+             object_schema({"company": _COMPANY, "quarter_a": _QUARTER, "quarter_b": _QUARTER,
+                            "statement": {"type": "string", "enum": ["income", "balance", "cash_flow"]}},
+                           ["company", "quarter_a", "quarter_b"]),
+             bind(compare_periods)),
+        Tool("growth", "Growth of a line item between two quarters.",
+             object_schema({"company": _COMPANY, "metric": {"type": "string"},
+                            "from_quarter": _QUARTER, "to_quarter": _QUARTER},
+                           ["company", "metric", "from_quarter", "to_quarter"]),
+             bind(growth)),
+        Tool("compute_ratio", "A financial ratio for a company and quarter.",
+             object_schema({"company": _COMPANY, "quarter": _QUARTER,
+                            "ratio": {"type": "string", "enum": list(_RATIOS)}},
+                           ["company", "quarter", "ratio"]),
+             bind(compute_ratio)),
+        Tool("calculate", "Arithmetic on numbers: + - * / ** and parentheses.",
+             object_schema({"expression": {"type": "string", "maxLength": 200}}, ["expression"]),
+             calculate),
+        Tool("search_notes", "Search report notes (segments, events) by keywords.",
+             object_schema({"query": {"type": "string"}, "company": _COMPANY,
+                            "limit": {"type": "integer", "minimum": 1, "maximum": 10}},
+                           ["query"]),
+             bind(search_notes)),
+    )

@@ -1,55 +1,45 @@
 """Tools of the field_maintenance scenario: fleet status, telemetry trends, logs, manual.
 
-Data comes from the simulated fleet (scenarios/field_maintenance/data). Times are UTC ISO
-strings; the data covers one week, hour by hour. Trend statistics use the anomaly detector
-of tools/anomaly.py (robust z-scores against the first days of the week). Unknown devices
-or metrics raise `ToolError` naming what exists.
+Data comes from the simulated fleet, which the scenario hands in
+(`maintenance_tools(load_fleet)`: tools never import scenarios). Times are UTC ISO strings;
+the data covers one week, hour by hour. Trend statistics use the anomaly detector of
+tools/anomaly.py (robust z-scores against the first days of the week). Unknown devices or
+metrics raise `ToolError` naming what exists.
+
+The fleet is duck-typed: ``start``, ``hours``, ``baseline_hours``, ``devices``,
+``telemetry``, ``events``, ``manual`` (sections with ``title`` and ``text``),
+``device(id)``, ``metrics(id)``, ``series(id, metric)`` and ``time(hour)`` (lookups raise
+`LookupError` naming what exists).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
+from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
+from typing import Any
 
-from scenarios.field_maintenance.fleet import Fleet, load_fleet
 from tools.anomaly import detect, slope
-from tools.base import Tool, ToolContext, ToolError, object_schema
+from tools.base import Tool, ToolContext, ToolError, object_schema, with_data
 from tools.text_search import rank
 
 LEVELS = ("info", "warning", "error")
 _MAX_EPISODES = 10
 
 
-def _device_ids() -> list[str]:
-    """The fleet's device ids, listed in the schema: a small model picks from an enum far more
-    reliably than it invents an id (unconstrained, it may write digits until max_tokens)."""
-    fleet = json.loads((Path(__file__).resolve().parents[1] / "scenarios" / "field_maintenance" / "data"
-                        / "fleet.json").read_text())
-    return [d["id"] for d in fleet["devices"]]
-
-
-_DEVICE = {"type": "string", "enum": _device_ids()}
-
-
-def _fleet() -> Fleet:
-    return load_fleet()
-
-
-def _device(device_id: str) -> dict:
+def _device(fleet: Any, device_id: str) -> dict:
     try:
-        return _fleet().device(device_id)
+        return fleet.device(device_id)
     except LookupError as problem:
         raise ToolError(str(problem.args[0])) from None
 
 
-def _event_hour(fleet: Fleet, event: dict) -> int:
+def _event_hour(fleet: Any, event: dict) -> int:
     moment = datetime.strptime(event["time"], "%Y-%m-%dT%H:%MZ")
     return int((moment - fleet.start).total_seconds() // 3600)
 
 
-def _week_alarms(fleet: Fleet, device_id: str) -> list[str]:
+def _week_alarms(fleet: Any, device_id: str) -> list[str]:
     """Distinct warning/error codes the device logged this week, oldest first."""
     codes = [e["code"] for e in fleet.events if e["device"] == device_id and e["level"] != "info"]
     return list(dict.fromkeys(codes))
@@ -68,15 +58,14 @@ def _limit_state(value: float, spec: dict) -> str:
     return "ok"
 
 
-def device_status(ctx: ToolContext, device_id: str | None = None) -> dict:
-    fleet = _fleet()
+def device_status(fleet: Any, ctx: ToolContext, device_id: str | None = None) -> dict:
     if device_id is None:
         return {
             "as_of": fleet.time(fleet.hours - 1),
             "devices": [{"id": d["id"], "type": d["type"], "site": d["site"], "status": d["status"],
                          "week_alarms": _week_alarms(fleet, d["id"])} for d in fleet.devices],
         }
-    device = _device(device_id)
+    device = _device(fleet, device_id)
     telemetry = fleet.telemetry[device["id"]]
     samples = len(next(iter(telemetry.values())))
     latest = {}
@@ -89,7 +78,7 @@ def device_status(ctx: ToolContext, device_id: str | None = None) -> dict:
             "week_alarms": _week_alarms(fleet, device["id"]), "latest": latest}
 
 
-def _trend(fleet: Fleet, device_id: str, metric: str, hours: int, z_threshold: float) -> dict:
+def _trend(fleet: Any, device_id: str, metric: str, hours: int, z_threshold: float) -> dict:
     values = fleet.series(device_id, metric)
     _, episodes = detect(values, baseline=fleet.baseline_hours, threshold=z_threshold)
     first = max(0, len(values) - hours)
@@ -111,10 +100,9 @@ def _trend(fleet: Fleet, device_id: str, metric: str, hours: int, z_threshold: f
     }
 
 
-def trend_statistics(ctx: ToolContext, device_id: str, metric: str | None = None,
+def trend_statistics(fleet: Any, ctx: ToolContext, device_id: str, metric: str | None = None,
                      hours: int = 168, z_threshold: float = 4.0) -> dict:
-    fleet = _fleet()
-    device = _device(device_id)
+    device = _device(fleet, device_id)
     baseline = {"baseline": f"first {fleet.baseline_hours} h, robust z > {z_threshold}"}
     try:
         if metric is not None:
@@ -130,13 +118,12 @@ def trend_statistics(ctx: ToolContext, device_id: str, metric: str | None = None
     ]}
 
 
-def query_logs(ctx: ToolContext, device_id: str | None = None, level: str | None = None,
+def query_logs(fleet: Any, ctx: ToolContext, device_id: str | None = None, level: str | None = None,
                code: str | None = None, contains: str | None = None, last_hours: int | None = None,
                limit: int = 10) -> dict:
-    fleet = _fleet()
     events = list(fleet.events)
     if device_id is not None:
-        wanted = _device(device_id)["id"]
+        wanted = _device(fleet, device_id)["id"]
         events = [e for e in events if e["device"] == wanted]
     if level is not None:
         events = [e for e in events if LEVELS.index(e["level"]) >= LEVELS.index(level)]
@@ -151,30 +138,36 @@ def query_logs(ctx: ToolContext, device_id: str | None = None, level: str | None
     return {"total": len(events), "events": newest_first[:limit]}
 
 
-def search_manual(ctx: ToolContext, query: str, limit: int = 2) -> dict:
-    hits = rank(query, _fleet().manual, lambda s: f"{s.title} {s.text}", limit)
+def search_manual(fleet: Any, ctx: ToolContext, query: str, limit: int = 2) -> dict:
+    hits = rank(query, fleet.manual, lambda s: f"{s.title} {s.text}", limit)
     return {"query": query, "sections": [{"title": s.title, "text": s.text} for _, s in hits]}
 
 
-MAINTENANCE_TOOLS: tuple[Tool, ...] = (
-    Tool("device_status", "Fleet overview, or one device's status and latest readings.",
-         object_schema({"device_id": _DEVICE}), device_status),
-    Tool("trend_statistics", "Telemetry statistics and anomalies of a device (one or all metrics).",
-         object_schema({"device_id": _DEVICE, "metric": {"type": "string"},
-                        "hours": {"type": "integer", "minimum": 6, "maximum": 168},
-                        "z_threshold": {"type": "number", "minimum": 2, "maximum": 10}},
-                       ["device_id"]),
-         trend_statistics),
-    Tool("query_logs", "Event log entries, newest first; filters are optional.",
-         object_schema({"device_id": _DEVICE,
-                        "level": {"type": "string", "enum": list(LEVELS), "description": "minimum level"},
-                        "code": {"type": "string"}, "contains": {"type": "string"},
-                        "last_hours": {"type": "integer", "minimum": 1, "maximum": 168},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": 50}}),
-         query_logs),
-    Tool("search_manual", "Search the service manual by keywords or fault code.",
-         object_schema({"query": {"type": "string"},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": 5}},
-                       ["query"]),
-         search_manual),
-)
+def maintenance_tools(source: Callable[[], Any]) -> tuple[Tool, ...]:
+    """The tools, reading the fleet that ``source()`` returns (see the module docstring)."""
+    bind = with_data(source)
+    # The device ids are listed in the schema: a small model picks from an enum far more
+    # reliably than it invents an id (unconstrained, it may write digits until max_tokens).
+    device = {"type": "string", "enum": [d["id"] for d in source().devices]}
+    return (
+        Tool("device_status", "Fleet overview, or one device's status and latest readings.",
+             object_schema({"device_id": device}), bind(device_status)),
+        Tool("trend_statistics", "Telemetry statistics and anomalies of a device (one or all metrics).",
+             object_schema({"device_id": device, "metric": {"type": "string"},
+                            "hours": {"type": "integer", "minimum": 6, "maximum": 168},
+                            "z_threshold": {"type": "number", "minimum": 2, "maximum": 10}},
+                           ["device_id"]),
+             bind(trend_statistics)),
+        Tool("query_logs", "Event log entries, newest first; filters are optional.",
+             object_schema({"device_id": device,
+                            "level": {"type": "string", "enum": list(LEVELS), "description": "minimum level"},
+                            "code": {"type": "string"}, "contains": {"type": "string"},
+                            "last_hours": {"type": "integer", "minimum": 1, "maximum": 168},
+                            "limit": {"type": "integer", "minimum": 1, "maximum": 50}}),
+             bind(query_logs)),
+        Tool("search_manual", "Search the service manual by keywords or fault code.",
+             object_schema({"query": {"type": "string"},
+                            "limit": {"type": "integer", "minimum": 1, "maximum": 5}},
+                           ["query"]),
+             bind(search_manual)),
+    )

@@ -72,7 +72,8 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force-output-length", action="store_true",
                         help="ask for exactly expected_output_tokens (max_tokens + ignore_eos)")
     parser.add_argument("--no-session-hints", action="store_true",
-                        help="send no cache hints (X-Arbor-Session / X-Arbor-Cache-State headers; recorded body hints are never sent)")
+                        help="send no cache hints (X-Arbor-Session / X-Arbor-Cache-State headers; "
+                             "recorded body hints are never sent)")
     parser.add_argument("--ideal", choices=("auto", "server", "words", "off"), default="auto",
                         help="how to compute the ideal: the server's tokens (/apply-template + /tokenize), "
                              "word pieces, or not at all; auto tries the server first")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scenarios.field_maintenance.fleet import load_fleet
 from scenarios.scenario import Scenario, read_prompt
-from tools.maintenance import MAINTENANCE_TOOLS
+from tools.maintenance import maintenance_tools
 
 
 def _summary() -> dict:
@@ -24,7 +24,7 @@ SCENARIO = Scenario(
     description="A simulated fleet: device status, telemetry trends with anomaly detection, "
                 "event logs and the service manual.",
     system_prompt=read_prompt(__file__),
-    tools=MAINTENANCE_TOOLS,
+    tools=maintenance_tools(load_fleet),
     starter_questions=(
         "Which devices need attention right now?",
         "What is wrong with PUMP-02 and what should the technician do?",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scenarios.financial_research.dataset import STATEMENTS, load_dataset
 from scenarios.scenario import Scenario, read_prompt
-from tools.financial import FINANCIAL_TOOLS
+from tools.financial import financial_tools
 
 
 def _summary() -> dict:
@@ -25,7 +25,7 @@ SCENARIO = Scenario(
     description="Quarterly reports of three fictional companies: statements, segments, notes, "
                 "ratios and growth.",
     system_prompt=read_prompt(__file__),
-    tools=FINANCIAL_TOOLS,
+    tools=financial_tools(load_dataset),
     starter_questions=(
         "What was Northwind Robotics' revenue in 2024Q4?",
         "How did Cedar Grid Energy's gross margin change from 2023Q4 to 2024Q1, and why?",

@@ -72,7 +72,8 @@ def test_cache_page_shows_a_real_servers_stats_live_and_measures_sharing(page, r
             f"{truth['requests_by_source'][source]:,}")
         expect(_num(page, "requests", f"reused_tokens.{source}")).to_have_text(
             f"{truth['reused_tokens_by_source'][source]:,}")
-        expect(_num(page, "H", "budget_bytes")).to_have_text(f"{truth['tiers']['H']['budget_bytes'] / 2**30:.1f} GiB")
+        budget_gib = truth["tiers"]["H"]["budget_bytes"] / 2**30
+        expect(_num(page, "H", "budget_bytes")).to_have_text(f"{budget_gib:.1f} GiB")
         expect(_num(page, "S", "budget_cells")).to_have_text(f"{truth['tiers']['S']['budget_cells']:,}")
         expect(_num(page, "kv", "n_ctx")).to_have_text(f"{truth['kv']['n_ctx']:,}")
         expect(page.locator("section.tier[data-tier='D']")).to_contain_text("Off on this server.")  # default tiers A,S,H

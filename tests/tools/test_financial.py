@@ -7,10 +7,10 @@ import pytest
 from scenarios.financial_research import generate_data
 from scenarios.financial_research.dataset import DATA_DIR, load_dataset
 from tools.base import ToolContext, ToolError, run_tool
-from tools.financial import FINANCIAL_TOOLS
+from tools.financial import financial_tools
 
 CTX = ToolContext()
-TOOLS = {t.name: t for t in FINANCIAL_TOOLS}
+TOOLS = {t.name: t for t in financial_tools(load_dataset)}
 DATA = load_dataset()
 
 

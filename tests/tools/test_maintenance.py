@@ -9,10 +9,10 @@ from scenarios.field_maintenance import generate_data
 from scenarios.field_maintenance.fleet import DATA_DIR, load_fleet
 from tools.anomaly import detect
 from tools.base import ToolContext, ToolError, run_tool
-from tools.maintenance import MAINTENANCE_TOOLS
+from tools.maintenance import maintenance_tools
 
 CTX = ToolContext()
-TOOLS = {t.name: t for t in MAINTENANCE_TOOLS}
+TOOLS = {t.name: t for t in maintenance_tools(load_fleet)}
 FLEET = load_fleet()
 FAULTS = json.loads((DATA_DIR / "faults.json").read_text())
 
