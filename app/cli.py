@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.replay.cli import register as register_replay
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
@@ -22,25 +24,6 @@ def _verify(args: argparse.Namespace) -> int:
     from app.verify import verify
 
     return verify(args.base_url, chat=args.chat, timeout_s=args.timeout, keep=args.keep)
-
-
-def _register_replay(subparsers: argparse._SubParsersAction) -> None:
-    """`arbor replay` lives in app/replay/cli.py (`register(subparsers)`); say so if it is missing."""
-    try:
-        from app.replay.cli import register
-    except ImportError as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        parser = subparsers.add_parser("replay", help="replay request manifests (unavailable)")
-        parser.add_argument("rest", nargs=argparse.REMAINDER)
-
-        def unavailable(_: argparse.Namespace) -> int:
-            print(f"arbor replay is not available: app.replay.cli could not be imported ({reason})",
-                  file=sys.stderr)
-            return 2
-
-        parser.set_defaults(func=unavailable)
-        return
-    register(subparsers)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--keep", action="store_true", help="keep the sessions verify creates")
     verify.set_defaults(func=_verify)
 
-    _register_replay(subparsers)
+    register_replay(subparsers)  # `arbor replay` lives in app/replay/cli.py
     return parser
 
 

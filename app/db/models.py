@@ -146,16 +146,6 @@ class Run(SQLModel, table=True):
     error: str | None = Field(default=None, sa_column=Column(Text))
 
 
-class RunPublic(SQLModel):
-    id: str
-    turn_id: str
-    branch_id: str
-    status: str
-    started_at: datetime
-    ended_at: datetime | None
-    error: str | None
-
-
 # -- trace spans ----------------------------------------------------------------------------
 class Span(SQLModel, table=True):
     """One model call (kind "model") or tool call (kind "tool").
