@@ -103,9 +103,16 @@ def _tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
     return model.runtime.tokenize(text, add_special=add_bos, parse_special=True)
 
 
+def check_choices(body: SamplingFields, settings: ServerSettings) -> None:
+    if body.n > settings.max_choices:
+        raise invalid(f"n={body.n} choices asked; this server samples at most {settings.max_choices} per request "
+                      "(--max-choices)", param="n", code="too_many_choices")
+
+
 def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: ServerSettings,
                  http: Request | None = None) -> PreparedRequest:
     check_model_name(body.model, model, settings)
+    check_choices(body, settings)
     choice = body.tool_choice or ("auto" if body.tools else "none")
     offered = body.tools if choice != "none" else None
     text = render_conversation(model.template, body, offered)
@@ -138,6 +145,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),
+        logprobs=body.logprobs_k,
     )
     return PreparedRequest(generation, frozenset(f["name"] for f in functions), text)
 
@@ -145,6 +153,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
 def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: ServerSettings,
                        http: Request | None = None) -> PreparedRequest:
     check_model_name(body.model, model, settings)
+    check_choices(body, settings)
     if isinstance(body.prompt, str):
         text = body.prompt
         tokens = _tokenize_prompt(model, text)
@@ -163,5 +172,6 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),
+        logprobs=body.logprobs_k,
     )
     return PreparedRequest(generation, frozenset(), text)

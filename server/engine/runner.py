@@ -12,6 +12,7 @@ import logging
 from typing import Protocol
 
 from server.engine.llama_runtime import LlamaRuntime
+from server.engine.logprobs import token_logprob
 from server.engine.sampling import SamplerChain
 from server.engine.scheduler import Admission, StepItem
 from server.engine.sequence import CacheReport, Sequence
@@ -100,7 +101,12 @@ class LlamaRunner:
                 out.append(None)
                 continue
             token = picked.get(row)
-            out.append(token if token is not None else item.seq.sampler.sample(self.runtime.ctx, batch_index[row]))
+            if token is None:
+                token = item.seq.sampler.sample(self.runtime.ctx, batch_index[row])
+            out.append(token)
+            k = item.seq.request.logprobs
+            if k is not None:  # read before the next decode overwrites the logits
+                item.seq.next_logprob = token_logprob(self.runtime.logits_matrix(len(sampling))[row], token, k)
             row += 1
         return out
 

@@ -116,6 +116,8 @@ HOSTILE = [
      "tools.0.function.name"),
     ("repeat_last_n negative", CHAT, chat(repeat_last_n=-1), 400, "repeat_last_n"),
     ("logit_bias negative token id", CHAT, chat(logit_bias={"-5": 1}), 400, "logit_bias"),
+    ("top_logprobs beyond 64 bits", CHAT, chat(logprobs=True, top_logprobs=10**30), 400, "top_logprobs"),
+    ("n negative", CHAT, chat(n=-3), 400, "n"),
 ]
 
 # Valid, if odd: answered normally.
@@ -123,7 +125,7 @@ ODD_BUT_VALID = [
     ("surrogate pair (emoji)", CHAT, raw(b'{"messages":[{"role":"user","content":"\\ud83d\\ude00"}],"max_tokens":2}')),
     ("NUL inside message text", CHAT, {"json": {"messages": [{"role": "user", "content": "a\u0000b"}], "max_tokens": 2}}),
     ("NUL in a stop string", CHAT, chat(stop=["\u0000"])),
-    ("unknown fields with absurd values", CHAT, chat(n_probs=-1, top_logprobs=10**30, frobnicate={"a": [None]})),
+    ("unknown fields with absurd values", CHAT, chat(n_probs=-1, best_of=10**30, frobnicate={"a": [None]})),
     ("seed beyond 64 bits", CHAT, chat(seed=2**70)),
     ("top_k beyond 64 bits", CHAT, chat(top_k=2**63)),
     ("a 100 kB stop string", CHAT, chat(stop=["x" * 100_000])),
