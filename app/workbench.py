@@ -10,12 +10,14 @@ from typing import Any
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.agent.context_budget import ContextBudget
 from app.agent.graph import build_graph
 from app.agent.model_client import ModelAdapter
-from app.db.checkpoints import open_checkpointer
+from app.db.checkpoints import delete_threads, open_checkpointer
 from app.db.engine import make_engine
+from app.db.models import AgentSession
 from app.scenario_catalog import ScenarioCatalog
 from app.services import sessions as sessions_service
 from app.services.turns import TurnService
@@ -49,6 +51,18 @@ class Workbench:
         catalog = catalog or ScenarioCatalog()
         turns = TurnService(settings, engine, graph, adapter, catalog, budget)
         return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, stack)
+
+    async def delete_session(self, db: Session, session: AgentSession) -> None:
+        """Delete `session` with everything it owns: turns, branches, runs, traces, artifacts,
+        approvals, and the LangGraph checkpoints of its runs. Refused (Conflict) while a turn runs.
+
+        Checkpoints go first: should that fail, no row has changed and the delete can simply be
+        retried (deleting a thread twice is no error), where rows deleted first would leave
+        checkpoints that nothing points to and nothing would ever delete.
+        """
+        thread_ids = await run_in_threadpool(sessions_service.deletable_session_threads, db, session)
+        await delete_threads(self.checkpointer, thread_ids)
+        await run_in_threadpool(sessions_service.delete_session, db, session)
 
     async def close(self) -> None:
         await self.turns.shutdown()
