@@ -64,8 +64,9 @@ def update_session(request: SessionUpdate, session: AgentSessionDep, db: DbDep) 
 
 
 @router.delete("/{session_id}", status_code=204)
-def delete_session(session: AgentSessionDep, db: DbDep) -> Response:
-    sessions_service.delete_session(db, session)
+async def delete_session(session: AgentSessionDep, db: DbDep, workbench: WorkbenchDep) -> Response:
+    """Delete the session, its turns, branches, traces and approvals, and its graph checkpoints."""
+    await workbench.delete_session(db, session)
     return Response(status_code=204)
 
 
