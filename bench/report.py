@@ -40,9 +40,9 @@ def machine() -> str:
 def engine_section(res: Path) -> list[str]:
     data = _load(res / "engine_throughput.json")
     out = ["## Engine: decode throughput and TTFT", "",
-           "Command: `python -m bench.engine_throughput` (arbor-server with `--no-cache`, `--parallel` slots, "
-           "`--max-tokens` per request, `ignore_eos`, greedy; distinct short prompts; the exact command of each "
-           "server is in the result file).", ""]
+           "Command: `python -m bench.engine_throughput` (`--parallel` slots, `--max-tokens` per request, "
+           "`ignore_eos`, greedy; distinct short prompts; each server with its default prompt cache unless the "
+           "command says `--no-cache`; the exact command of each server is in the result file).", ""]
     if data is None:
         return out + ["Not measured in this revision (bench/results/engine_throughput.json is missing).", ""]
     out += ["| server | concurrency | decode tok/s | TTFT p50 s | TTFT mean s |", "|---|---|---|---|---|"]
@@ -223,6 +223,25 @@ def soak_section(res: Path) -> list[str]:
     return out + ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
 
 
+def n_choices_section(res: Path) -> list[str]:
+    data = _load(res / "n_choices.json")
+    out = ["## n choices from one prompt", "",
+           "Command: `python -m bench.n_choices` (one request with `n` choices against `n` separate concurrent "
+           "requests with the same prompt, temperature 0.8, `ignore_eos`; modes alternate; medians). Target: "
+           "decode tok/s of n=4 at least 0.9x that of 4 separate requests, the prompt computed once.", ""]
+    if data is None:
+        return out + ["Not measured in this revision.", ""]
+    s = data["settings"]
+    out += [f"Settings: n={s['n']}, {s['max_tokens']} tokens per choice, a {s['prompt_words']}-word prompt, "
+            f"{s['rounds']} rounds, model {s['model'] or 'embedded'}.", "",
+            "| mode | decode tok/s | wall s | prompt tokens computed (of the prompt's) |", "|---|---|---|---|"]
+    for mode, m in data["median"].items():
+        label = f"one request, n={s['n']}" if mode == "n" else f"{s['n']} separate requests"
+        out.append(f"| {label} | {_f(m['decode_tok_s'], 1)} | {_f(m['wall_s'])} | "
+                   f"{_f(m['computed_prompt_tokens'], 0)} ({_f(m['prompt_tokens'], 0)}) |")
+    return out + ["", f"n over separate, decode tok/s: {data['n_over_separate_decode']}.", ""]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=Path("bench/results"))
@@ -239,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         lines += _or_carried(section(a.results), old)
     for dirname in RUN_ALL_DIRS:
         lines += _or_carried(run_all_section(a.results, dirname), old)
+    lines += _or_carried(n_choices_section(a.results), old)
     lines += _or_carried(soak_section(a.results), old)
     if a.notes.exists():
         lines += [a.notes.read_text().rstrip(), ""]
