@@ -14,7 +14,7 @@ from typing import Protocol
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.sampling import SamplerChain
 from server.engine.scheduler import Admission, StepItem
-from server.engine.sequence import CacheReport, Sequence
+from server.engine.sequence import NO_TOKEN, CacheReport, Sequence
 from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,13 @@ class LlamaRunner:
                 out.append(None)
                 continue
             token = picked.get(row)
-            out.append(token if token is not None else item.seq.sampler.sample(self.runtime.ctx, batch_index[row]))
+            if token is None:
+                token = item.seq.sampler.sample(self.runtime.ctx, batch_index[row])
+                if token is None:
+                    log.warning("request %d: its grammar allows no token from here (a dead end); stopping it",
+                                item.seq.id)
+                    token = NO_TOKEN
+            out.append(token)
             row += 1
         return out
 
