@@ -16,7 +16,7 @@ from app.agent.graph import build_graph
 from app.agent.model_client import ModelAdapter
 from app.db.engine import make_engine
 from app.scenario_catalog import ScenarioCatalog
-from app.services.sessions import mark_interrupted_turns
+from app.services.recovery import expire_lost_approvals, mark_interrupted_turns
 from app.services.turns import TurnService
 from app.settings import WorkbenchSettings
 
@@ -42,6 +42,7 @@ class Workbench:
         stack = AsyncExitStack()
         saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(settings.checkpoint_path)))
         graph = build_graph(checkpointer=saver)
+        await expire_lost_approvals(engine, graph)  # after a crash: app/services/recovery.py
         adapter = ModelAdapter(settings)
         budget = ContextBudget(settings)
         catalog = catalog or ScenarioCatalog()
