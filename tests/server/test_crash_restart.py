@@ -170,6 +170,7 @@ def test_kill_during_a_disk_write_then_restart(tmp_path, reference):
         if left:
             break
     assert left, "no kill landed while a segment file was being written (4 attempts)"
+    assert segment_files(cache_dir), "the warm-up's segments were whole before the kill"
     planted = plant_bad_files(cache_dir)
     good = segment_files(cache_dir) - set(planted.values())
 
