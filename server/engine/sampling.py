@@ -105,7 +105,10 @@ class SamplerChain:
         """`llama_sampler_sample` in two steps (what it does on the CPU: candidates from the
         logits, apply the chain, accept the selection), with a look at the selection between."""
         cands = self._candidates
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(self._n_vocab,))
+        row = llama_cpp.llama_get_logits_ith(ctx, batch_index)
+        if not row:  # llama_sampler_sample would abort here (GGML_ASSERT); fail the step instead
+            raise RuntimeError(f"no logits for output row {batch_index}")
+        logits = np.ctypeslib.as_array(row, shape=(self._n_vocab,))
         cands["id"] = self._ids  # samplers sort and cut the array in place: refill it every time
         cands["logit"] = logits
         cands["p"] = 0.0
