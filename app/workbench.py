@@ -20,6 +20,7 @@ from app.db.engine import make_engine
 from app.db.models import AgentSession
 from app.scenario_catalog import ScenarioCatalog
 from app.services import sessions as sessions_service
+from app.services.recovery import expire_lost_approvals, mark_interrupted_turns
 from app.services.turns import TurnService
 from app.settings import WorkbenchSettings
 
@@ -42,10 +43,11 @@ class Workbench:
         settings.ensure_data_dir()
         engine = make_engine(settings.database_url)
         with Session(engine) as db:
-            sessions_service.mark_interrupted_turns(db)
+            mark_interrupted_turns(db)
         stack = AsyncExitStack()
         saver = await stack.enter_async_context(open_checkpointer(settings))
         graph = build_graph(checkpointer=saver)
+        await expire_lost_approvals(engine, graph)  # after a crash: app/services/recovery.py
         adapter = ModelAdapter(settings)
         budget = ContextBudget(settings)
         catalog = catalog or ScenarioCatalog()

@@ -11,7 +11,7 @@ from sqlmodel import Session, col, select
 
 from app.db.models import (
     AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail, Span, Turn,
-    TurnPublic, utcnow,
+    TurnPublic,
 )
 from app.errors import Conflict, NotFound, WorkbenchError
 
@@ -162,19 +162,3 @@ def delete_session(db: Session, session: AgentSession) -> None:
     db.delete(session)
     db.commit()
 
-
-def mark_interrupted_turns(db: Session) -> int:
-    """At start-up: turns left 'running' by a stopped process are failed (retry makes a new turn)."""
-    message = "the workbench stopped while this turn was running; send the message again"
-    turns = db.exec(select(Turn).where(Turn.status == "running")).all()
-    runs = db.exec(select(Run).where(Run.status == "running")).all()
-    for row in [*turns, *runs]:
-        row.status = "failed"
-        row.error = message
-        if isinstance(row, Turn):
-            row.finished_at = utcnow()
-        else:
-            row.ended_at = utcnow()
-        db.add(row)
-    db.commit()
-    return len(turns)

@@ -122,14 +122,15 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     if choice == "required":
         # Like llama-server, several calls only when asked for: small models otherwise repeat
         # calls until max_tokens cuts one in half.
-        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is True)
+        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is True, vocab=model.runtime.vocab)
     elif not isinstance(choice, str):
         named = [f for f in functions if f["name"] == choice.function["name"]]
-        grammar = tool_call_grammar(named, allow_many=False)
+        grammar = tool_call_grammar(named, allow_many=False, vocab=model.runtime.vocab)
     elif body.response_format and body.response_format.type == "json_object":
         grammar = json_object_grammar()
     elif body.response_format and body.response_format.type == "json_schema":
-        grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema")
+        grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema",
+                                      vocab=model.runtime.vocab)
     requested = requested_grammar(body.grammar, body.json_schema, model.runtime.vocab)
     if requested is not None:
         if grammar is not None:

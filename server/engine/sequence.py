@@ -23,6 +23,10 @@ from server.engine.stop_strings import StopStringMatcher
 
 _ids = itertools.count(1)
 
+# What a runner returns instead of a token when the request's sampler can accept none (its
+# grammar is at a dead end); llama.cpp's LLAMA_TOKEN_NULL. The engine stops the request.
+NO_TOKEN = -1
+
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"        # in the queue, no slot yet
