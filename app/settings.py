@@ -16,6 +16,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.db.urls import is_postgres, sqlite_path
+
 
 def _check_http_url(value: str, name: str) -> str:
     if not value.startswith(("http://", "https://")):
@@ -49,7 +51,9 @@ class WorkbenchSettings(BaseSettings):
     # -- storage -------------------------------------------------------------------------------
     data_dir: Path = Field(Path("./var"), validation_alias="ARBOR_DATA_DIR")
     database_url: str = Field("", validation_alias="DATABASE_URL",
-                              description="SQLAlchemy URL; empty = sqlite file arbor.db in the data dir")
+                              description="SQLAlchemy URL of the tables and the LangGraph checkpoints: "
+                                          "sqlite:///FILE or postgresql://USER:PASSWORD@HOST:PORT/DB; "
+                                          "empty = sqlite file arbor.db in the data dir")
 
     # -- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", validation_alias="ARBOR_HOST")
@@ -87,9 +91,19 @@ class WorkbenchSettings(BaseSettings):
         return self
 
     @property
-    def checkpoint_path(self) -> Path:
-        """The LangGraph checkpointer's SQLite file (graph state of paused and finished runs)."""
-        return self.data_dir / "checkpoints.sqlite"
+    def checkpoint_path(self) -> Path | None:
+        """The LangGraph checkpointer's SQLite file (graph state of paused and finished runs), or
+        None when DATABASE_URL is PostgreSQL, whose checkpoints are tables of that same database.
+
+        With SQLite it is `checkpoints.sqlite` beside the database file (for the default URL: in
+        the data dir, where it always was). It is a file of its own so that the checkpointer's
+        connection never waits on the workbench's write lock. An in-memory database has no
+        directory; its checkpoints go to the data dir.
+        """
+        if is_postgres(self.database_url):
+            return None
+        database = sqlite_path(self.database_url)
+        return (database.parent if database else self.data_dir) / "checkpoints.sqlite"
 
     @property
     def tool_result_budget_chars(self) -> int:

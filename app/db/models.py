@@ -97,6 +97,11 @@ class TurnCreate(SQLModel):
     stream: bool = True
 
 
+class TurnRetry(SQLModel):
+    """POST /api/turns/{id}/retry body (optional)."""
+    stream: bool = True
+
+
 class Turn(TurnBase, table=True):
     __tablename__ = "turns"
     id: str = Field(default_factory=new_id, primary_key=True)
@@ -237,7 +242,8 @@ class Approval(SQLModel, table=True):
     tool_call_id: str = Field(max_length=100)
     tool_name: str = Field(max_length=100)
     arguments: dict | None = _json()
-    status: str = Field(default="pending", max_length=16)  # pending | approved | rejected
+    # pending | approved | rejected | expired (its paused run was lost: app/services/recovery.py)
+    status: str = Field(default="pending", max_length=16)
     comment: str | None = Field(default=None, sa_column=Column(Text))
     created_at: datetime = Field(default_factory=utcnow)
     decided_at: datetime | None = None

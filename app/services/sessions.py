@@ -11,7 +11,7 @@ from sqlmodel import Session, col, select
 
 from app.db.models import (
     AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail, Span, Turn,
-    TurnPublic, utcnow,
+    TurnPublic,
 )
 from app.errors import Conflict, NotFound, WorkbenchError
 
@@ -125,9 +125,21 @@ def session_detail(db: Session, session: AgentSession) -> SessionDetail:
     )
 
 
-def delete_session(db: Session, session: AgentSession) -> None:
+def deletable_session_threads(db: Session, session: AgentSession) -> list[str]:
+    """The LangGraph threads of `session`'s runs (their checkpoints go with the session);
+    Conflict while a turn of it runs, which would write to them."""
+    _refuse_while_running(db, session)
+    return sorted(set(db.exec(select(Run.thread_id).where(Run.session_id == session.id)).all()))
+
+
+def _refuse_while_running(db: Session, session: AgentSession) -> None:
     if db.exec(select(Turn).where(Turn.session_id == session.id, col(Turn.status) == "running")).first():
         raise Conflict(f"session {session.id!r} has a running turn; delete it when the turn ends", "session_busy")
+
+
+def delete_session(db: Session, session: AgentSession) -> None:
+    """Delete the rows of `session` (its checkpoints are the caller's: `Workbench.delete_session`)."""
+    _refuse_while_running(db, session)
     for model in (Span, Artifact, Approval, Run):
         for row in db.exec(select(model).where(model.session_id == session.id)).all():
             db.delete(row)
@@ -150,19 +162,3 @@ def delete_session(db: Session, session: AgentSession) -> None:
     db.delete(session)
     db.commit()
 
-
-def mark_interrupted_turns(db: Session) -> int:
-    """At start-up: turns left 'running' by a stopped process are failed (retry makes a new turn)."""
-    message = "the workbench stopped while this turn was running; send the message again"
-    turns = db.exec(select(Turn).where(Turn.status == "running")).all()
-    runs = db.exec(select(Run).where(Run.status == "running")).all()
-    for row in [*turns, *runs]:
-        row.status = "failed"
-        row.error = message
-        if isinstance(row, Turn):
-            row.finished_at = utcnow()
-        else:
-            row.ended_at = utcnow()
-        db.add(row)
-    db.commit()
-    return len(turns)

@@ -5,7 +5,7 @@ A turn runs as a background task that pushes events into a queue; the HTTP respo
 recorded even when the client disconnects.
 
 Event types (each a dict with "type"):
-  turn            {turn_id, run_id, session_id, branch_id, parent_turn_id, resumed}
+  turn            {turn_id, run_id, session_id, branch_id, parent_turn_id, resumed, retry_of}
   token           {text}
   compacted       {step, span_id, tokens_before, tokens_after, reduced_turns, dropped_turns}
                   (before a model call whose history was compacted to fit the context)
@@ -19,6 +19,10 @@ Event types (each a dict with "type"):
 
 Each LangGraph thread is one run of one turn (thread id "turn-<turn id>"); the conversation
 history comes from the turn tree, so forks and branch switches never copy graph state.
+
+A failed turn (the model backend failed, or the workbench stopped under it: see
+app/services/recovery.py) is retried as a new turn with the same message and options, on the
+same branch from the same parent; the failed turn stays in the tree as it was.
 
 Database work runs in worker threads (`asyncio.to_thread`), never on the event loop that
 streams every turn. When a turn ends (answer, budget, failure; not a pause for approval) the
@@ -102,15 +106,17 @@ class TurnService:
                                  f"{self.settings.max_message_chars} (ARBOR_MAX_MESSAGE_CHARS)")
         return message
 
-    async def start_turn(self, session_id: str, request: TurnCreate) -> TurnHandle:
-        """Validate and record a new turn, then run it in the background."""
+    async def start_turn(self, session_id: str, request: TurnCreate, retry_of: str | None = None) -> TurnHandle:
+        """Validate and record a new turn, then run it in the background (`retry_of`: the
+        failed turn it runs again, recorded in the run's options and the first event)."""
         handle, first, graph_input, context, thread_id = await asyncio.to_thread(
-            self._record_turn, session_id, request)
+            self._record_turn, session_id, request, retry_of)
         handle.queue.put_nowait(first)  # here, on the loop: asyncio queues are not thread-safe
         self._launch(handle, graph_input, context, thread_id)
         return handle
 
-    def _record_turn(self, session_id: str, request: TurnCreate) -> tuple[TurnHandle, dict, dict, TurnContext, str]:
+    def _record_turn(self, session_id: str, request: TurnCreate,
+                     retry_of: str | None) -> tuple[TurnHandle, dict, dict, TurnContext, str]:
         message = self.validate_message(request.message)
         with self._record_lock, Session(self.engine) as db:
             session = sessions_service.get_session(db, session_id)
@@ -130,17 +136,42 @@ class TurnService:
             db.flush()
             run = Run(session_id=session.id, branch_id=branch.id, turn_id=turn.id, thread_id=f"turn-{turn.id}",
                       options={"force_tool": request.force_tool, "tool_choice": request.tool_choice,
-                               "history_len": len(past)})
+                               "history_len": len(past), **({"retry_of": retry_of} if retry_of else {})})
             db.add(run)
             db.commit()
             handle = TurnHandle(turn.id, run.id)
             first = {"type": "turn", "turn_id": turn.id, "run_id": run.id, "session_id": session.id,
-                     "branch_id": branch.id, "parent_turn_id": turn.parent_turn_id, "resumed": False}
+                     "branch_id": branch.id, "parent_turn_id": turn.parent_turn_id, "resumed": False,
+                     "retry_of": retry_of}
             context = self._context(session, turn, run, scenario)
         graph_input = {"messages": [*past, {"role": "user", "content": message}], "steps": 0,
                        "max_steps": self.settings.step_budget, "awaiting": [], "decisions": {},
                        "final_answer": None, "outcome": None}
         return handle, first, graph_input, context, run.thread_id
+
+    async def retry_turn(self, turn_id: str) -> TurnHandle:
+        """Run a failed turn's message again (same options) as a new turn on its branch.
+        409 unless the turn failed and its branch still ends where the turn started (a branch
+        that moved on since would put the retry after newer turns: fork from the parent instead)."""
+        session_id, request = await asyncio.to_thread(self._retry_request, turn_id)
+        return await self.start_turn(session_id, request, retry_of=turn_id)
+
+    def _retry_request(self, turn_id: str) -> tuple[str, TurnCreate]:
+        with Session(self.engine) as db:
+            turn = sessions_service.get_turn(db, turn_id)
+            if turn.status != "failed":
+                raise Conflict(f"turn {turn_id!r} is {turn.status}; only a failed turn can be retried",
+                               "turn_not_failed")
+            branch = db.get(Branch, turn.branch_id)
+            if branch.head_turn_id != turn.parent_turn_id:
+                raise Conflict(f"branch {branch.id!r} has moved on since turn {turn_id!r} failed (its head is now "
+                               f"{branch.head_turn_id!r}); fork a branch from {turn.parent_turn_id!r} and send the "
+                               "message there", "branch_moved")
+            run = db.exec(select(Run).where(Run.turn_id == turn.id).order_by(Run.started_at.desc())).first()
+            options = (run.options if run else None) or {}
+            request = TurnCreate(message=turn.user_message, branch_id=turn.branch_id,
+                                 force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"))
+            return turn.session_id, request
 
     async def decide(self, approval_id: str, approved: bool, comment: str) -> TurnHandle:
         """Record the operator's decision and resume the paused run."""
@@ -174,7 +205,8 @@ class TurnService:
             db.commit()
             handle = TurnHandle(turn.id, run.id)
             first = {"type": "turn", "turn_id": turn.id, "run_id": run.id, "session_id": session.id,
-                     "branch_id": turn.branch_id, "parent_turn_id": turn.parent_turn_id, "resumed": True}
+                     "branch_id": turn.branch_id, "parent_turn_id": turn.parent_turn_id, "resumed": True,
+                     "retry_of": (run.options or {}).get("retry_of")}
             context = self._context(session, turn, run, scenario)
             thread_id = run.thread_id
         return handle, first, context, thread_id

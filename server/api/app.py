@@ -98,6 +98,14 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
             for key in ("entries", "files", "tokens", "bytes", "hits", "evictions"):
                 if key in st:
                     out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", st[key])
+    if r.disk is not None:
+        st = r.disk.stats()
+        out["arbor:cache_disk_corrupt_total"] = (
+            "Disk segment files found torn, truncated or failing a checksum (skipped at start or at restore, "
+            "never loaded).", st["corrupt_files"])
+        out["arbor:cache_disk_foreign_total"] = (
+            "Disk segment files of another model, KV layout or format version (skipped, never loaded).",
+            st["foreign_files"])
     if r.resident is not None:
         st = r.resident.stats()
         for key in ("entries", "cells", "hits", "evictions"):

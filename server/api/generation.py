@@ -19,13 +19,14 @@ import collections
 import ctypes
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from server.api.errors import APIError
 from server.api.metrics import ServerMetrics
 from server.engine.engine import Engine, deliver_inline
+from server.engine.logprobs import TokenLogprob
 from server.engine.scheduler import QueueFull
 from server.engine.sequence import Event, Finished, GenerationRequest, TextDelta
 
@@ -93,7 +94,7 @@ def coalesce(events: list[Event]) -> list[Event]:
     for event in events:
         last = out[-1] if out else None
         if isinstance(event, TextDelta) and isinstance(last, TextDelta):
-            out[-1] = TextDelta(last.text + event.text, last.tokens + event.tokens)
+            out[-1] = TextDelta(last.text + event.text, last.tokens + event.tokens, last.logprobs + event.logprobs)
         else:
             out.append(event)
     return out
@@ -110,11 +111,13 @@ def engine_error(fin: Finished) -> APIError:
 
 @dataclass(frozen=True)
 class Collected:
-    """A whole non-streamed answer: its text, its tokens and how it ended."""
+    """A whole non-streamed answer: its text, its tokens, their log-probabilities (when
+    asked for) and how it ended."""
 
     text: str
     tokens: list[int]
     fin: Finished
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Generation:
@@ -177,11 +180,13 @@ class Generation:
         the HTTP error of a request the engine finished with an error."""
         parts: list[str] = []
         tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
         async for ev in self.events(watch=watch):
             if isinstance(ev, Finished):
                 if ev.finish_reason == "error":
                     raise engine_error(ev)
-                return Collected("".join(parts), tokens, ev)
+                return Collected("".join(parts), tokens, ev, logprobs)
             parts.append(ev.text)
             tokens.extend(ev.tokens)
+            logprobs.extend(ev.logprobs)
         return None

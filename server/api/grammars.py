@@ -1,5 +1,9 @@
 """GBNF grammars for forced tool calls and structured output, via llama-cpp-python's
-JSON-schema converter (the same one llama.cpp ships as json_schema_to_grammar.py)."""
+JSON-schema converter (the same one llama.cpp ships as json_schema_to_grammar.py).
+
+Every grammar made from a client's schema is parsed by llama.cpp here, in the API, when
+the caller passes the vocabulary: a schema the converter turns into a broken grammar is a
+400 naming the parameter, never a failure inside the engine (a 500)."""
 
 from __future__ import annotations
 
@@ -39,8 +43,10 @@ def _converter(prop_order: dict[str, int] | None = None) -> SchemaConverter:
     return SchemaConverter(prop_order=prop_order or {}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
-def json_schema_grammar(schema: dict[str, Any], *, param: str) -> str:
-    """Grammar whose root is a JSON value valid against `schema`; 400 if the schema is unusable."""
+def json_schema_grammar(schema: dict[str, Any], *, param: str, vocab=None) -> str:
+    """Grammar whose root is a JSON value valid against `schema`; 400 if the schema is unusable
+    (with `vocab`, also when llama.cpp cannot parse the grammar the converter made)."""
+    _check_patterns(schema, param)
     conv = _converter()
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
@@ -48,7 +54,43 @@ def json_schema_grammar(schema: dict[str, Any], *, param: str) -> str:
         grammar = conv.format_grammar()
     except Exception as exc:  # the converter raises bare errors on unsupported schemas
         raise invalid(f"{param}: unsupported JSON schema ({exc})", param=param) from exc
-    return _checked(grammar, param)
+    return _parsed(_checked(grammar, param), vocab, param, what="the grammar made from this JSON schema")
+
+
+def _check_patterns(schema: Any, param: str) -> None:
+    """Refuse a `pattern` the converter would turn into a broken grammar. It takes a pattern
+    as `^...$` and drops both anchors; when the text before the `$` ends with a lone
+    backslash (`^a\\$`: in a regex, an escaped dollar and no end anchor) the backslash is
+    left dangling and escapes the grammar literal's closing quote."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                body = pattern[:-1] if pattern.endswith("$") else pattern
+                if (len(body) - len(body.rstrip("\\"))) % 2 == 1:
+                    raise invalid(f"{param}: the pattern \"{pattern}\" ends with a lone backslash (an unfinished "
+                                  "escape); write \\\\ for a literal backslash, and end an anchored pattern with "
+                                  "an unescaped $", param=param, code="invalid_schema")
+            stack.extend(v for v in node.values() if not isinstance(v, str))
+
+
+def _parsed(grammar: str, vocab, param: str, *, what: str) -> str:
+    """`grammar`, if llama.cpp's grammar sampler accepts it (parses, has a `root` rule, no
+    left recursion; skipped without a vocabulary), else a 400 naming `param`. The check
+    builds the sampler once and frees it: the code that will constrain sampling decides."""
+    if vocab is None:
+        return grammar
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not sampler:
+        raise invalid(f"{param}: llama.cpp could not parse {what} (a syntax error, an undefined rule, no 'root' "
+                      "rule, or left recursion)", param=param,
+                      code="invalid_grammar" if param == "grammar" else "invalid_schema")
+    llama_cpp.llama_sampler_free(sampler)
+    return grammar
 
 
 def _checked(grammar: str, param: str) -> str:
@@ -106,7 +148,7 @@ def json_object_grammar() -> str:
     return json_schema_grammar(_ANY_OBJECT_SCHEMA, param="response_format")
 
 
-def tool_call_grammar(functions: list[dict[str, Any]], *, allow_many: bool) -> str:
+def tool_call_grammar(functions: list[dict[str, Any]], *, allow_many: bool, vocab=None) -> str:
     """Grammar for one (or, with allow_many, one or more) Hermes-style tool calls:
 
         <tool_call>
@@ -125,6 +167,7 @@ def tool_call_grammar(functions: list[dict[str, Any]], *, allow_many: bool) -> s
         for f in functions
     ]
     schema = alternatives[0] if len(alternatives) == 1 else {"oneOf": alternatives}
+    _check_patterns(schema, "tools")
     conv = _converter({"name": 0, "arguments": 1})
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "tools")
@@ -134,7 +177,8 @@ def tool_call_grammar(functions: list[dict[str, Any]], *, allow_many: bool) -> s
         raise invalid(f"tools: a function's parameters are not a usable JSON schema ({exc})", param="tools") from exc
     one = f'"{TOOL_CALL_OPEN}\\n" call "\\n{TOOL_CALL_CLOSE}"'
     root = f"root ::= {one} (\"\\n\" {one})*" if allow_many else f"root ::= {one}"
-    return _checked(root + "\n" + body, "tools")
+    return _parsed(_checked(root + "\n" + body, "tools"), vocab, "tools",
+                   what="the grammar made from the tools' parameter schemas")
 
 
 def checked_gbnf(grammar: str, vocab, *, param: str = "grammar") -> str:
@@ -143,12 +187,7 @@ def checked_gbnf(grammar: str, vocab, *, param: str = "grammar") -> str:
     code that will constrain sampling decides, so nothing valid is refused and nothing
     invalid reaches the engine."""
     _checked(grammar, param)  # shapes that would make llama.cpp abort the process, not just fail
-    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-    if not sampler:
-        raise invalid(f"{param}: llama.cpp could not parse this GBNF grammar (a syntax error, an undefined rule, "
-                      f"no 'root' rule, or left recursion)", param=param, code="invalid_grammar")
-    llama_cpp.llama_sampler_free(sampler)
-    return grammar
+    return _parsed(grammar, vocab, param, what="this GBNF grammar")
 
 
 def requested_grammar(grammar: str | None, json_schema: dict[str, Any] | None, vocab) -> str | None:
@@ -158,5 +197,5 @@ def requested_grammar(grammar: str | None, json_schema: dict[str, Any] | None, v
     if grammar:
         return checked_gbnf(grammar, vocab)
     if json_schema is not None:
-        return json_schema_grammar(json_schema, param="json_schema")
+        return json_schema_grammar(json_schema, param="json_schema", vocab=vocab)
     return None

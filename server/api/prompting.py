@@ -103,9 +103,16 @@ def _tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
     return model.runtime.tokenize(text, add_special=add_bos, parse_special=True)
 
 
+def check_choices(body: SamplingFields, settings: ServerSettings) -> None:
+    if body.n > settings.max_choices:
+        raise invalid(f"n={body.n} choices asked; this server samples at most {settings.max_choices} per request "
+                      "(--max-choices)", param="n", code="too_many_choices")
+
+
 def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: ServerSettings,
                  http: Request | None = None) -> PreparedRequest:
     check_model_name(body.model, model, settings)
+    check_choices(body, settings)
     choice = body.tool_choice or ("auto" if body.tools else "none")
     offered = body.tools if choice != "none" else None
     text = render_conversation(model.template, body, offered)
@@ -115,14 +122,15 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     if choice == "required":
         # Like llama-server, several calls only when asked for: small models otherwise repeat
         # calls until max_tokens cuts one in half.
-        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is True)
+        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is True, vocab=model.runtime.vocab)
     elif not isinstance(choice, str):
         named = [f for f in functions if f["name"] == choice.function["name"]]
-        grammar = tool_call_grammar(named, allow_many=False)
+        grammar = tool_call_grammar(named, allow_many=False, vocab=model.runtime.vocab)
     elif body.response_format and body.response_format.type == "json_object":
         grammar = json_object_grammar()
     elif body.response_format and body.response_format.type == "json_schema":
-        grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema")
+        grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema",
+                                      vocab=model.runtime.vocab)
     requested = requested_grammar(body.grammar, body.json_schema, model.runtime.vocab)
     if requested is not None:
         if grammar is not None:
@@ -138,6 +146,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),
+        logprobs=body.logprobs_k,
     )
     return PreparedRequest(generation, frozenset(f["name"] for f in functions), text)
 
@@ -145,6 +154,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
 def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: ServerSettings,
                        http: Request | None = None) -> PreparedRequest:
     check_model_name(body.model, model, settings)
+    check_choices(body, settings)
     if isinstance(body.prompt, str):
         text = body.prompt
         tokens = _tokenize_prompt(model, text)
@@ -163,5 +173,6 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),
+        logprobs=body.logprobs_k,
     )
     return PreparedRequest(generation, frozenset(), text)

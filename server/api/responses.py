@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from server.api.errors import APIError
@@ -73,49 +73,81 @@ def finish_reason(fin: Finished, tool_calls: list[ParsedToolCall]) -> str:
     return fin.finish_reason
 
 
-def _extras(fin: Finished) -> dict[str, Any]:
-    return {"usage": usage(fin), "timings": timings(fin), "arbor": arbor_extension(fin)}
+@dataclass(frozen=True)
+class ChoiceOut:
+    """One finished choice of a non-streamed answer."""
+
+    text: str
+    fin: Finished
+    calls: list[ParsedToolCall] = field(default_factory=list)
+    logprobs: Any = None  # in the endpoint's own shape (api.logprob_format), or None
 
 
-def chat_completion(rid: str, model: ServedModel, content: str, calls: list[ParsedToolCall],
-                    fin: Finished) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-    if calls:
-        message["tool_calls"] = [c.as_openai() for c in calls]
-    return {
-        **_head(rid, "chat.completion", int(time.time()), model),
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(fin, calls)}],
-        **_extras(fin),
-    }
+def request_totals(fins: list[Finished]) -> Finished:
+    """The request-wide totals of its choices (OpenAI counts the prompt once): completion
+    tokens add up; cached tokens are those every choice found cached, i.e. what was reused
+    from before the request (a choice that attached to another's prefill reports its own
+    count under `arbor.choices`)."""
+    if len(fins) == 1:
+        return fins[0]
+    return replace(
+        fins[0],
+        cached_tokens=min(f.cached_tokens for f in fins),
+        completion_tokens=sum(f.completion_tokens for f in fins),
+        prompt_ms=max(f.prompt_ms for f in fins),
+        predicted_ms=max(f.predicted_ms for f in fins),
+    )
+
+
+def _extras(fins: list[Finished]) -> dict[str, Any]:
+    total = request_totals(fins)
+    arbor = arbor_extension(total)
+    if len(fins) > 1:
+        arbor["choices"] = [{"index": i, "cached_tokens": f.cached_tokens, "completion_tokens": f.completion_tokens,
+                             **arbor_extension(f)}
+                            for i, f in enumerate(fins)]
+    return {"usage": usage(total), "timings": timings(total), "arbor": arbor}
+
+
+def chat_completion(rid: str, model: ServedModel, outs: list[ChoiceOut]) -> dict[str, Any]:
+    choices = []
+    for i, out in enumerate(outs):
+        message: dict[str, Any] = {"role": "assistant", "content": out.text if out.text or not out.calls else None}
+        if out.calls:
+            message["tool_calls"] = [c.as_openai() for c in out.calls]
+        choices.append({"index": i, "message": message, "logprobs": out.logprobs,
+                        "finish_reason": finish_reason(out.fin, out.calls)})
+    return {**_head(rid, "chat.completion", int(time.time()), model), "choices": choices,
+            **_extras([o.fin for o in outs])}
 
 
 def chat_chunk(rid: str, model: ServedModel, created: int, delta: dict[str, Any], finish: str | None = None,
-               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+               extra: dict[str, Any] | None = None, index: int = 0, logprobs: Any = None) -> dict[str, Any]:
     body = {
         **_head(rid, "chat.completion.chunk", created, model),
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
     }
     if extra:
         body.update(extra)
     return body
 
 
-def usage_chunk(rid: str, model: ServedModel, created: int, fin: Finished, obj: str) -> dict[str, Any]:
-    return {**_head(rid, obj, created, model), "choices": [], **_extras(fin)}
+def usage_chunk(rid: str, model: ServedModel, created: int, fins: list[Finished], obj: str) -> dict[str, Any]:
+    return {**_head(rid, obj, created, model), "choices": [], **_extras(fins)}
 
 
-def text_completion(rid: str, model: ServedModel, text: str, fin: Finished) -> dict[str, Any]:
-    return {
-        **_head(rid, "text_completion", int(time.time()), model),
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": fin.finish_reason}],
-        **_extras(fin),
-    }
+def text_completion(rid: str, model: ServedModel, outs: list[ChoiceOut]) -> dict[str, Any]:
+    choices = [{"index": i, "text": o.text, "logprobs": o.logprobs, "finish_reason": o.fin.finish_reason}
+               for i, o in enumerate(outs)]
+    return {**_head(rid, "text_completion", int(time.time()), model), "choices": choices,
+            **_extras([o.fin for o in outs])}
 
 
-def text_chunk(rid: str, model: ServedModel, created: int, text: str, finish: str | None = None) -> dict[str, Any]:
+def text_chunk(rid: str, model: ServedModel, created: int, text: str, finish: str | None = None,
+               index: int = 0, logprobs: Any = None) -> dict[str, Any]:
     return {
         **_head(rid, "text_completion", created, model),
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
     }
 
 

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from server.engine.logprobs import MAX_TOP_LOGPROBS
+
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
@@ -134,20 +136,13 @@ class SamplingFields(_Lenient):
     repeat_last_n: int = Field(64, ge=0, le=4096)
     logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: int = Field(1, ge=1)  # the upper limit is --max-choices (api.prompting)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     cache: Any = None  # Arbor's lifecycle hint; validated by server.cache.lifecycle
     grammar: str | None = None  # llama-server's GBNF constraint (root rule "root"); checked by api.grammars
     json_schema: dict[str, Any] | None = None  # llama-server's shorthand for a JSON-schema constraint
-
-    @field_validator("n")
-    @classmethod
-    def _single_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -180,6 +175,8 @@ class ChatCompletionRequest(SamplingFields):
     # a final assistant message is continued unless continue_final_message is false (api.conversation)
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _tool_choice_consistent(self):
@@ -192,12 +189,31 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("tool_choice 'required' needs at least one tool")
         if self.max_completion_tokens is not None and self.max_tokens is None:
             self.max_tokens = self.max_completion_tokens
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @property
+    def logprobs_k(self) -> int | None:
+        """Alternatives to report per token (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token (legacy API)
+
+    @model_validator(mode="after")
+    def _no_prompt_logprobs(self):
+        if self.echo and self.logprobs is not None:
+            # would need the prompt's logits, which prefix reuse does not compute
+            raise ValueError("logprobs together with echo (log-probabilities of the prompt) is not supported")
+        return self
+
+    @property
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod

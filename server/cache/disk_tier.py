@@ -1,18 +1,32 @@
-"""Tier D: KV segments in files, surviving restarts.
+"""Tier D: KV segments in files, surviving restarts (and crashes).
 
-One file per stored range: a JSON header (format version, model fingerprint, the full
-token path up to the range's end, where the range starts, its KV layout, the SHA-256 of
-the body) and the raw K/V arrays in llama.cpp's own layout (written from the segment's
-views, read back into one buffer and viewed, never copied byte by byte). Files are
-written atomically (temp file + rename) by a writer thread, so storing never waits on the
-disk, and the tree lock is never held during file I/O: the writer decides what is
-missing under the lock, writes the file without it, then indexes it under the lock. A
-tree node holds a `DiskSegment`, a token range of one file; splitting a node splits the
-range (no I/O) and a file is deleted when no node refers to it any more. At start the
-directory is indexed from the headers alone; a file of another model, an unreadable
-header or a body whose checksum fails is skipped with a log line and never loaded.
-Bodies are read and checked when a request restores them, while the request holds a lock
-reference on the matched path, and each read range must start where the match says.
+One file per stored range:
+
+    "ARBORKV3" | u32 header length | header (JSON) | SHA-256 of the header (32 bytes) | body
+
+The header holds the model fingerprint, the full token path up to the range's end, where
+the range starts, its KV layout and the SHA-256 of the body; the body is the raw K/V
+arrays in llama.cpp's own layout (written from the segment's views, read back into one
+buffer and viewed, never copied byte by byte). The header has its own checksum because it
+says *where* the KV belongs: a flipped token id would put valid KV on the wrong radix path.
+
+Crash safety: files are written to a temp name, fsynced and renamed (`os.replace`), so a
+process killed mid-write leaves only a `*.tmp` file, which the next start deletes; a
+`.kvseg` name always means a complete write. Nothing is trusted for that alone: at start
+the directory is indexed from the headers (checksummed) and the file sizes (a truncated
+body is caught without reading it); the body checksum is verified when a request restores
+the file, while it holds a lock reference on the matched path, and each read range must
+start where the match says and the header must be the one indexed. Every file that fails
+is skipped with a log line and counted: `corrupt_files` (torn, truncated, garbage, a
+checksum mismatch, at start or at restore) and `foreign_files` (another model, KV layout
+or format version; left on disk, never loaded). A restore that fails falls back to
+computing the prompt (server/cache/router.py), so a bad file costs time, never an answer.
+
+Files are written by a writer thread, so storing never waits on the disk, and the tree
+lock is never held during file I/O: the writer decides what is missing under the lock,
+writes the file without it, then indexes it under the lock. A tree node holds a
+`DiskSegment`, a token range of one file; splitting a node splits the range (no I/O) and
+a file is deleted when no node refers to it any more.
 """
 
 from __future__ import annotations
@@ -37,12 +51,24 @@ from server.cache.radix_tree import RadixNode, RadixTree
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"ARBORKV2"
+MAGIC = b"ARBORKV3"
+FAMILY = b"ARBORKV"  # any version of the format: an older one is foreign, not corrupt
+VERSION = 3
 SUFFIX = ".kvseg"
+_DIGEST = 32  # SHA-256 bytes after the header
+_MAX_HEADER = 64 << 20  # a longer header length is garbage (a path of 8M tokens is far beyond any context)
 
 
 class DiskSegmentError(RuntimeError):
     """A segment file is missing, corrupt or of another model."""
+
+
+class CorruptSegmentFile(DiskSegmentError):
+    """Torn, truncated, garbage, or a checksum does not match: never loaded, counted."""
+
+
+class ForeignSegmentFile(DiskSegmentError):
+    """A sound file of another model, KV layout or format version: never loaded, counted."""
 
 
 @dataclass(eq=False)
@@ -53,6 +79,7 @@ class SegmentFile:
     start: int
     n: int
     size: int
+    header_sha256: str = ""  # the header indexed: a read of another file under this name fails
     refs: int = 0
 
 
@@ -90,66 +117,103 @@ def _layout_from_json(d: dict) -> KVLayout:
 
 
 def write_segment_file(directory: Path, fingerprint: str, path_tokens: list[int], seg: KVSegment) -> SegmentFile:
-    """Write `seg` (the KV of path_tokens[seg.pos0:]) atomically; the arrays go to the file
-    from their own memory (a transposed-V slice is made contiguous first)."""
+    """Write `seg` (the KV of path_tokens[seg.pos0:]) atomically: to a temp file, fsynced,
+    then renamed. The arrays go to the file from their own memory (a transposed-V slice is
+    made contiguous first)."""
     arrays = [np.ascontiguousarray(a) for a in seg.arrays()]
     digest = hashlib.sha256()
     for a in arrays:
         digest.update(a.data)
     header = json.dumps({
-        "version": 2, "fingerprint": fingerprint, "tokens": list(path_tokens), "start": seg.pos0, "n": seg.n_tokens,
-        "layout": _layout_to_json(seg.layout), "sha256": digest.hexdigest(),
+        "version": VERSION, "fingerprint": fingerprint, "tokens": list(path_tokens), "start": seg.pos0,
+        "n": seg.n_tokens, "layout": _layout_to_json(seg.layout), "sha256": digest.hexdigest(),
     }).encode()
+    header_digest = hashlib.sha256(header).digest()
     final = directory / f"{uuid.uuid4().hex}{SUFFIX}"
     tmp = final.with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<I", len(header)) + header)
+        f.write(MAGIC + struct.pack("<I", len(header)) + header + header_digest)
         for a in arrays:
             f.write(a.data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
-    return SegmentFile(final, seg.pos0, seg.n_tokens, final.stat().st_size)
+    return SegmentFile(final, seg.pos0, seg.n_tokens, final.stat().st_size, header_digest.hex())
 
 
-def read_header(path: Path) -> tuple[dict, int]:
+def read_header(path: Path) -> tuple[dict, int, str]:
+    """The checked header of a segment file, the offset of its body and the header's SHA-256.
+    Raises ForeignSegmentFile for another format version, CorruptSegmentFile for anything
+    that is not a whole, checksummed header (OSError when the file cannot be read)."""
     with open(path, "rb") as f:
         head = f.read(len(MAGIC) + 4)
+        if head[: len(FAMILY)] == FAMILY and len(head) >= len(MAGIC) and head[: len(MAGIC)] != MAGIC:
+            raise ForeignSegmentFile(f"{path.name}: written by another version of the segment format")
         if len(head) < len(MAGIC) + 4 or head[: len(MAGIC)] != MAGIC:
-            raise DiskSegmentError(f"{path.name}: not an Arbor KV segment file (of this version)")
+            raise CorruptSegmentFile(f"{path.name}: not a whole Arbor KV segment file (torn or garbage)")
         (hlen,) = struct.unpack("<I", head[len(MAGIC):])
-        try:
-            header = json.loads(f.read(hlen))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DiskSegmentError(f"{path.name}: unreadable header") from exc
-    return header, len(MAGIC) + 4 + hlen
-
-
-def read_segment_file(path: Path, fingerprint: str) -> KVSegment:
-    """The whole file's segment, checked: one read into one buffer, arrays are views."""
+        if hlen > _MAX_HEADER:
+            raise CorruptSegmentFile(f"{path.name}: implausible header length {hlen}")
+        raw = f.read(hlen)
+        digest = f.read(_DIGEST)
+    if len(raw) != hlen or len(digest) != _DIGEST:
+        raise CorruptSegmentFile(f"{path.name}: the file ends inside its header (torn write)")
+    if hashlib.sha256(raw).digest() != digest:
+        raise CorruptSegmentFile(f"{path.name}: header checksum mismatch (corrupt file)")
     try:
-        header, offset = read_header(path)
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptSegmentFile(f"{path.name}: unreadable header") from exc
+    if not isinstance(header, dict):
+        raise CorruptSegmentFile(f"{path.name}: unreadable header")
+    return header, len(MAGIC) + 4 + hlen + _DIGEST, digest.hex()
+
+
+def _check_header(path: Path, header: dict, fingerprint: str, size: int, offset: int) -> tuple[list[int], KVLayout]:
+    """The header's token path and layout, if the file is of this model and whole (its size
+    is what the header promises: a truncated body is caught without reading it)."""
+    if header.get("fingerprint") != fingerprint:
+        raise ForeignSegmentFile(f"{path.name}: written for another model or KV layout")
+    try:
+        start, n, tokens = header["start"], header["n"], header["tokens"]
+        layout = _layout_from_json(header["layout"])
+        ok = (isinstance(tokens, list) and all(type(t) is int for t in tokens) and type(start) is int
+              and type(n) is int and 0 <= start and 0 < n and start + n == len(tokens))
+        expected = offset + n * int(layout.bytes_per_token)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptSegmentFile(f"{path.name}: inconsistent header ({type(exc).__name__}: {exc})") from exc
+    if not ok:
+        raise CorruptSegmentFile(f"{path.name}: inconsistent header")
+    if size != expected:
+        raise CorruptSegmentFile(f"{path.name}: {size} bytes where the header promises {expected} (truncated or torn)")
+    return tokens, layout
+
+
+def read_segment_file(path: Path, fingerprint: str, header_sha256: str | None = None) -> KVSegment:
+    """The whole file's segment, checked (header, size, body checksum, and when given, that
+    the header is the one indexed): one read into one buffer, arrays are views."""
+    try:
+        header, offset, digest = read_header(path)
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             f.seek(offset)
-            body = bytearray(os.fstat(f.fileno()).st_size - offset)
+            body = bytearray(max(size - offset, 0))
             got = f.readinto(body)
     except OSError as exc:
         raise DiskSegmentError(f"{path.name}: {exc}") from exc
-    if header.get("fingerprint") != fingerprint:
-        raise DiskSegmentError(f"{path.name}: written for another model or KV layout")
+    if header_sha256 is not None and digest != header_sha256:
+        raise CorruptSegmentFile(f"{path.name}: not the file that was indexed under this name")
+    _, layout = _check_header(path, header, fingerprint, size, offset)
     if got != len(body) or hashlib.sha256(body).hexdigest() != header.get("sha256"):
-        raise DiskSegmentError(f"{path.name}: checksum mismatch (corrupt file)")
-    layout = _layout_from_json(header["layout"])
-    if len(body) != header["n"] * layout.bytes_per_token:
-        raise DiskSegmentError(f"{path.name}: body size does not match its header")
+        raise CorruptSegmentFile(f"{path.name}: body checksum mismatch (corrupt file)")
     return segment_from_arrays(layout, header["start"], header["n"], body)
 
 
 def read_segment(seg: DiskSegment, fingerprint: str) -> KVSegment:
     """The KV of a node's range (a slice of its file's segment)."""
-    kv = read_segment_file(seg.file.path, fingerprint)
+    kv = read_segment_file(seg.file.path, fingerprint, seg.file.header_sha256 or None)
     if kv.pos0 != seg.file.start or kv.n_tokens != seg.file.n:
-        raise DiskSegmentError(f"{seg.file.path.name}: holds other positions than indexed")
+        raise CorruptSegmentFile(f"{seg.file.path.name}: holds other positions than indexed")
     if (seg.start, seg.end) == (seg.file.start, seg.file.start + seg.file.n):
         return kv
     return kv.slice(seg.start - kv.pos0, seg.end - kv.pos0)
@@ -197,7 +261,9 @@ class DiskTier:
         self._queue: queue.Queue = queue.Queue()
         self.hits = 0
         self.evictions = 0
-        self.skipped_files = 0
+        self.skipped_files = 0  # files not indexed at start (corrupt or foreign)
+        self.corrupt_files = 0  # torn, truncated, garbage or checksum failures, at start or at restore
+        self.foreign_files = 0  # another model, KV layout or format version
         self.write_errors = 0
         self._load_index()
         self._writer = threading.Thread(target=self._write_loop, name="arbor-disk-writer", daemon=True)
@@ -236,28 +302,41 @@ class DiskTier:
 
     # ------------------------------------------------------------------ index
     def _load_index(self) -> None:
+        """Index every sound file of this model in the directory; skip (log, count) the rest.
+        A `*.tmp` file is a write that never finished (the process died): deleted. Corrupt
+        and foreign files stay on disk, untouched: they may be evidence, or another model's."""
         for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)  # a write that never finished
+            log.info("disk cache: %s is an unfinished write (the process stopped while writing it); deleted",
+                     tmp.name)
+            tmp.unlink(missing_ok=True)
         entries = []
         for path in self.dir.glob(f"*{SUFFIX}"):
             try:
-                header, _ = read_header(path)
-                if header.get("fingerprint") != self.fingerprint:
-                    raise DiskSegmentError(f"{path.name}: written for another model or KV layout, skipped")
-                start, n, tokens = int(header["start"]), int(header["n"]), list(header["tokens"])
-                if start + n != len(tokens) or n <= 0:
-                    raise DiskSegmentError(f"{path.name}: inconsistent header, skipped")
-                entries.append((tokens, SegmentFile(path, start, n, path.stat().st_size)))
-            except (DiskSegmentError, OSError, KeyError, TypeError, ValueError) as exc:
+                header, offset, digest = read_header(path)
+                size = path.stat().st_size
+                tokens, _ = _check_header(path, header, self.fingerprint, size, offset)
+                entries.append((tokens, SegmentFile(path, header["start"], header["n"], size, digest)))
+            except (DiskSegmentError, OSError) as exc:
                 self.skipped_files += 1
-                log.warning("disk cache: %s", exc)
+                self._count(exc)
+                log.warning("disk cache: %s; skipped", exc)
         for tokens, file in sorted(entries, key=lambda e: (e[1].start, len(e[0]))):
             if file.start > 0:
                 self.tree.insert(tokens[: file.start])  # a hole until its parent's file is placed
             self._place(tokens, file)
+        over = self.tree.total_bytes - self.budget_bytes
+        if over > 0:  # started with a smaller budget than the files were written under
+            self.evictions += len(self.tree.evict(over, self.policy).freed_nodes)
         self._unlink_doomed()
-        if entries:
-            log.info("disk cache: indexed %d segments (%d skipped) from %s", len(entries), self.skipped_files, self.dir)
+        if entries or self.skipped_files:
+            log.info("disk cache: indexed %d segment files from %s (%d skipped: %d corrupt, %d foreign)",
+                     len(entries), self.dir, self.skipped_files, self.corrupt_files, self.foreign_files)
+
+    def _count(self, exc: Exception) -> None:
+        if isinstance(exc, ForeignSegmentFile):
+            self.foreign_files += 1
+        elif isinstance(exc, CorruptSegmentFile):
+            self.corrupt_files += 1
 
     # ------------------------------------------------------------------ match
     def match(self, tokens: list[int]) -> DiskMatch:
@@ -294,7 +373,8 @@ class DiskTier:
                 try:
                     kv = read_segment(seg, self.fingerprint)
                 except DiskSegmentError as exc:
-                    log.warning("disk cache: %s; dropped", exc)
+                    log.warning("disk cache: %s; dropped, the prompt is computed instead", exc)
+                    self._count(exc)
                     bad = seg.file
                     raise
                 if kv.pos0 != pos:
@@ -377,5 +457,6 @@ class DiskTier:
             files = len({n.payload.file.path for n in self.tree.nodes() if isinstance(n.payload, DiskSegment)})
         return {"entries": s.n_payloads, "files": files, "tokens": s.payload_tokens, "bytes": s.total_bytes,
                 "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
-                "skipped_files": self.skipped_files, "write_errors": self.write_errors,
+                "skipped_files": self.skipped_files, "corrupt_files": self.corrupt_files,
+                "foreign_files": self.foreign_files, "write_errors": self.write_errors,
                 "pending_writes": self._queue.qsize()}

@@ -223,7 +223,9 @@ class CacheRouter:
             if other.status is not SeqStatus.PREFILLING:
                 continue
             shared = common_prefix_len(other.prompt, seq.prompt)
-            if shared >= self.min_tokens and other.n_past < min(shared, len(seq.prompt) - 1):
+            # choices of one request (n > 1) share their prompt however short it is
+            grouped = seq.request.prefill_group is not None and other.request.prefill_group is seq.request.prefill_group
+            if (shared >= self.min_tokens or grouped) and other.n_past < min(shared, len(seq.prompt) - 1):
                 if seq not in self._deferred:
                     self._deferred.add(seq)
                     self.deferrals += 1

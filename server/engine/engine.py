@@ -23,7 +23,7 @@ from typing import Protocol
 
 from server.engine.kv_full import KVCacheFull
 from server.engine.scheduler import Admission, QueueFull, Scheduler, StepItem
-from server.engine.sequence import Event, EventSink, GenerationRequest, Sequence, SeqStatus
+from server.engine.sequence import NO_TOKEN, Event, EventSink, GenerationRequest, Sequence, SeqStatus
 from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ class ModelRunner(Protocol):
         seq.n_cached, seq.cache_report and seq.sampler. Raise to fail the request."""
 
     def forward(self, items: list[StepItem]) -> list[int | None]:
-        """Decode the batch; return the sampled token for items with sample=True, else None.
+        """Decode the batch; return the sampled token for items with sample=True, else None
+        (NO_TOKEN for an item whose sampler could accept no token: the engine stops it).
         Raise KVCacheFull, having computed nothing, when the KV pool has no room for it."""
 
     def release(self, seq: Sequence, reason: str) -> None:
@@ -225,6 +226,11 @@ class Engine:
         piece, is_eog = self.runner.piece, self.runner.is_eog
         for item, token in zip(items, sampled):
             if token is None or item.seq.status is SeqStatus.FINISHED:
+                continue
+            if token == NO_TOKEN:
+                # Nothing can follow what was generated (a grammar's dead end): the request
+                # ends here as if the model had stopped, and the server keeps running.
+                self._finish(item.seq, "stop")
                 continue
             if item.seq.on_token(token, piece, is_eog):
                 self._finish(item.seq, None)

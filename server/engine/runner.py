@@ -12,9 +12,10 @@ import logging
 from typing import Protocol
 
 from server.engine.llama_runtime import LlamaRuntime
+from server.engine.logprobs import token_logprob
 from server.engine.sampling import SamplerChain
 from server.engine.scheduler import Admission, StepItem
-from server.engine.sequence import CacheReport, Sequence
+from server.engine.sequence import NO_TOKEN, CacheReport, Sequence
 from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,16 @@ class LlamaRunner:
                 out.append(None)
                 continue
             token = picked.get(row)
-            out.append(token if token is not None else item.seq.sampler.sample(self.runtime.ctx, batch_index[row]))
+            if token is None:
+                token = item.seq.sampler.sample(self.runtime.ctx, batch_index[row])
+                if token is None:
+                    log.warning("request %d: its grammar allows no token from here (a dead end); stopping it",
+                                item.seq.id)
+                    token = NO_TOKEN
+            out.append(token)
+            k = item.seq.request.logprobs
+            if k is not None and token != NO_TOKEN:  # read before the next decode overwrites the logits
+                item.seq.next_logprob = token_logprob(self.runtime.logits_matrix(len(sampling))[row], token, k)
             row += 1
         return out
 

@@ -4,19 +4,35 @@ The chain follows llama.cpp's own order: grammar (constrains the raw logits), lo
 penalties, top-k, top-p, min-p, temperature, then a seeded distribution draw. A temperature
 of 0 (or below) is greedy. `llama_sampler_sample` applies the chain and accepts the
 chosen token, so grammar and penalty state advance by themselves.
+
+A grammar can reach a dead end: a state no token of the vocabulary can continue (a code
+point no UTF-8 token decodes to, like `"\\U00200000"`), where not even end-of-generation is
+allowed. Every candidate is then at -inf, the chain still "selects" one, and accepting it
+aborts the whole process inside llama.cpp ("Unexpected empty grammar stack", or
+GGML_ABORT for an end-of-generation token). A chain with a grammar therefore applies and
+accepts in two steps, and refuses to accept a token the grammar ruled out: `sample`
+returns None, and the engine stops that request cleanly.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 import random
 
 import llama_cpp
+import numpy as np
 
 from server.engine.sampling_params import SamplingParams
 
 
 class GrammarError(ValueError):
     """llama.cpp could not parse a generated grammar."""
+
+
+# llama_token_data {int32 id; float logit; float p}: candidates are filled with numpy, not per token in Python
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 
 
 class SamplerChain:
@@ -33,6 +49,9 @@ class SamplerChain:
         # first maximum).
         self.plain_greedy = params.greedy and not params.grammar and not params.logit_bias and not (
             params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0)
+        self._n_vocab = n_vocab
+        self._candidates: np.ndarray | None = np.zeros(n_vocab, dtype=_TOKEN_DATA) if params.grammar else None
+        self._ids = np.arange(n_vocab, dtype=np.int32) if params.grammar else None
         try:
             self._build(params, vocab, n_vocab)
         except Exception:
@@ -75,9 +94,38 @@ class SamplerChain:
         seed = p.seed if p.seed is not None else random.getrandbits(32)
         self._add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
-    def sample(self, ctx, batch_index: int) -> int:
-        """Sample (and accept) the next token from output row `batch_index` of the last decode."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+    def sample(self, ctx, batch_index: int) -> int | None:
+        """Sample (and accept) the next token from output row `batch_index` of the last decode;
+        None when the grammar allows no token at all (a dead end: nothing was accepted)."""
+        if self._candidates is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+        return self._sample_checked(ctx, batch_index)
+
+    def _sample_checked(self, ctx, batch_index: int) -> int | None:
+        """`llama_sampler_sample` in two steps (what it does on the CPU: candidates from the
+        logits, apply the chain, accept the selection), with a look at the selection between."""
+        cands = self._candidates
+        row = llama_cpp.llama_get_logits_ith(ctx, batch_index)
+        if not row:  # llama_sampler_sample would abort here (GGML_ASSERT); fail the step instead
+            raise RuntimeError(f"no logits for output row {batch_index}")
+        logits = np.ctypeslib.as_array(row, shape=(self._n_vocab,))
+        cands["id"] = self._ids  # samplers sort and cut the array in place: refill it every time
+        cands["logit"] = logits
+        cands["p"] = 0.0
+        arr = llama_cpp.llama_token_data_array(
+            data=cands.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), size=self._n_vocab,
+            selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            return None
+        chosen = arr.data[arr.selected]
+        # The grammar sets what it rules out to -inf, and nothing later in the chain makes a
+        # -inf logit finite again: a -inf selection means every token was ruled out.
+        if math.isinf(chosen.logit) and chosen.logit < 0:
+            return None
+        token = int(chosen.id)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
 
     def accept(self, token: int) -> None:
         """Feed a token the chain did not sample itself (e.g. a forced one)."""
@@ -88,4 +136,5 @@ class SamplerChain:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
         self._keep_alive.clear()
+        self._candidates = self._ids = None
 

@@ -17,10 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.engine.detokenizer import IncrementalDetokenizer
+from server.engine.logprobs import TokenLogprob
 from server.engine.sampling_params import SamplingParams
 from server.engine.stop_strings import StopStringMatcher
 
 _ids = itertools.count(1)
+
+# What a runner returns instead of a token when the request's sampler can accept none (its
+# grammar is at a dead end); llama.cpp's LLAMA_TOKEN_NULL. The engine stops the request.
+NO_TOKEN = -1
 
 
 class SeqStatus(enum.Enum):
@@ -43,6 +48,12 @@ class GenerationRequest:
     # Output tokens whose KV cells admission guarantees (None: all of max_tokens). A request
     # may grow past it while cells are free; when the pool is full it is the one stopped.
     reserved_output: int | None = None
+    # Log-probabilities to report: None for none, k >= 0 for the sampled token's and the k
+    # most likely alternatives' (runner fills Sequence.next_logprob for these requests).
+    logprobs: int | None = None
+    # Requests of one group (the n choices of one API request) share one prompt prefill:
+    # a member waits while another computes the common prompt, then attaches its KV.
+    prefill_group: object | None = None
 
     @property
     def reserved_cells(self) -> int:
@@ -53,10 +64,15 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class TextDelta:
-    """Newly generated text (already cleared of any stop string) and the token(s) behind it."""
+    """Newly generated text (already cleared of any stop string) and the token(s) behind it.
+
+    `logprobs` (only for requests that asked) covers the tokens generated since the last
+    delta: text held back (a possible stop string, a partial UTF-8 character) carries its
+    tokens' entries with it."""
 
     text: str
     tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,8 @@ class Sequence:
         self.cache_report = CacheReport()
         self.output: list[int] = []
         self.sampler: Any = None  # runner-owned sampler state
+        self.next_logprob: TokenLogprob | None = None  # set by the runner with the sampled token
+        self._logprobs_held: list[TokenLogprob] = []
         self._cancel = threading.Event()
         self._detok: IncrementalDetokenizer | None = None
         self._stops = StopStringMatcher(request.stop)
@@ -149,13 +167,16 @@ class Sequence:
         self.t_last_token = now
         if self._detok is None:
             self._detok = IncrementalDetokenizer(piece)
+        logprob, self.next_logprob = self.next_logprob, None
         if is_eog(token) and not self.request.ignore_eos:
             self.finish_reason = "stop"
             return True
         self.output.append(token)
+        if logprob is not None:
+            self._logprobs_held.append(logprob)
         text = self._stops.feed(self._detok.feed(token))
         if text:
-            self.sink(TextDelta(text=text, tokens=(token,)))
+            self.sink(TextDelta(text=text, tokens=(token,), logprobs=self._take_logprobs()))
         if self._stops.stopped:
             self.finish_reason = "stop"
             return True
@@ -163,6 +184,13 @@ class Sequence:
             self.finish_reason = "length"
             return True
         return False
+
+    def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        if not self._logprobs_held:
+            return ()
+        held = tuple(self._logprobs_held)
+        self._logprobs_held.clear()
+        return held
 
     def finish(self, reason: str | None = None, error: str | None = None, retryable: bool = False) -> Finished:
         """Flush held text, mark finished and deliver the final event (exactly once)."""
@@ -173,8 +201,10 @@ class Sequence:
         self.finish_reason = reason
         if reason in ("stop", "length") and self._detok is not None:
             tail = self._stops.feed(self._detok.flush()) + self._stops.flush()
-            if tail:
-                self.sink(TextDelta(text=tail, tokens=()))
+            if self._stops.stopped:
+                self._logprobs_held.clear()  # held tokens spelled the stop string, which is not output
+            if tail or self._logprobs_held:
+                self.sink(TextDelta(text=tail, tokens=(), logprobs=self._take_logprobs()))
         t0 = self.t_submit  # TTFT and prompt_ms include queueing: what the client waited
         t1 = self.t_first_token or time.perf_counter()
         event = Finished(

@@ -74,6 +74,8 @@ def lab_catalog() -> ScenarioCatalog:
 
 
 def make_settings(tmp_path: Path, base_url: str, **overrides) -> WorkbenchSettings:
+    """Small limits, data in `tmp_path`; the database comes from DATABASE_URL (set by the
+    `workbench_database` fixture of tests/app/conftest.py; unset: SQLite in the data dir)."""
     values = dict(llm_base_url=base_url, llm_model="", data_dir=tmp_path / "var", llm_timeout_s=5.0,
                   step_budget=4, tool_result_max_chars=600, tool_result_max_tokens=1000, max_message_chars=500)
     values.update(overrides)

@@ -5,10 +5,13 @@ stream the workbench serves."""
 import asyncio
 import threading
 
+import pytest
 from sqlalchemy import event
 
 from tests.app.support import decide, make_settings, new_session, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
+
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
 
 PROPOSAL = {"action": "restart_service", "target": "event-api", "reason": "queue stuck"}
 

@@ -5,6 +5,8 @@ import pytest
 from tests.app.support import make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, free_port, scripted_server, tool_call
 
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
+
 
 def _error(response, status, error_type):
     assert response.status_code == status, response.text

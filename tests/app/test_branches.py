@@ -1,7 +1,11 @@
 """Sessions are trees of turns; a fork shares exactly the history up to its turn."""
 
+import pytest
+
 from tests.app.support import make_settings, new_session, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server
+
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
 
 
 def _answer(body):

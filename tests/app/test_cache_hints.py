@@ -1,8 +1,12 @@
 """Cache hints from what really happens: the order in which the workbench tells the server
 (the scripted fake records chat requests and bare POST /cache/hint calls in one timeline)."""
 
+import pytest
+
 from tests.app.support import decide, make_settings, new_session, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, scripted_server, tool_call
+
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
 
 PROPOSAL = {"action": "restart_service", "target": "event-api", "reason": "queue stuck"}
 

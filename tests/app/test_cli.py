@@ -30,6 +30,7 @@ def _model(body):
     return ScriptedReply(content="All checked.")
 
 
+@pytest.mark.usefixtures("workbench_database")
 def test_verify_passes_with_chat_and_rejects_proposals(tmp_path, capsys):
     with scripted_server(_model) as fake:
         app = create_app(make_settings(tmp_path, fake.base_url), _catalog())
@@ -48,6 +49,7 @@ def test_verify_passes_with_chat_and_rejects_proposals(tmp_path, capsys):
     assert approvals, "the rejection reached the model"
 
 
+@pytest.mark.usefixtures("workbench_database")
 def test_verify_fails_when_the_model_backend_is_down(tmp_path, capsys):
     app = create_app(make_settings(tmp_path, f"http://127.0.0.1:{free_port()}/v1", llm_model="m"), _catalog())
     with live_server(app) as url:

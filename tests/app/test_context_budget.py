@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from app.agent.context_limit import ContextLimitReader
 from app.agent.token_estimate import TokenEstimator, prompt_tokens_in_error, prompt_tools, request_chars
 from tests.app.support import make_settings, new_session, of_type, post_turn, workbench_client
@@ -72,6 +74,7 @@ def test_requests_with_and_without_tools_in_the_prompt_are_calibrated_apart():
     assert estimator.tokens(messages, None) < 400 and estimator.tokens(messages, tools) >= 3000
 
 
+@pytest.mark.usefixtures("workbench_database")
 def test_a_long_session_is_compacted_to_fit_and_every_turn_answers(tmp_path):
     settings = make_settings(tmp_path, "http://placeholder/v1", llm_max_tokens=300)
     with _fake(n_ctx=2200) as fake, workbench_client(settings.model_copy(update={"llm_base_url": fake.base_url})) \
@@ -113,6 +116,7 @@ def test_a_long_session_is_compacted_to_fit_and_every_turn_answers(tmp_path):
         assert _fits(fake, fake.bodies[-1])
 
 
+@pytest.mark.usefixtures("workbench_database")
 def test_a_refused_request_is_compacted_harder_and_retried_once(tmp_path):
     settings = make_settings(tmp_path, "http://placeholder/v1", llm_max_tokens=300)
     with _fake(n_ctx=2600) as fake, workbench_client(settings.model_copy(update={"llm_base_url": fake.base_url})) \
@@ -131,6 +135,7 @@ def test_a_refused_request_is_compacted_harder_and_retried_once(tmp_path):
         assert _fits(fake, fake.bodies[-1])
 
 
+@pytest.mark.usefixtures("workbench_database")
 def test_a_message_too_long_for_the_context_fails_the_turn_clearly(tmp_path):
     with scripted_server([ScriptedReply(content="never sent")]) as fake:
         fake.n_ctx = 300
@@ -146,6 +151,7 @@ def test_a_message_too_long_for_the_context_fails_the_turn_clearly(tmp_path):
             assert preview.status_code == 422 and "context holds 300" in preview.text
 
 
+@pytest.mark.usefixtures("workbench_database")
 def test_without_a_known_limit_requests_go_out_as_before(tmp_path):
     with scripted_server([ScriptedReply(content="ok")]) as fake, \
             workbench_client(make_settings(tmp_path, fake.base_url, llm_max_tokens=123)) as client:

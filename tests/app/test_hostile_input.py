@@ -1,4 +1,4 @@
-"""Hostile requests against a live workbench (uvicorn on loopback, real SQLite file, scripted
+"""Hostile requests against a live workbench (uvicorn on loopback, on SQLite and on PostgreSQL, scripted
 model backend): each gets a 4xx with a readable error, the server keeps answering, and every
 session reads back exactly as before. Markup in stored fields is kept verbatim and only ever
 served as JSON; concurrent sends on one branch run one turn and refuse the others."""
@@ -61,7 +61,7 @@ def _approval(client: httpx.Client, session: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, module_database):  # the whole module once per database
     with scripted_server(reply) as fake:
         app = create_app(make_settings(tmp_path_factory.mktemp("wb"), fake.base_url), lab_catalog())
         with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as client:

@@ -1,8 +1,12 @@
 """Scenario routes, with the test catalog and with the real scenarios registry."""
 
+import pytest
+
 from app.scenario_catalog import ScenarioCatalog
 from tests.app.support import make_settings, workbench_client
 from tests.fakes.scripted_openai import scripted_server
+
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
 
 
 def test_lab_scenario_routes_and_direct_tool_runs(tmp_path):

@@ -10,6 +10,8 @@ from scenarios.story_writer.scenario import LIBRARY, SCENARIO
 from tests.app.support import decide, make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
 
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
+
 CHAPTER = {"title": "第三章 来客", "text": "雾夜。苏晚敲响了灯塔的铁门。"}
 
 

@@ -1,10 +1,14 @@
 """Traces carry GenAI attributes and cache numbers; big tool results are trimmed + kept; manifests."""
 
+import pytest
+
 import json
 
 from app.manifest import parse_manifest
 from tests.app.support import make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
+
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
 
 
 def test_trace_spans_use_genai_names_and_report_cache(tmp_path):

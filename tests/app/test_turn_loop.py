@@ -1,9 +1,13 @@
 """The tool loop through the HTTP API against the scripted OpenAI fake over real HTTP."""
 
+import pytest
+
 import json
 
 from tests.app.support import SYSTEM_PROMPT, make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
+
+pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
 
 
 def test_tool_loop_runs_tool_and_feeds_result_back(tmp_path):

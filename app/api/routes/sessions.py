@@ -66,18 +66,18 @@ def update_session(request: SessionUpdate, session: AgentSessionDep, db: DbDep) 
 
 
 @router.delete("/{session_id}", status_code=204)
-async def delete_session(session: AgentSessionDep, db: DbDep, turns: TurnServiceDep) -> Response:
-    """Delete the session; the inference server is told its branches are done (a release)."""
-    keys = await asyncio.to_thread(_delete_session, db, session)
-    await turns.hints.release(keys)
+async def delete_session(session: AgentSessionDep, db: DbDep, workbench: WorkbenchDep) -> Response:
+    """Delete the session, its turns, branches, traces and approvals, and its graph checkpoints;
+    the inference server is told its branches are done (a release)."""
+    keys = await asyncio.to_thread(_branch_keys, db, session)
+    await workbench.delete_session(db, session)
+    await workbench.turns.hints.release(keys)
     return Response(status_code=204)
 
 
-def _delete_session(db: Session, session: AgentSession) -> list[str]:
+def _branch_keys(db: Session, session: AgentSession) -> list[str]:
     branches = db.exec(select(Branch.id).where(Branch.session_id == session.id)).all()
-    keys = [hint_key(session.id, branch_id) for branch_id in branches]
-    sessions_service.delete_session(db, session)
-    return keys
+    return [hint_key(session.id, branch_id) for branch_id in branches]
 
 
 @router.post("/{session_id}/branches", status_code=201)

@@ -1,4 +1,5 @@
-"""POST /api/sessions/{id}/turns runs a turn (SSE by default); GET /api/turns/{id} reads one."""
+"""POST /api/sessions/{id}/turns runs a turn (SSE by default); GET /api/turns/{id} reads one;
+POST /api/turns/{id}/retry runs a failed turn's message again."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from fastapi import APIRouter
 
 from app.api.deps import DbDep, TurnServiceDep
 from app.api.streaming import collected, event_stream
-from app.db.models import TurnCreate, TurnPublic
+from app.db.models import TurnCreate, TurnPublic, TurnRetry
 from app.services import sessions as sessions_service
 
 router = APIRouter(tags=["turns"])
@@ -24,3 +25,13 @@ async def run_turn(session_id: str, request: TurnCreate, turns: TurnServiceDep):
 @router.get("/turns/{turn_id}")
 def get_turn(turn_id: str, db: DbDep) -> TurnPublic:
     return TurnPublic.model_validate(sessions_service.get_turn(db, turn_id))
+
+
+@router.post("/turns/{turn_id}/retry")
+async def retry_turn(turn_id: str, turns: TurnServiceDep, request: TurnRetry | None = None):
+    """Run a failed turn's message again as a new turn, on the same branch from the same parent
+    (409 turn_not_failed / branch_moved otherwise); answers like POST .../turns."""
+    handle = await turns.retry_turn(turn_id)
+    if request is None or request.stream:
+        return event_stream(handle)
+    return await collected(handle, turns)

@@ -1,16 +1,19 @@
-"""POST /v1/completions (raw text or token ids in, text out)."""
+"""POST /v1/completions (raw text or token ids in, text out; n choices; logprobs)."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server.api import responses as R
+from server.api.choices import Choices
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
-from server.api.generation import Generation, engine_error
+from server.api.generation import engine_error
+from server.api.logprob_format import completion_logprobs
 from server.api.prompting import prepare_completion
 from server.api.schemas import CompletionRequest
 from server.engine.sequence import Finished
@@ -21,37 +24,51 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, state: StateDep, model: ModelDep):
     prepared = prepare_completion(body, model, state.settings, request)
-    generation = Generation(model.engine, prepared.generation, state.metrics)
+    choices = Choices(model.engine, prepared.generation, body.n, state.metrics)
     rid, name = R.new_id("cmpl"), model.served
     prefix = prepared.prompt_text if body.echo and prepared.prompt_text else ""
+    piece = functools.partial(model.runtime.piece, special=True) if body.logprobs_k is not None else None
 
     if not body.stream:
-        got = await generation.collect(watch=request)
+        got = await choices.collect(watch=request)
         if got is None:
             return APIError("client disconnected", status=499).response()
-        return R.text_completion(rid, name, prefix + got.text, got.fin)
+        return R.text_completion(rid, name, [
+            R.ChoiceOut(prefix + c.text, c.fin,
+                        logprobs=completion_logprobs(c.logprobs, piece, len(prefix)) if piece is not None else None)
+            for c in got])
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def stream():
         created = int(time.time())
-        text_frame = R.sse_with_text(R.text_chunk(rid, name, created, R.TEXT_SLOT))
+        frames = [R.sse_with_text(R.text_chunk(rid, name, created, R.TEXT_SLOT, index=i)) for i in range(body.n)]
+        offsets = [len(prefix)] * body.n  # where each choice's next text starts (logprobs' text_offset)
+        fins: list[Finished | None] = [None] * body.n
         if prefix:
-            yield text_frame(prefix)
-        async for ev in generation.events():
-            if isinstance(ev, Finished):
-                if ev.finish_reason == "error":
-                    yield R.error_event(engine_error(ev))
-                    break
-                last = R.text_chunk(rid, name, created, "", ev.finish_reason)
-                last.update({"timings": R.timings(ev), "arbor": R.arbor_extension(ev)})
-                tail = [R.sse(last)]
+            yield "".join(frame(prefix) for frame in frames)
+        async for index, ev in choices.events():
+            if not isinstance(ev, Finished):
+                if piece is None:
+                    yield frames[index](ev.text)
+                else:
+                    lp = completion_logprobs(ev.logprobs, piece, offsets[index])
+                    yield R.sse(R.text_chunk(rid, name, created, ev.text, index=index, logprobs=lp))
+                offsets[index] += len(ev.text)
+                continue
+            if ev.finish_reason == "error":
+                yield R.error_event(engine_error(ev))
+                break
+            fins[index] = ev
+            last = R.text_chunk(rid, name, created, "", ev.finish_reason, index=index)
+            last.update({"timings": R.timings(ev), "arbor": R.arbor_extension(ev)})
+            tail = R.sse(last)
+            if all(f is not None for f in fins):
                 if include_usage:
-                    tail.append(R.sse(R.usage_chunk(rid, name, created, ev, "text_completion")))
-                tail.append(R.sse("[DONE]"))
-                yield "".join(tail)  # one write for the end of the stream
+                    tail += R.sse(R.usage_chunk(rid, name, created, fins, "text_completion"))
+                yield tail + R.sse("[DONE]")  # one write for the end of the stream
                 return
-            yield text_frame(ev.text)
+            yield tail
         yield R.sse("[DONE]")
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

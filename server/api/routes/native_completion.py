@@ -10,12 +10,14 @@ streamed as `data: {...}` events of the same shape (no `[DONE]`, as llama-server
 
 `cache_prompt` is accepted and has no effect: Arbor always reuses what it has cached, and
 a reuse never changes the result (DESIGN.md). `id_slot` is accepted and ignored (the
-scheduler places requests). `n_probs` needs per-token probabilities, which Arbor does not
-return yet: asking for them is a 400 rather than a silent omission.
+scheduler places requests). `n_probs` > 0 adds `completion_probabilities` (each generated
+token's log-probability and the n_probs most likely tokens, as llama-server reports them
+with `post_sampling_probs` off: from the model's distribution before sampling).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -26,8 +28,10 @@ from server.api import responses as R
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError, invalid
 from server.api.generation import Generation, engine_error
+from server.api.logprob_format import native_probabilities
 from server.api.prompting import prepare_completion
 from server.api.schemas import CompletionRequest, SamplingFields
+from server.engine.logprobs import MAX_TOP_LOGPROBS
 from server.engine.sequence import Finished
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -38,7 +42,7 @@ class NativeCompletionRequest(SamplingFields):
     n_predict: int = Field(-1, ge=-1)
     cache_prompt: bool = True
     return_tokens: bool = False
-    n_probs: int = Field(0, ge=0)
+    n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -51,12 +55,13 @@ class NativeCompletionRequest(SamplingFields):
         return v
 
     def as_completion(self) -> CompletionRequest:
-        if self.n_probs:
-            raise invalid("n_probs (token probabilities) is not supported yet", param="n_probs")
+        if self.n != 1:
+            raise invalid("/completion samples one answer; use /v1/completions for n > 1", param="n")
         if self.n_predict == 0:
             raise invalid("n_predict must be -1 (no limit) or at least 1", param="n_predict")
         fields = self.model_dump(exclude={"n_predict", "cache_prompt", "return_tokens", "n_probs"})
         fields["max_tokens"] = self.n_predict if self.n_predict > 0 else self.max_tokens
+        fields["logprobs"] = self.n_probs or None
         return CompletionRequest.model_validate(fields)
 
 
@@ -92,12 +97,16 @@ async def completion(body: NativeCompletionRequest, request: Request, state: Sta
     prepared = prepare_completion(body.as_completion(), model, state.settings, request)
     generation = Generation(model.engine, prepared.generation, state.metrics)
     name, n_prompt = model.model_name, len(prepared.generation.prompt_tokens)
+    piece = functools.partial(model.runtime.piece, special=True) if body.n_probs else None
 
     if not body.stream:
         got = await generation.collect(watch=request)
         if got is None:
             return APIError("client disconnected", status=499).response()
-        return _final(name, got.text, got.tokens if body.return_tokens else None, prepared.prompt_text, got.fin)
+        final = _final(name, got.text, got.tokens if body.return_tokens else None, prepared.prompt_text, got.fin)
+        if piece is not None:
+            final["completion_probabilities"] = native_probabilities(got.logprobs, piece)
+        return final
 
     async def stream():
         n_predicted = 0
@@ -109,8 +118,10 @@ async def completion(body: NativeCompletionRequest, request: Request, state: Sta
                     yield R.sse(_final(name, "", None, prepared.prompt_text, ev))
                 return
             n_predicted += len(ev.tokens)
-            yield R.sse({"index": 0, "content": ev.text, "tokens": list(ev.tokens) if body.return_tokens else [],
-                         "stop": False, "id_slot": -1, "tokens_predicted": n_predicted,
-                         "tokens_evaluated": n_prompt})
+            chunk = {"index": 0, "content": ev.text, "tokens": list(ev.tokens) if body.return_tokens else [],
+                     "stop": False, "id_slot": -1, "tokens_predicted": n_predicted, "tokens_evaluated": n_prompt}
+            if piece is not None:
+                chunk["completion_probabilities"] = native_probabilities(ev.logprobs, piece)
+            yield R.sse(chunk)
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -23,7 +23,10 @@ CASES = [
     ("max_tokens zero", {"messages": OK_MSG, "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens negative", {"messages": OK_MSG, "max_tokens": -5}, 400, "max_tokens"),
     ("max_tokens beyond context", {"messages": OK_MSG, "max_tokens": 100000}, 400, "max_tokens"),
-    ("n > 1", {"messages": OK_MSG, "n": 2}, 400, "n"),
+    ("n above --max-choices", {"messages": OK_MSG, "n": 99}, 400, "n"),
+    ("n zero", {"messages": OK_MSG, "n": 0}, 400, "n"),
+    ("top_logprobs without logprobs", {"messages": OK_MSG, "top_logprobs": 2}, 400, None),
+    ("top_logprobs above 20", {"messages": OK_MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("temperature too high", {"messages": OK_MSG, "temperature": 7}, 400, "temperature"),
     ("top_p zero", {"messages": OK_MSG, "top_p": 0}, 400, "top_p"),
     ("presence penalty out of range", {"messages": OK_MSG, "presence_penalty": 3}, 400, "presence_penalty"),
@@ -70,7 +73,8 @@ def test_prompt_longer_than_the_context(arbor_server):
 
 def test_bad_completion_requests(arbor_server):
     url = arbor_server.v1 + "/completions"
-    for body in ({"prompt": ""}, {"prompt": [1, 2, 999999]}, {"prompt": ["a", "b"]}, {"prompt": "x", "n": 3}):
+    for body in ({"prompt": ""}, {"prompt": [1, 2, 999999]}, {"prompt": ["a", "b"]}, {"prompt": "x", "n": 99},
+                 {"prompt": "x", "echo": True, "logprobs": 1}, {"prompt": "x", "logprobs": 21}):
         r = httpx.post(url, json=body, timeout=30)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["type"] == "invalid_request_error"

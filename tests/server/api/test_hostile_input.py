@@ -116,6 +116,24 @@ HOSTILE = [
      "tools.0.function.name"),
     ("repeat_last_n negative", CHAT, chat(repeat_last_n=-1), 400, "repeat_last_n"),
     ("logit_bias negative token id", CHAT, chat(logit_bias={"-5": 1}), 400, "logit_bias"),
+    ("top_logprobs beyond 64 bits", CHAT, chat(logprobs=True, top_logprobs=10**30), 400, "top_logprobs"),
+    ("n negative", CHAT, chat(n=-3), 400, "n"),
+    # A backslash before the closing $ escapes it: the converter used to leave the backslash
+    # dangling in the grammar, which llama.cpp refused inside the engine (a 500).
+    ("schema pattern ends with a backslash", CHAT, schema({"type": "string", "pattern": "^a\\$"}), 400,
+     "invalid_schema"),
+    ("schema pattern is one backslash", CHAT, schema({"type": "string", "pattern": "^\\$"}), 400, "invalid_schema"),
+    ("schema pattern ends with three backslashes", CHAT, schema({"type": "string", "pattern": "^a\\\\\\$"}), 400,
+     "invalid_schema"),
+    ("schema pattern with a backslash, in a property named pattern", CHAT, schema(
+        {"type": "object", "properties": {"pattern": {"type": "string", "pattern": "^x\\$"}}}), 400, "invalid_schema"),
+    ("json_schema field pattern ends with a backslash", CHAT, chat(json_schema={"type": "string", "pattern": "^a\\$"}),
+     400, "invalid_schema"),
+    ("json_schema field pattern ends with a backslash, completions", "/v1/completions",
+     {"json": {"prompt": "x", "max_tokens": 2, "json_schema": {"type": "string", "pattern": "^a\\$"}}}, 400,
+     "invalid_schema"),
+    ("tool parameters pattern ends with a backslash", CHAT, tool_params({"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "^id-\\$"}}, "required": ["a"]}), 400, "invalid_schema"),
 ]
 
 # Valid, if odd: answered normally.
@@ -123,10 +141,11 @@ ODD_BUT_VALID = [
     ("surrogate pair (emoji)", CHAT, raw(b'{"messages":[{"role":"user","content":"\\ud83d\\ude00"}],"max_tokens":2}')),
     ("NUL inside message text", CHAT, {"json": {"messages": [{"role": "user", "content": "a\u0000b"}], "max_tokens": 2}}),
     ("NUL in a stop string", CHAT, chat(stop=["\u0000"])),
-    ("unknown fields with absurd values", CHAT, chat(n_probs=-1, top_logprobs=10**30, frobnicate={"a": [None]})),
+    ("unknown fields with absurd values", CHAT, chat(n_probs=-1, best_of=10**30, frobnicate={"a": [None]})),
     ("seed beyond 64 bits", CHAT, chat(seed=2**70)),
     ("top_k beyond 64 bits", CHAT, chat(top_k=2**63)),
     ("a 100 kB stop string", CHAT, chat(stop=["x" * 100_000])),
+    ("schema pattern ending in an escaped backslash", CHAT, schema({"type": "string", "pattern": "^a\\\\$"})),
 ]
 
 
@@ -168,5 +187,46 @@ def test_odd_but_valid_request_is_answered(arbor_server, name, path, request_):
     r = send(arbor_server, path, request_)
     assert r.status_code == 200, r.text[:2000]
     assert r.json()["choices"][0]["message"]["content"] is not None
+    still_up(arbor_server)
+    idle_slots_consistent(arbor_server.base_url)
+
+
+# Grammars that reach a state no token can continue, where not even end-of-generation is
+# allowed: a code point above U+1FFFFF, which no UTF-8 token decodes to. llama.cpp used to
+# accept a ruled-out token there and abort the whole process; the request must stop instead.
+DEAD_ENDS = [
+    ("at the first token", 'root ::= "\\U00200000"', 0.0, ""),
+    ("after some text", 'root ::= "ab" [\\U00200000]', 0.0, "ab"),
+    ("after some text, sampling", 'root ::= "ab" [\\U00200000]', 1.0, "ab"),
+]
+
+
+@pytest.mark.parametrize("name,grammar,temperature,text", DEAD_ENDS, ids=[c[0] for c in DEAD_ENDS])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_a_grammar_with_no_way_forward_stops_the_request(arbor_server, name, grammar, temperature, text, stream,
+                                                         route):
+    body = {"max_tokens": 8, "temperature": temperature, "seed": 1, "grammar": grammar, "ignore_eos": True,
+            "stream": stream}
+    if route == "chat":
+        body["messages"] = MSG
+    else:
+        body["prompt"] = "Say something:"
+    r = httpx.post(f"{arbor_server.v1}/{'chat/completions' if route == 'chat' else 'completions'}", json=body,
+                   timeout=120)
+    assert r.status_code == 200, r.text[:2000]
+    if stream:
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        choices = [c["choices"][0] for c in chunks if c.get("choices")]
+        got = "".join((ch.get("delta", {}).get("content") or "") if route == "chat" else ch.get("text", "")
+                      for ch in choices)
+        finish = [ch["finish_reason"] for ch in choices if ch.get("finish_reason")]
+        assert finish == ["stop"], chunks
+    else:
+        choice = r.json()["choices"][0]
+        got = choice["message"]["content"] if route == "chat" else choice["text"]
+        assert choice["finish_reason"] == "stop"
+    assert got == text
     still_up(arbor_server)
     idle_slots_consistent(arbor_server.base_url)

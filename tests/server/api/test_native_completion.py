@@ -74,7 +74,8 @@ def test_logit_bias_pairs(post):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"prompt": PROMPT, "n_probs": 3}, "n_probs"),
+    ({"prompt": PROMPT, "n_probs": 21}, "n_probs"),
+    ({"prompt": PROMPT, "n": 2}, "n"),
     ({"prompt": PROMPT, "n_predict": 0}, "n_predict"),
     ({"prompt": PROMPT, "n_predict": -2}, "n_predict"),
     ({"n_predict": 4}, "prompt"),

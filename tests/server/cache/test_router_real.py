@@ -153,6 +153,7 @@ def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
                 model.seq_ids.give("scratch", sid)
         assert got.final.cache.source == "none" and got.final.cached_tokens == 0
         assert model.router.fallbacks == 1
+        assert model.router.disk.corrupt_files == (1 if fault == "corrupt" else 0)
         assert got.text == generate(reference, trunk, max_tokens=6).text
         _assert_no_leak(model)
     finally:
@@ -160,21 +161,34 @@ def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
 
 
 def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
+    from server.cache.disk_tier import read_header, read_segment_file, write_segment_file
+
     kv = tmp_path / "kv"
     model = load(tmp_path)
     try:
-        _store_trunk(model)
+        trunk = _store_trunk(model)
+        fingerprint = model.router.disk.fingerprint
     finally:
         model.close()
     original = sorted(kv.glob("*.kvseg"))[0]
-    data = original.read_bytes().replace(b'"fingerprint": "', b'"fingerprint": "x', 1)
-    (kv / "foreign.kvseg").write_bytes(data)
+    header, _, _ = read_header(original)
+    # a sound file of another model over the same tokens: it must never be restored here
+    write_segment_file(kv, "x" + fingerprint, header["tokens"], read_segment_file(original, fingerprint))
     (kv / "garbage.kvseg").write_bytes(b"not a segment")
     model = load(tmp_path)
     try:
-        assert model.router.disk.skipped_files == 2
+        disk = model.router.disk
+        assert (disk.skipped_files, disk.foreign_files, disk.corrupt_files) == (2, 1, 1)
+        assert {f.path for f in _indexed_files(model)} == {original}
+        assert generate(model, trunk, max_tokens=2).final.cache.source == "D"
     finally:
         model.close()
+
+
+def _indexed_files(model):
+    from server.cache.disk_tier import DiskSegment
+
+    return {n.payload.file for n in model.router.disk.tree.nodes() if isinstance(n.payload, DiskSegment)}
 
 
 def test_four_concurrent_requests_share_one_copy_of_their_prefix(cached):

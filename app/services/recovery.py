@@ -1,0 +1,93 @@
+"""What a start-up does about the turns a dead process left behind (kill -9, power loss, OOM).
+
+Sessions, branches, turns, runs and spans are rows committed as they change (SQLite in WAL
+mode keeps every committed row through a kill); the LangGraph checkpointer (its own SQLite
+file) holds each run's graph state after every node. So after a crash:
+
+- A turn left `running` was cut mid-run: in a model call, a tool, or the resumed half of an
+  approved action. Nothing can resume it (the model's stream is gone, a tool may have run
+  halfway), so it is marked `failed` with a reason a person can read. Its branch head never
+  moved (only a completed turn moves it), so the branch is exactly as it was before the
+  turn, and `POST /api/turns/{id}/retry` runs the same message again as a new turn.
+- A turn left `awaiting_approval` was not running: the process was only waiting for the
+  operator, and the graph's interrupt is in the checkpointer. It stays resumable, its
+  approval stays pending, and a decision resumes the run from its checkpoint exactly as it
+  would have without the crash: failing it would throw away a proposal the operator may
+  already be reading. Only when the checkpointer holds no pending interrupt for the run
+  (its file lost or reset) is the turn failed and its approval `expired`, because deciding
+  it could resume nothing; the turn can then be retried like any failed one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.db.models import Approval, Run, Turn, utcnow
+
+log = logging.getLogger(__name__)
+
+INTERRUPTED = ("the workbench stopped while this turn was running (the process ended: a crash, a kill or a "
+               "restart); nothing was lost before it, and the turn can be retried")
+PAUSE_LOST = ("the workbench restarted and the paused state of this turn's approval is gone (no checkpoint holds "
+              "it), so the decision could resume nothing; the turn can be retried")
+
+
+def mark_interrupted_turns(db: Session) -> int:
+    """Turns and runs left `running` by a stopped process become `failed` (INTERRUPTED)."""
+    turns = db.exec(select(Turn).where(Turn.status == "running")).all()
+    runs = db.exec(select(Run).where(Run.status == "running")).all()
+    for row in [*turns, *runs]:
+        _fail(row, INTERRUPTED)
+        db.add(row)
+    db.commit()
+    if turns:
+        log.warning("marked %d interrupted turn(s) failed: %s", len(turns), ", ".join(t.id for t in turns))
+    return len(turns)
+
+
+async def expire_lost_approvals(engine: Engine, graph: Any) -> int:
+    """Fail the `awaiting_approval` turns whose run has no pending interrupt in the
+    checkpointer (their approvals become `expired`); the others stay resumable."""
+    with Session(engine) as db:
+        paused = [(turn.id, run.id, run.thread_id) for turn, run in db.exec(
+            select(Turn, Run).where(Turn.status == "awaiting_approval", Run.turn_id == Turn.id,
+                                    Run.status == "awaiting_approval")).all()]
+        orphans = [t.id for t in db.exec(select(Turn).where(Turn.status == "awaiting_approval")).all()
+                   if t.id not in {p[0] for p in paused}]  # no paused run at all: nothing to resume
+    lost = list(orphans)
+    for turn_id, _, thread_id in paused:
+        state = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+        if not state.interrupts:
+            lost.append(turn_id)
+    if not lost:
+        return 0
+    with Session(engine) as db:
+        for turn_id in lost:
+            turn = db.get(Turn, turn_id)
+            _fail(turn, PAUSE_LOST)
+            db.add(turn)
+            for run in db.exec(select(Run).where(Run.turn_id == turn_id, Run.status == "awaiting_approval")).all():
+                _fail(run, PAUSE_LOST)
+                db.add(run)
+            for approval in db.exec(select(Approval).where(Approval.turn_id == turn_id,
+                                                           Approval.status == "pending")).all():
+                approval.status = "expired"
+                approval.comment = PAUSE_LOST
+                approval.decided_at = utcnow()
+                db.add(approval)
+        db.commit()
+    log.warning("failed %d paused turn(s) whose checkpoint is gone: %s", len(lost), ", ".join(lost))
+    return len(lost)
+
+
+def _fail(row: Turn | Run, reason: str) -> None:
+    row.status = "failed"
+    row.error = reason
+    if isinstance(row, Turn):
+        row.finished_at = utcnow()
+    else:
+        row.ended_at = utcnow()

@@ -1,0 +1,97 @@
+"""The `n` choices of one request: n generations sampled from one prompt.
+
+Each choice is its own engine request, so choices run side by side on separate slots and
+sample independently (with a client seed, choice i uses seed + i, so choices differ yet a
+rerun repeats them). They form one prefill group: the cache router lets one choice compute
+the prompt while the others wait, then attaches its KV to them (seq_cp, no copy), so the
+prompt is computed once (DESIGN.md source S; with --no-cache every choice computes it).
+
+One choice (n=1) is passed straight through, so requests that do not ask for more pay
+nothing for this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from fastapi import Request
+
+from server.api.generation import Collected, Generation
+from server.api.metrics import ServerMetrics
+from server.engine.engine import Engine
+from server.engine.sequence import Event, GenerationRequest
+
+
+def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    if n == 1:
+        return [request]
+    group = object()
+    seed = request.sampling.seed
+    return [replace(request, prefill_group=group,
+                    sampling=request.sampling if seed is None else replace(request.sampling, seed=seed + i))
+            for i in range(n)]
+
+
+class Choices:
+    """Submits every choice at once (a full queue refuses the whole request, none is left
+    running) and reads them back together."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest, n: int, metrics: ServerMetrics):
+        self._engine = engine
+        self.generations: list[Generation] = []
+        try:
+            for r in choice_requests(request, n):
+                self.generations.append(Generation(engine, r, metrics))
+        except BaseException:
+            self.cancel()
+            raise
+
+    def cancel(self) -> None:
+        for g in self.generations:
+            self._engine.cancel(g.seq)
+
+    async def collect(self, watch: Request) -> list[Collected] | None:
+        """Every choice to its end; None if the client went away; raises the HTTP error of
+        the first choice that failed."""
+        if len(self.generations) == 1:
+            got = await self.generations[0].collect(watch)
+            return None if got is None else [got]
+        results = await asyncio.gather(*(g.collect(watch) for g in self.generations), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                self.cancel()
+                raise r
+        return None if any(r is None for r in results) else list(results)
+
+    async def events(self) -> AsyncIterator[tuple[int, Event]]:
+        """(choice index, event) as they come; every choice's `Finished` is among them. If the
+        consumer stops early, every choice is cancelled."""
+        if len(self.generations) == 1:
+            async for ev in self.generations[0].events():
+                yield 0, ev
+            return
+        queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
+
+        async def pump(index: int, generation: Generation) -> None:
+            try:
+                async for ev in generation.events():
+                    queue.put_nowait((index, ev))
+            finally:
+                queue.put_nowait((index, None))
+
+        tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(self.generations)]
+        open_ = len(tasks)
+        try:
+            while open_:
+                index, ev = await queue.get()
+                if ev is None:
+                    open_ -= 1
+                    continue
+                yield index, ev
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.cancel()
+
