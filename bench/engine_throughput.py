@@ -80,7 +80,9 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
     wall-clock tok/s (for arbor the main thread is the HTTP event loop)."""
     url = base_v1 + "/chat/completions"
     results = []
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    # A fresh connection per request (a loopback connect costs ~0.1 ms): llama-server at times
+    # closes a kept-alive connection just as the next request is sent on it, which fails the run.
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await one_request(client, url, 999, 4)  # warm-up
         cpu0 = cpu_seconds(pid) if pid else None

@@ -217,6 +217,7 @@ def soak_section(res: Path) -> list[str]:
              f"{_f(r.get('rss_mid_mib'), 0)} → {_f(r['rss_end_mib'], 0)} MiB "
              f"({_f(r.get('rss_growth_second_half_pct'), 1)}%)" if r.get("rss_mid_mib") else "not sampled"),
             ("KV at rest, start", json.dumps(r["kv_start"])), ("KV at rest, end", json.dumps(r["kv_end"])),
+            ("KV at rest after POST /cache/flush", json.dumps(r["kv_flushed"]) if r.get("kv_flushed") else "not measured"),
             ("disk files / files the index uses / index ranges",
              f"{r['disk_files']} / {r.get('disk_index_files', '–')} / {r['disk_index_entries']}"),
             ("cache fallbacks", _f(r["fallbacks"], 0)), ("server alive at the end", r["server_alive"])]

@@ -14,7 +14,9 @@ client errors, streams cut, p50/p99 time to first token, the server's RSS at sta
 end (sampled all along: `rss_samples`; the KV buffer's pages and the host tier's budget fill
 during the first part of a run, so a leak shows as growth over the second half), KV
 cells held at rest at start and end (slots from llama.cpp's own positions via /slots, resident
-owners from /metrics), disk files vs. the disk tier's index, cache fallbacks. `soak()` is the
+owners from /metrics, and llama.cpp's count of cells in use: never more than those holders
+account for, or cells leaked), the same after POST /cache/flush (only the slots' kept
+prefixes remain), disk files vs. the disk tier's index, cache fallbacks. `soak()` is the
 same run as a function, for the test suite's short version.
 """
 
@@ -61,6 +63,7 @@ class SoakResult:
     rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the traffic, MiB)
     kv_start: dict = field(default_factory=dict)
     kv_end: dict = field(default_factory=dict)
+    kv_flushed: dict = field(default_factory=dict)  # at rest after POST /cache/flush
     disk_files: int = 0
     disk_index_entries: int = 0  # index ranges; several may share one file after splits
     disk_index_files: int = 0  # distinct files the index uses
@@ -100,9 +103,18 @@ def kv_at_rest(base_url: str, timeout_s: float = 120) -> dict:
             break
         time.sleep(0.2)
     m = metrics(base_url)
+    kv = httpx.get(base_url + "/cache/stats", params={"measure": "true"}, timeout=120).json()["kv"]
     return {"slot_cells": sum(s["kv_pos_max"] + 1 for s in slots),
             "slots_consistent": all(s["kv_pos_max"] == s["n_past"] - 1 for s in slots),
-            "resident_cells": m.get("arbor:cache_resident_cells", 0.0), "idle": not any(s["is_processing"] for s in slots)}
+            "resident_cells": m.get("arbor:cache_resident_cells", 0.0), "idle": not any(s["is_processing"] for s in slots),
+            "used_cells": kv["used_cells"]}  # llama.cpp's own count of cells some sequence owns
+
+
+def kv_after_flush(base_url: str) -> dict:
+    """Empty the cache tiers (POST /cache/flush), then the KV at rest: only the slots' kept
+    prefixes may still hold cells."""
+    httpx.post(base_url + "/cache/flush", timeout=120).raise_for_status()
+    return kv_at_rest(base_url)
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -233,6 +245,7 @@ def soak(duration_s: float, max_requests: int, parallel: int, log_dir: Path, see
         res.disk_index_entries = int(m.get("arbor:cache_disk_entries", -1))
         res.disk_index_files = int(m.get("arbor:cache_disk_files", -1))
         res.fallbacks = m.get("arbor:cache_fallbacks", 0.0)
+        res.kv_flushed = kv_after_flush(server.base_url)
     shutil.rmtree(cache_dir, ignore_errors=True)
     return res
 

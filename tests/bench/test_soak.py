@@ -1,7 +1,8 @@
 """The soak's short version: 60 seconds of mixed traffic at 2x the slots, with clients cutting
 streams, on all four cache tiers with small budgets. Nothing may answer 5xx, the server must
-stay up, and at rest the KV it holds must be what llama.cpp reports and within its budgets,
-and the disk tier's files must match its index. (The long run: python -m bench.soak.)"""
+stay up, and at rest the KV it holds must be what llama.cpp reports and within its budgets
+(no cell held by nothing, also after a cache flush), and the disk tier's files must match its
+index. (The long run: python -m bench.soak.)"""
 
 from __future__ import annotations
 
@@ -25,3 +26,8 @@ def test_sixty_second_soak(tmp_path):
     assert res.kv_end["idle"] and res.kv_end["slots_consistent"], res
     assert res.kv_end["slot_cells"] <= 2 * 2048 and res.kv_end["resident_cells"] <= 512, res
     assert res.disk_files == res.disk_index_files <= res.disk_index_entries, res
+    # no leaked cells: llama.cpp's own count never exceeds what slots and resident owners hold,
+    # and once the cache is flushed only the slots' kept prefixes hold any
+    for kv in (res.kv_start, res.kv_end):
+        assert kv["used_cells"] <= kv["slot_cells"] + kv["resident_cells"], res
+    assert res.kv_flushed["resident_cells"] == 0 and res.kv_flushed["used_cells"] <= res.kv_flushed["slot_cells"], res
