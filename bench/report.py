@@ -192,7 +192,9 @@ def _or_carried(section: list[str], old: dict[str, list[str]]) -> list[str]:
     if not body or any(line.startswith("Not measured in this revision") for line in body):
         return section
     body = [line for line in body if line != CARRIED]
-    return [section[0], "", CARRIED] + body
+    while body and not body[0].strip():  # keep the blank lines from piling up generation after generation
+        body = body[1:]
+    return [section[0], "", CARRIED, ""] + body
 
 
 def soak_section(res: Path) -> list[str]:
