@@ -14,6 +14,12 @@ synthetic one from bench/synth_model.py, where only the cache's overhead remains
 each arbor run, /cache/stats gives the engine-thread time spent on cache work against the
 decode time. Raw results go to --out (the index is rewritten after every run, so a cut run
 still counts); bench/report.py writes docs/benchmarks.md from them.
+
+`--same-prompts` sends every server the same text: each chat request is rendered once by
+arbor-server's template (/apply-template) and replayed as a /v1/completions prompt. Without
+it, servers render chat requests with their own templates, and stock llama-server drops the
+tool schemas of a model whose template knows no tools (SmolLM2's), so its agent prompts are
+shorter than arbor's and the walls do not compare like with like.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from app.manifest import ManifestLine
 from app.replay.generators import agent_sessions, branch_fanout, shared_prefix_groups, unique_prompts
 from app.replay.runner import ReplaySettings, replay
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
@@ -76,6 +84,23 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
     return out
 
 
+def as_prompt_lines(lines: list[ManifestLine], model: Path | None, arbor_common: list[str],
+                    log_dir: Path) -> list[ManifestLine]:
+    """`lines` with each chat body replaced by a completions body whose prompt is the text
+    arbor-server's template renders for it (tools included), so every server computes the
+    same tokens. Rendered by a short-lived arbor-server with no cache."""
+    port = free_port()
+    out = []
+    with running("render", arbor_command(port, model, arbor_common + ["--no-cache"]), port, log_dir) as srv:
+        with httpx.Client(base_url=srv.base_url, timeout=120) as client:
+            for line in lines:
+                answer = client.post("/apply-template", json=line.body)
+                answer.raise_for_status()
+                body = {k: v for k, v in line.body.items() if k not in ("messages", "tools", "tool_choice")}
+                out.append(replace(line, body={**body, "prompt": answer.json()["prompt"]}))
+    return out
+
+
 def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
@@ -88,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--configs", nargs="+", default=None, metavar="NAME",
                    help="only these configurations, by exact name (e.g. 'arbor --no-cache' 'arbor A,S,H')")
     p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the embedded model)")
+    p.add_argument("--same-prompts", action="store_true",
+                   help="send every server arbor's rendering of each chat request as a completions prompt")
     p.add_argument("--append", action="store_true", help="add to an existing index.json instead of replacing it")
     p.add_argument("--out", type=Path, default=Path("bench/results/run_all"))
     p.add_argument("--parallel", type=int, default=4, help="slots of every server")
@@ -109,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.append and (a.out / "index.json").exists():
         index["runs"] = json.loads((a.out / "index.json").read_text())["runs"]
     for wname, work in loads.items():
+        lines = as_prompt_lines(work.lines, a.model, arbor_common, a.out / "logs") if a.same_prompts else work.lines
         with tempfile.TemporaryDirectory() as tmp:
             for cname, args in configs(Path(tmp) / "kv", arbor_common, llama_common):
                 if a.configs and cname not in a.configs:
@@ -121,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                 with running(slug(cname), cmd, port, a.out / "logs") as srv:
                     settings = ReplaySettings(base_url=srv.v1, concurrency=a.concurrency, force_output_length=True,
                                               progress=False, label=cname)
-                    result = asyncio.run(replay(work.lines, settings))
+                    result = asyncio.run(replay(lines, settings))
                     engine = None if cname.startswith("llama-server") else \
                         httpx.get(srv.base_url + "/cache/stats", timeout=60).json().get("engine_thread")
                 path = result.save(a.out / wname / f"{slug(cname)}.json")
@@ -132,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"wall={summ['wall_s']:.1f}s ttft_p50={summ['ttft_s'].get('p50')}", flush=True)
                 index["runs"].append({"workload": wname, "config": cname, "command": " ".join(cmd),
                                       "result": str(path), "workload_params": work.describe()["params"],
+                                      "same_prompts": a.same_prompts,
                                       "engine_thread": engine})
                 a.out.mkdir(parents=True, exist_ok=True)
                 (a.out / "index.json").write_text(json.dumps(index, indent=2))  # after every run: partial runs count
