@@ -1,4 +1,5 @@
-"""End to end: the workbench against arbor-server on the embedded model, one turn per scenario.
+"""End to end: the workbench against arbor-server on the embedded model, one turn per scenario,
+on each database the workbench supports (SQLite and PostgreSQL, through DATABASE_URL).
 
 A 135M model does not choose tools well, so the first step is forced (tool_choice
 "required"). The assertions are about structure, not wording: a tool ran, its result reached
@@ -22,8 +23,8 @@ def backends(tmp_path_factory):
         yield urls
 
 
-@pytest.mark.parametrize("scenario", ["financial_research", "field_maintenance", "edge_incident"])
-def test_one_forced_tool_turn_per_scenario(scenario, backends, tmp_path):
+@pytest.mark.parametrize("scenario", ["financial_research", "field_maintenance", "edge_incident", "story_writer"])
+def test_one_forced_tool_turn_per_scenario(scenario, backends, workbench_database, tmp_path):
     from app.settings import WorkbenchSettings
 
     settings = WorkbenchSettings(_env_file=None, llm_base_url=backends["llm"], incident_base_url=backends["incident"],
@@ -52,6 +53,8 @@ def test_one_forced_tool_turn_per_scenario(scenario, backends, tmp_path):
         assert results[0]["content"] in [m["content"] for m in seen], "the tool result never reached the model"
         assert all(s["attributes"].get("gen_ai.usage.input_tokens") for s in model_spans)
         assert all("gen_ai.usage.cache_read.input_tokens" in s["attributes"] for s in model_spans)
+    # the run's checkpoints went to the database under test (read straight from it)
+    assert workbench_database.checkpoint_threads(settings), f"no checkpoint in {workbench_database.kind}"
 
 
 def _real_catalog():
