@@ -103,6 +103,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),
         tiers=tiers, host=host, disk=disk, resident=resident, registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
+        write_back_step_bytes=settings.cache_write_back_step * 1024,
     )
 
 
@@ -115,6 +116,8 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         slots=settings.parallel,
         owners=MAX_RESIDENT_OWNERS if settings.tier_enabled("S") else 0,
         scratch=SCRATCH_SEQUENCES if wants_cache else 0,
+        # a slot's kept KV waits under one of these while it is written back piece by piece
+        parked=settings.parallel if settings.tier_enabled("H") and settings.cache_write_back_step else 0,
     )
     seq_ids = SequenceIdPool(layout)
     flash = {"auto": None, "on": True, "off": False}[settings.flash_attn]

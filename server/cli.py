@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-route", choices=["cost", "longest"],
       help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
+    a("--cache-write-back-step", type=int, help="KiB of a parked slot's KV written back to host per engine step "
+                                                "(default 4096; 0: write a slot back at once when it is reused)")
     a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")
     a("--embeddings", action="store_true", default=None, help="serve /v1/embeddings (a second, small context)")
     a("--pooling", choices=["model", "mean", "cls", "last"], help="embedding pooling (default: the model's)")

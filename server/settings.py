@@ -55,6 +55,8 @@ class ServerSettings(BaseSettings):
     cache_route: Literal["cost", "longest"] = Field(
         "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
+    cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
+                                       "engine step; 0: write back at once (stalls decoding for the whole copy)")
     cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
                                           "'*' for any); default: localhost origins only")
     embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")

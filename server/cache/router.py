@@ -14,7 +14,9 @@ a cache may make a request faster, never wrong. After a request completes (never
 its common prefix may be published as resident. Copies to host (and disk) are made
 write-back: only when a device copy is about to be lost (a slot taken for another prefix,
 a resident owner evicted, an idle slot's KV dropped for room), increments only, and not
-when another slot or owner still holds the same tokens. Requests that arrive while another one is still computing a long common prefix
+when another slot or owner still holds the same tokens. A slot taken for another prefix is
+parked rather than stored at once, and stored a bounded piece per engine step
+(server/cache/write_back.py), so no decode step waits for a whole store. Requests that arrive while another one is still computing a long common prefix
 wait for it and then attach (in-flight sharing), instead of computing it twice.
 """
 
@@ -34,6 +36,7 @@ from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
 from server.cache.lifecycle import SessionRegistry
 from server.cache.resident import ResidentOwners
+from server.cache.write_back import WriteBackQueue
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
 from server.engine.sequence import CacheReport, Sequence, SeqStatus
@@ -56,7 +59,8 @@ class Candidate:
 class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tiers: set[str], host: HostTier | None, disk: DiskTier | None, resident: ResidentOwners | None,
-                 registry: SessionRegistry, min_tokens: int, route: str = "cost"):
+                 registry: SessionRegistry, min_tokens: int, route: str = "cost",
+                 write_back_step_bytes: int = 0):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime = runtime
@@ -81,6 +85,11 @@ class CacheRouter:
         self.write_back_ms = 0.0
         if resident is not None:
             resident.on_evict = self._write_back_owner
+        # Parking needs the host tier (a stored path grows piece by piece there) and parked ids.
+        self.parked = (WriteBackQueue(runtime, kv.seq_ids, self._store, lambda: host.bytes_per_token,
+                                      write_back_step_bytes)
+                       if host is not None and write_back_step_bytes > 0 and kv.seq_ids.layout.parked else None)
+        self.max_step_cache_ms = 0.0  # the longest cache work done in one engine step (parking included)
         self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "none")}
         self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D")}
         self.fallbacks = 0
@@ -151,7 +160,7 @@ class CacheRouter:
         kept = {"A": plan.option.length, "H": min(a_len, plan.option.length),
                 "D": min(a_len, plan.option.length)}.get(plan.option.source, 0)
         if kept < len(adm.slot.tokens):
-            self._write_back(adm.slot, exclude=adm.slot)
+            self._write_back(adm.slot, exclude=adm.slot, park=True)
         if best is None:
             self.runtime.seq_rm(slot_seq, -1, -1)
             self.by_source["none"] += 1
@@ -268,6 +277,8 @@ class CacheRouter:
     def drop_device_copies(self) -> None:
         """Drop every idle slot's KV and every resident owner, writing back first what
         host/disk lack (what a KV shortage would do to all of them; tests, benchmarks)."""
+        if self.parked is not None:
+            self.parked.drain()
         for slot in self.slots.slots:
             if not slot.busy:
                 self.drop_idle_slot(slot)
@@ -276,15 +287,37 @@ class CacheRouter:
                 self._write_back_owner(owner.seq_id, owner.tokens)
             self.resident.flush()
 
-    def _write_back(self, slot, exclude=None) -> None:
-        """The slot's kept KV is about to be lost: store what host/disk lack of it."""
+    def _write_back(self, slot, exclude=None, park: bool = False) -> None:
+        """The slot's kept KV is about to be lost: store what host/disk lack of it, now or
+        (`park`, when parking is on) piece by piece over the next engine steps."""
         tokens = list(slot.tokens)
         if len(tokens) < self.min_tokens or self._held_on_device(tokens, exclude):
             return
-        tip = self._timed_store(slot.seq_id, tokens)
         hint = self._slot_hints.pop(slot.index, None)
-        if hint is not None and hint.session and tip is not None:
-            self.registry.tag(hint.session, tip)
+
+        def tag(tip) -> None:
+            if hint is not None and hint.session and tip is not None:
+                self.registry.tag(hint.session, tip)
+
+        if park and self.parked is not None and self.parked.park(slot.seq_id, tokens, tag):
+            self.write_backs += 1  # its time is counted piece by piece in `background`
+            return
+        tag(self._timed_store(slot.seq_id, tokens))
+
+    def background(self, idle: bool) -> None:
+        """Once per engine step: store the next piece of parked copies (all of them when the
+        engine is idle)."""
+        if self.parked is None or not self.parked.queue:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.parked.drain() if idle else self.parked.advance()
+        finally:
+            ms = (time.perf_counter() - t0) * 1000.0
+            self.engine_ms += ms
+            self.write_back_ms += ms
+            if not idle:
+                self.max_step_cache_ms = max(self.max_step_cache_ms, ms)
 
     def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
         """A resident owner is being evicted (its cells may be freed)."""
@@ -322,7 +355,9 @@ class CacheRouter:
         seconds = seq.t_first_token - seq.t_prefill_start - self._overhead.pop(seq, 0.0)
         self.costs.observe_prefill(len(seq.prompt) - seq.n_cached, seconds)
 
-    def _store(self, slot_seq: int, tokens: list[int]):
+    def _store(self, slot_seq: int, tokens: list[int], to_disk: bool = True):
+        """Store what the host (and, with `to_disk`, the disk) lacks of `tokens`, read from
+        `slot_seq`; returns the host path's tip, or None."""
         if self.host is None and self.disk is None:
             return None
         try:
@@ -330,7 +365,7 @@ class CacheRouter:
                 result = self.host.store(tokens, lambda s, e: self.kv.extract(slot_seq, s, e))
                 if result is None:
                     return None
-                if self.disk is not None and result.last_node.attached:
+                if to_disk and self.disk is not None and result.last_node.attached:
                     path = [n for n in result.last_node.iter_up()][::-1]
                     ranges = [(n.start(), n.payload) for n in path if n.payload is not None]
                     self.disk.store(tokens, ranges)
@@ -360,15 +395,19 @@ class CacheRouter:
 
     # ------------------------------------------------------------- operations
     def reclaim(self, slots: SlotPool) -> bool:
-        """Free cells for running requests: idle slots' kept KV first (oldest first), then
-        resident owners (lifecycle order), each written back to host/disk first. Pinned
-        owners stay."""
+        """Free cells for running requests: a parked copy first (stored to its end: its cells
+        were going anyway), then idle slots' kept KV (oldest first), then resident owners
+        (lifecycle order), each written back to host/disk first. Pinned owners stay."""
+        if self.parked is not None and self.parked.finish_one():
+            return True
         if slots.drop_oldest_idle(self.drop_idle_slot):
             return True
         return self.resident is not None and self.resident.evict_one()
 
     def flush(self) -> dict:
         freed = {}
+        if self.parked is not None:
+            freed["parked_cells"] = self.parked.discard()
         if self.host is not None:
             freed["H"] = self.host.flush()
         if self.disk is not None:

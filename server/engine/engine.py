@@ -58,6 +58,9 @@ class ModelRunner(Protocol):
     def reclaim(self, slots: SlotPool) -> bool:
         """Free KV cells that no running request uses; False when nothing is left."""
 
+    def background(self, idle: bool) -> None:
+        """Bounded cache work once per step after the decode (all of it when `idle`)."""
+
     def piece(self, token: int) -> bytes: ...
 
     def is_eog(self, token: int) -> bool: ...
@@ -172,11 +175,17 @@ class Engine:
         return bool(self._jobs or self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> bool:
-        """Run one engine step and deliver its events; returns False when there was nothing to compute."""
+        """Run one engine step and deliver its events, then the runner's bounded background
+        work (all of it when no request is left); returns False when there was nothing to compute."""
         try:
-            return self._step()
+            worked = self._step()
         finally:
             self._flush()
+        # after the hand-off: the streams' text goes out while the cache works
+        with self._lock:
+            idle = not (self.scheduler.running or self.scheduler.waiting)
+        self.runner.background(idle=idle)
+        return worked
 
     def _flush(self) -> None:
         if self._outbox:

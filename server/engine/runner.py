@@ -37,6 +37,9 @@ class PrefixProvider(Protocol):
         """The KV pool is full: free some cells not used by a running request (idle slots'
         kept KV, cached prefixes). Returns False when nothing is left to give up."""
 
+    def background(self, idle: bool) -> None:
+        """Once per engine step, after the decode: bounded cache work (all of it when `idle`)."""
+
 
 class SlotReuseOnly:
     """Source A alone: keep the slot's KV up to the common prefix, drop the rest."""
@@ -58,6 +61,9 @@ class SlotReuseOnly:
 
     def reclaim(self, slots: SlotPool) -> bool:
         return slots.drop_oldest_idle(lambda slot: self.runtime.seq_rm(slot.seq_id, -1, -1))
+
+    def background(self, idle: bool) -> None:
+        pass
 
 
 class LlamaRunner:
@@ -128,6 +134,9 @@ class LlamaRunner:
 
     def reclaim(self, slots: SlotPool) -> bool:
         return self.prefix.reclaim(slots)
+
+    def background(self, idle: bool) -> None:
+        self.prefix.background(idle)
 
     def piece(self, token: int) -> bytes:
         return self.runtime.piece(token)

@@ -20,26 +20,29 @@ class SequenceIdLayout:
     slots: int
     owners: int
     scratch: int
+    parked: int = 0  # device copies waiting to be written back (server/cache/write_back.py)
 
     @property
     def total(self) -> int:
-        return self.slots + self.owners + self.scratch
+        return self.slots + self.owners + self.scratch + self.parked
 
 
 class SequenceIdPool:
     def __init__(self, layout: SequenceIdLayout, max_total: int = 256):
         if layout.total > max_total:
             raise ValueError(
-                f"{layout.slots} slots + {layout.owners} resident owners + {layout.scratch} scratch sequences = "
+                f"{layout.slots} slots + {layout.owners} resident owners + {layout.scratch} scratch + "
+                f"{layout.parked} parked sequences = "
                 f"{layout.total} sequence ids; llama.cpp allows at most {max_total}"
             )
         self.layout = layout
         self.slot_ids = list(range(layout.slots))
         self._free = {
             "owner": list(range(layout.slots, layout.slots + layout.owners)),
-            "scratch": list(range(layout.slots + layout.owners, layout.total)),
+            "scratch": list(range(layout.slots + layout.owners, layout.slots + layout.owners + layout.scratch)),
+            "parked": list(range(layout.slots + layout.owners + layout.scratch, layout.total)),
         }
-        self._used: dict[str, set[int]] = {"owner": set(), "scratch": set()}
+        self._used: dict[str, set[int]] = {"owner": set(), "scratch": set(), "parked": set()}
         self._lock = threading.Lock()
 
     def take(self, kind: str) -> int:

@@ -35,12 +35,15 @@ def _stats(model, measure: bool) -> dict:
             "H": r.host.stats() if r and r.host else {"enabled": False},
             "D": r.disk.stats() if r and r.disk else {"enabled": False},
         },
-        "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch")},
+        "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
+               "parked_cells": r.parked.cells() if r and r.parked else 0},
+        "write_back": r.parked.stats() if r and r.parked else {"enabled": False},
         "lifecycle": r.registry.summary() if r else None,
         "engine_thread": {"decode_ms": round(model.engine.stats().busy_seconds * 1000.0, 3),
                           "cache_ms": round(r.engine_ms, 3) if r else 0.0,
                           "write_backs": r.write_backs if r else 0,
-                          "write_back_ms": round(r.write_back_ms, 3) if r else 0.0},
+                          "write_back_ms": round(r.write_back_ms, 3) if r else 0.0,
+                          "max_step_cache_ms": round(r.max_step_cache_ms, 3) if r else 0.0},
     }
     if measure:
         from server.cache.resident import union_positions

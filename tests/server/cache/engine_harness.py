@@ -57,12 +57,15 @@ def used_cells(model) -> int:
 
 
 def kept_cells(model) -> int:
-    """Cells the engine's own bookkeeping says are held: idle slots' tokens and resident owners."""
+    """Cells the engine's own bookkeeping says are held: idle slots' tokens, resident owners
+    and slots' copies still parked for write-back."""
     from server.cache.resident import union_positions
 
     held = [list(s.tokens) for s in model.slots.slots]
     if model.router is not None and model.router.resident is not None:
         held += [o.tokens for o in model.router.resident.owners]
+    if model.router is not None and model.router.parked is not None:
+        held += [c.tokens for c in model.router.parked.queue]
     return union_positions([h for h in held if h])
 
 

@@ -253,3 +253,38 @@ def test_host_copies_are_made_only_when_the_device_copy_is_lost(tmp_path, refere
         _assert_no_leak(model)
     finally:
         model.close()
+
+
+
+def _slot_taken_then_back(step_kib: int) -> tuple[object, dict, object]:
+    """One slot: `first` runs, `other` takes the slot (first is written back), then a prompt
+    extending `first` comes back. Returns (the last result, write-back stats, the model)."""
+    model = load(None, parallel=1, cache_tiers=("A", "H"), cache_write_back_step=step_kib)
+    first = chat_tokens(model, SYSTEM, QUESTIONS[0])
+    other = chat_tokens(model, "You are a financial research assistant. Answer in one line.", QUESTIONS[1])
+    generate(model, first, max_tokens=2)
+    generate(model, other, max_tokens=12)  # takes the slot: `first` is written back
+    stats = model.engine.run_exclusive(lambda: {  # on the engine thread, after its idle drain
+        "parked": model.router.parked.stats() if model.router.parked else None,
+        "write_backs": model.router.write_backs, "max_step_cache_ms": model.router.max_step_cache_ms,
+        "parked_ids": model.seq_ids.in_use("parked"), "leak_free": model.runtime.used_cells() == kept_cells(model)})
+    got = generate(model, first + chat_tokens(model, "", QUESTIONS[2])[3:], max_tokens=6)
+    assert got.final.cache.source == "H" and got.final.cache.reused_tokens >= len(first), got.final.cache
+    return got, stats, model
+
+
+def test_a_reused_slot_is_written_back_piece_by_piece_while_another_request_decodes():
+    """The taken slot's KV is parked and stored a bounded piece per decode step (the rest
+    when the engine is idle); what comes back from H gives the answer a synchronous store gives."""
+    pieced, stats, model = _slot_taken_then_back(64)  # 64 KiB a step: a few tokens of this model
+    model.close()
+    wb = stats["parked"]
+    assert wb["parked"] == 1 and wb["dropped"] == 0 and wb["pending"] == 0, wb
+    assert wb["step_pieces"] >= 3 and wb["pieces"] > wb["step_pieces"], wb
+    assert stats["write_backs"] == 1 and stats["max_step_cache_ms"] > 0
+    assert stats["parked_ids"] == 0 and stats["leak_free"], stats
+
+    at_once, stats, model = _slot_taken_then_back(0)  # --cache-write-back-step 0: stored at once, as before
+    model.close()
+    assert stats["parked"] is None and stats["write_backs"] == 1 and stats["leak_free"], stats
+    assert pieced.text == at_once.text

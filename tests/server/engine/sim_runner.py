@@ -54,6 +54,9 @@ class SimRunner:
     def release(self, seq: Sequence, reason: str) -> None:
         self.released.append((seq.id, reason))
 
+    def background(self, idle: bool) -> None:
+        pass
+
     def reclaim(self, slots: SlotPool) -> bool:
         def forget(slot):
             self.held.pop(slot.seq_id, None)
