@@ -6,6 +6,9 @@
 - H: segments in host RAM, restored,
 - D: segment files on disk, restored,
 
+H and D are the values of one radix tree (server/cache/radix_tree.py), so one walk of it
+says how far a prompt is held in each;
+
 one plan committed per request: with route `cost` (the default) the plan with the lowest
 estimated time to first token from rates measured online (server/cache/cost.py), with
 route `longest` the longest match; ties A > S > H > D. Any failure while
@@ -33,6 +36,7 @@ from server.cache.host_tier import HostTier, TierMatch
 from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
 from server.cache.lifecycle import SessionRegistry
+from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
@@ -55,8 +59,8 @@ class Candidate:
 
 class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
-                 tiers: set[str], host: HostTier | None, disk: DiskTier | None, resident: ResidentOwners | None,
-                 registry: SessionRegistry, min_tokens: int, route: str = "cost"):
+                 tiers: set[str], tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None,
+                 resident: ResidentOwners | None, registry: SessionRegistry, min_tokens: int, route: str = "cost"):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime = runtime
@@ -64,6 +68,7 @@ class CacheRouter:
         self.slots = slots
         self.running = running
         self.tiers = tiers
+        self.tree = tree  # the one tree whose H and D values `host` and `disk` keep
         self.host = host
         self.disk = disk
         self.resident = resident
@@ -102,12 +107,15 @@ class CacheRouter:
                 if rn > n:
                     n, src, owner = rn, rowner.seq_id, rowner
             out.append(Candidate("S", min(n, limit), src_seq=src, owner=owner))
-        if self.host is not None:
-            m = self.host.match(prompt[:limit])
-            out.append(Candidate("H", m.length, host=m))
-        if self.disk is not None:
-            m = self.disk.match(prompt[:limit])
-            out.append(Candidate("D", m.length, disk=m))
+        if self.tree is not None:
+            with self.tree.mutex:  # one walk for every stored tier
+                m = self.tree.match_prefix(prompt[:limit])
+                if self.host is not None:
+                    hm = self.host.take(m)
+                    out.append(Candidate("H", hm.length, host=hm))
+                if self.disk is not None:
+                    dm = self.disk.take(m)
+                    out.append(Candidate("D", dm.length, disk=dm))
         return out
 
     def _best_live(self, adm: Admission) -> tuple[int, int | None, None]:
@@ -203,16 +211,28 @@ class CacheRouter:
             keep = 0
         t0 = time.perf_counter()
         if c.source == "H":
-            segments = c.host.segments
+            result = self._restore_host(c.host, keep, c.length, slot_seq)
             self.host.hits += 1
         else:
-            segments = self.disk.load(c.disk).segments
+            result = self.kv.restore(_cut(self.disk.load(c.disk).segments, keep, c.length), slot_seq)
             self.disk.hits += 1
-        need = _cut(segments, keep, c.length)
-        result = self.kv.restore(need, slot_seq)
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
+
+    def _restore_host(self, m: TierMatch, keep: int, length: int, slot_seq: int):
+        """Restore from H holding a lock reference on the matched path, so no store or
+        flush evicts it while it is read (the segments are views: they stay valid anyway)."""
+        with self.tree.mutex:
+            tip = m.tip if m.tip is not None and m.tip.attached else None
+            if tip is not None:
+                self.tree.lock(tip)
+        try:
+            return self.kv.restore(_cut(m.segments, keep, length), slot_seq)
+        finally:
+            if tip is not None:
+                with self.tree.mutex:
+                    self.tree.unlock(tip)
 
     # ------------------------------------------------- in-flight sharing (defer)
     def should_defer(self, seq: Sequence) -> bool:
@@ -252,7 +272,7 @@ class CacheRouter:
         if len(tokens) >= self.min_tokens:
             self._publish(seq, tokens, hint)
         if hint is not None:
-            self.registry.observe(hint, self.host.match(tokens).tip if self.host is not None else None)
+            self.registry.observe(hint, self._tip(tokens))
             self._slot_hints[seq.slot.index] = hint
 
     # ------------------------------------------------------------- write-back
@@ -315,6 +335,14 @@ class CacheRouter:
                        for o in self.resident.owners)
         return False
 
+    def _tip(self, tokens: list[int]):
+        """The deepest tree node on `tokens`' path (whatever tier holds it), or None."""
+        if self.tree is None:
+            return None
+        with self.tree.mutex:
+            node = self.tree.match_prefix(tokens, touch=False).last_node
+            return None if node.is_root else node
+
     def _observe_prefill(self, seq: Sequence) -> None:
         """Computed prompt tokens over admission-to-first-token, less the cache's own work."""
         if seq.t_first_token is None or seq.t_prefill_start is None:
@@ -331,8 +359,9 @@ class CacheRouter:
                 if result is None:
                     return None
                 if self.disk is not None and result.last_node.attached:
-                    path = [n for n in result.last_node.iter_up()][::-1]
-                    ranges = [(n.start(), n.payload) for n in path if n.payload is not None]
+                    with self.tree.mutex:
+                        path = [n for n in result.last_node.iter_up()][::-1]
+                        ranges = [(n.start(), n.values["H"]) for n in path if "H" in n.values]
                     self.disk.store(tokens, ranges)
                 return result.last_node if result.last_node.attached else None
             have = self.disk.held(tokens)  # whole or partial: what is on disk already

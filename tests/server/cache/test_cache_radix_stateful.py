@@ -102,11 +102,11 @@ class RadixMachine(RuleBasedStateMachine):
             assert 0 < m.partial_tokens < len(m.partial_node.key)
             assert m.partial_node.parent is m.last_node
             if require_payload:
-                assert m.partial_node.payload is not None
+                assert m.partial_node.values.get("H") is not None
         else:
             assert m.partial_tokens == 0
         if require_payload:
-            assert all(n.payload is not None for n in m.path)
+            assert all(n.values.get("H") is not None for n in m.path)
 
     @rule(base=st.integers(0, 99), cut=st.integers(0, 8), suffix=SUFFIX)
     def lock(self, base, cut, suffix):
@@ -125,10 +125,10 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(bytes_needed=st.integers(0, 40))
     def evict(self, bytes_needed):
         locked_positions = set().union(*(prefixes(n.token_path()) for n in self.locks))
-        res = self.tree.evict(bytes_needed, LRUPolicy())
+        res = self.tree.evict(bytes_needed, "H", LRUPolicy())
         stamps = [n.last_access for n in res.freed_nodes]
         assert stamps == sorted(stamps), "LRU: least recently used first"
-        assert res.freed_bytes == sum(n.payload.nbytes for n in res.freed_nodes if n.payload is not None)
+        assert res.freed_bytes == sum(n.values["H"].nbytes for n in res.freed_nodes if n.values.get("H") is not None)
         assert res.freed_tokens == sum(len(n.key) for n in res.freed_nodes)
         for node in res.freed_nodes:
             assert not node.attached and node.lock_ref == 0
@@ -139,7 +139,7 @@ class RadixMachine(RuleBasedStateMachine):
             self.with_payload -= gone
         if res.freed_nodes:
             last = res.freed_nodes[-1]
-            last_bytes = last.payload.nbytes if last.payload is not None else 0
+            last_bytes = last.values["H"].nbytes if last.values.get("H") is not None else 0
             assert res.freed_bytes - last_bytes < bytes_needed, "evicted more than needed"
         if not res.satisfied:
             assert all(leaf.lock_ref > 0 for leaf in self.tree.leaves()), "stopped while evictable leaves remain"
@@ -168,7 +168,7 @@ class RadixMachine(RuleBasedStateMachine):
         for node in self.tree.nodes():
             if self.registry.is_node_pinned(node) or node.lock_ref > 0:
                 kept |= node_positions(node)
-        res = self.tree.evict(bytes_needed, policy)
+        res = self.tree.evict(bytes_needed, "H", policy)
         for node in res.freed_nodes:
             gone = node_positions(node)
             assert not gone & kept, "evicted a pinned or locked segment"
@@ -184,21 +184,21 @@ class RadixMachine(RuleBasedStateMachine):
         if node.is_root or node.lock_ref > 0:
             return
         own = node_positions(node)
-        had = node.payload is not None
+        had = node.values.get("H") is not None
         removed = self.tree.remove_payload(node)
         assert (removed is not None) == had
         self.with_payload -= own
         # Pruned: the node itself and bare ancestors that became leaves, all unlocked.
         cur = node
         while not cur.is_root and not cur.attached:
-            assert cur.payload is None or cur is node
+            assert cur.values.get("H") is None or cur is node
             assert cur.lock_ref == 0
             self.present -= node_positions(cur)
             cur = cur.parent
 
     @rule()
     def flush(self):
-        res = self.tree.flush()
+        res = self.tree.flush("H")
         for node in res.freed_nodes:
             self.present -= node_positions(node)
             self.with_payload -= node_positions(node)
@@ -217,15 +217,15 @@ class RadixMachine(RuleBasedStateMachine):
         for node in self.tree.nodes():
             pos = node_positions(node)
             structure |= pos
-            if node.payload is not None:
+            if node.values.get("H") is not None:
                 payload |= pos
-                assert node.payload.path == node.token_path(), "segment off its own radix path"
+                assert node.values["H"].path == node.token_path(), "segment off its own radix path"
         assert structure == self.present
         assert payload == self.with_payload
         assert self.tree.n_tokens == len(self.present)
         # Union bound: one payload token per distinct cached prefix position.
-        assert self.tree.payload_tokens == len(self.with_payload)
-        assert self.tree.total_bytes == BPT * len(self.with_payload)
+        assert self.tree.tier("H").payload_tokens == len(self.with_payload)
+        assert self.tree.tier("H").total_bytes == BPT * len(self.with_payload)
 
     @invariant()
     def locks_hold(self):
@@ -233,8 +233,8 @@ class RadixMachine(RuleBasedStateMachine):
         for node in self.locks:
             assert node.attached and node.lock_ref > 0
             protected |= set(node.iter_up())
-        expected = sum(n.payload.nbytes for n in protected if n.payload is not None)
-        assert self.tree.protected_bytes == expected
+        expected = sum(n.values["H"].nbytes for n in protected if n.values.get("H") is not None)
+        assert self.tree.tier("H").protected_bytes == expected
 
     @invariant()
     def parents_are_never_older_than_children(self):

@@ -8,6 +8,7 @@ import pytest
 from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.radix_tree import RadixTree
 
 LAYOUT = KVLayout(False, (1, 1), (8, 8), (1, 1), (8, 8), (0, 0))
 
@@ -24,7 +25,7 @@ def positions(seg: KVSegment) -> list[int]:
 
 @pytest.fixture()
 def disk(tmp_path):
-    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     yield tier
     tier.close()
 
@@ -73,11 +74,11 @@ def test_evicted_ranges_delete_their_file_only_when_unused(disk):
 
 def test_files_are_reindexed_after_a_restart(tmp_path):
     a = list(range(200, 260))
-    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     tier.store(a, [(0, kv_for(a, 0, len(a)))])
     tier.wait_idle()
     tier.close()
-    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     try:
         m = tier.match(a)
         assert m.length == len(a)
