@@ -584,8 +584,8 @@ class RadixTree:
         heap: list[tuple[Hashable, int, RadixNode]] = []
 
         def offer(node: RadixNode) -> None:
-            if node.is_root or node.lock_ref > 0:
-                return
+            if node.is_root or not node.attached or node.lock_ref > 0:
+                return  # (a parent pruned with the bare chain its child's eviction left)
             if not node.values and node.is_leaf:
                 self._prune_up(node)  # indexes nothing: not worth a place in any tier
                 return
@@ -596,8 +596,7 @@ class RadixTree:
                 heapq.heappush(heap, (key, node.id, node))
 
         for node in list(self.nodes()):
-            if node.attached:  # an earlier offer may have pruned it
-                offer(node)
+            offer(node)
         while heap and (limit is None or freed_bytes < limit):
             _, _, node = heapq.heappop(heap)
             if not node.attached or node.lock_ref > 0 or tier not in node.values:

@@ -295,3 +295,88 @@ def test_fake_payload_split_keeps_paths():
     assert right.tokens == (2, 3, 4) and right.path == p.path and right.nbytes == 9
     with pytest.raises(ValueError):
         p.split(4)
+
+
+# ------------------------------------------------------------- several tiers on one node
+
+
+def two_tier_tree():
+    """[1, 2, 3] in H and D, [1, 2, 3, 4, 5] in H only: nodes (1, 2, 3) -> (4, 5)."""
+    tree = RadixTree()
+    tree.insert([1, 2, 3, 4, 5], "H", FakePayload.factory([1, 2, 3, 4, 5], 2))
+    tree.insert([1, 2, 3], "D", FakePayload.factory([1, 2, 3], 7))
+    return tree
+
+
+def test_one_walk_says_how_far_each_tier_holds_the_prompt():
+    tree = two_tier_tree()
+    m = tree.match_prefix([1, 2, 3, 4, 9])
+    assert (m.length, m.partial_tokens) == (3, 1)
+    h, d = m.span("H"), m.span("D")
+    assert (h.length, h.longest, h.partial_node) == (3, 4, m.partial_node)
+    assert (d.length, d.longest, d.partial_node) == (3, 3, None)
+    assert h.tip is d.tip is m.last_node
+    assert tree.tier("H").total_bytes == 10 and tree.tier("D").total_bytes == 21
+    tree.check_invariants()
+
+
+def test_a_split_splits_every_tier_value():
+    tree = two_tier_tree()
+    top = tree.match_prefix([1, 2, 3]).last_node
+    upper = tree.split_node(top, 1)
+    assert set(upper.values) == set(top.values) == {"H", "D"}
+    assert upper.values["D"].tokens == (1,) and top.values["D"].tokens == (2, 3)
+    assert tree.tier("D").payload_tokens == 3 and tree.tier("D").n_payloads == 2
+    tree.check_invariants()
+
+
+def test_evicting_one_tier_keeps_the_others_and_prunes_only_bare_nodes():
+    tree = two_tier_tree()
+    top = tree.match_prefix([1, 2, 3]).last_node
+    res = tree.flush("H")
+    assert {n.key for n in res.freed_nodes} == {(1, 2, 3), (4, 5)}
+    assert top.attached and set(top.values) == {"D"}, "evicting H never loses D"
+    assert tree.n_nodes == 1, "(4, 5) held nothing else: pruned"
+    assert tree.match_prefix([1, 2, 3]).span("D").length == 3
+    res = tree.flush("D")
+    assert res.freed_nodes == (top,) and not top.attached and tree.n_nodes == 0
+    tree.check_invariants()
+
+
+def test_eviction_takes_a_tier_from_the_bottom_of_its_paths():
+    tree = two_tier_tree()
+    top = tree.match_prefix([1, 2, 3]).last_node
+    tree.insert([1, 2, 3, 4, 5], "D", FakePayload.factory([1, 2, 3, 4, 5], 7))
+    res = tree.evict(1, "D")
+    assert [n.key for n in res.freed_nodes] == [(4, 5)], "the child's D goes before its parent's"
+    assert "D" in top.values and tree.match_prefix([1, 2, 3, 4, 5]).span("H").length == 5
+    tree.check_invariants()
+
+
+def test_a_locked_node_keeps_its_values_in_every_tier():
+    tree = two_tier_tree()
+    tip = tree.match_prefix([1, 2, 3, 4, 5]).last_node
+    with tree.locked(tip):
+        assert tree.tier("D").protected_bytes == 21 and tree.tier("H").protected_bytes == 10
+        assert tree.flush("H").freed == () and tree.flush("D").freed == ()
+        with pytest.raises(NodeLockedError):
+            tree.remove_value(tip.parent, "D")
+    assert tree.tier("D").evictable_bytes == 21 and tree.tier("H").evictable_bytes == 10
+    tree.check_invariants()
+
+
+def test_removing_one_tier_value_leaves_the_node_while_another_holds_it():
+    tree = two_tier_tree()
+    top = tree.match_prefix([1, 2, 3]).last_node
+    assert tree.remove_value(top, "H").n_tokens == 3
+    assert top.attached and set(top.values) == {"D"}
+    assert tree.match_prefix([1, 2, 3, 4, 5]).span("H").length == 0, "H after a hole is not usable"
+    tree.check_invariants()
+
+
+def test_insert_needs_a_tier_with_a_factory():
+    tree = RadixTree()
+    with pytest.raises(ValueError):
+        tree.insert([1], "H")
+    with pytest.raises(ValueError):
+        tree.insert([1], None, FakePayload.factory([1]))

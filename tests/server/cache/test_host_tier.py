@@ -52,3 +52,28 @@ def test_lru_makes_room_before_extracting():
     host.store(a, extractor(a, []))
     assert host.store(b, extractor(b, [])) is not None
     assert host.tree.tier("H").total_bytes == 100 and host.match(a).length == 0 and host.match(b).length == 50
+
+
+def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):
+    from server.cache.disk_tier import DiskTier
+    from tests.server.cache.test_disk_tier import kv_for
+
+    tree = RadixTree()
+    host = HostTier(tree, budget_bytes=1 << 20, policy=LRUPolicy())
+    disk = DiskTier(tree, tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    try:
+        a = list(range(100, 140))
+        stored = host.store(a, lambda s, e: kv_for(a, s, e))
+        disk.store(a, [(0, stored.last_node.values["H"])])
+        disk.wait_idle()
+        assert tree.n_nodes == 1 and set(stored.last_node.values) == {"H", "D"}, "one node, two tiers"
+        host.flush()
+        assert host.match(a).length == 0 and disk.match(a).length == len(a), "evicting H keeps D"
+        assert len(disk.load(disk.match(a)).segments) == 1
+        host.store(a, lambda s, e: kv_for(a, s, e))
+        disk.flush()
+        assert disk.match(a).length == 0 and host.match(a).length == len(a), "evicting D keeps H"
+        assert not list(disk.dir.glob("*.kvseg"))
+        tree.check_invariants()
+    finally:
+        disk.close()
