@@ -91,7 +91,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     registry = SessionRegistry()
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
-    tree = RadixTree() if tiers & {"H", "D"} else None  # one tree holds the H and D values
+    tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
     host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers else None
     disk = None
     if "D" in tiers:
@@ -99,7 +99,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy)
-    resident = (ResidentOwners(runtime, seq_ids, settings.resident_cells, registry)
+    resident = (ResidentOwners(tree, runtime, seq_ids, settings.resident_cells, registry)
                 if "S" in tiers and seq_ids.layout.owners else None)
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),

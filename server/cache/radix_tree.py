@@ -1,11 +1,13 @@
-"""One token radix tree for every stored tier (H host RAM, D disk files).
+"""One token radix tree for every KV source but the slots' own (S, H, D).
 
-Each node owns one compressed edge of tokens (``key``) and, per tier, an
-optional *value*: a payload holding that edge's KV in the tier's form (host
-views, a disk file range).  As in SGLang's HiCache, one node records every
-place its KV lives, so one walk tells how far a prompt is available in each
-tier (``MatchResult.span``), shared prefixes are indexed once for all tiers,
-and lifecycle tags and lock references mean the same thing everywhere.
+Each node owns one compressed edge of tokens (``key``) and, per stored tier,
+an optional *value*: a payload holding that edge's KV in the tier's form
+(host views, a disk file range).  A node also records its device *holders*:
+the llama.cpp sequences (resident owners) whose cells cover its range.  As in
+SGLang's HiCache, one node records every place its KV lives, so one walk
+tells how far a prompt is available in each (``MatchResult.span``,
+``MatchResult.held_span``), shared prefixes are indexed once for all, and
+lifecycle tags and lock references mean the same thing everywhere.
 
 Contracts the rest of the cache relies on:
 
@@ -19,16 +21,22 @@ Contracts the rest of the cache relies on:
   value in that tier (``span``); eviction in a tier takes values from the
   bottom of that tier's paths (a node none of whose children holds a value in
   it), so eviction itself never opens a hole.
-* Evicting a tier's value leaves the node's other tiers' values alone.  A node
-  with no value in any tier and no children is pruned (it indexes nothing).
+* A holder covers a whole path from the root: every ancestor of a node it
+  holds lists it too.  Holders are added and removed by their owner (the
+  device cells live as long as it says), never by eviction or locks.
+* Evicting a tier's value leaves the node's other tiers' values and its
+  holders alone.  A node with no value, no holder and no children is pruned
+  (it indexes nothing).
 * Nodes with ``lock_ref > 0`` lose no value in any tier and are never pruned;
   locking a node locks its whole path to the root.
-* Per-tier byte counters (``tier(t)``), ``n_nodes`` and ``n_tokens`` are kept
-  incrementally; ``check_invariants()`` recomputes them.
+* Per-tier byte counters (``tier(t)``), ``n_nodes``, ``n_tokens`` and
+  ``held_tokens`` (positions some holder covers: the cells the holders use
+  together) are kept incrementally; ``check_invariants()`` recomputes them.
 
 The tree is pure bookkeeping: it never touches llama.cpp or files.  The tiers
 turn values into KV (restore), create them (extract, write) and release what
-eviction returns.  It is not thread-safe: every user holds ``tree.mutex``
+eviction returns; the resident owners attach and free the device cells.  It
+is not thread-safe: every user holds ``tree.mutex``
 (the engine thread for H, the disk writer thread for D) around each use.
 """
 
@@ -97,7 +105,8 @@ class RadixNode:
 
     ``key`` holds this node's own tokens; ``start()`` of them precede it on the
     path.  ``values`` maps a tier name to the payload holding this edge's KV
-    in that tier.  ``sessions`` names the sessions whose radix paths pass
+    in that tier; ``holders`` are the sequence ids whose device cells cover
+    the whole path through this edge.  ``sessions`` names the sessions whose radix paths pass
     through the node (maintained by ``lifecycle.SessionRegistry``, copied on
     split).  A detached node (``attached`` False) keeps its ``parent`` pointer
     for reference but is no longer reachable from the root.
@@ -107,6 +116,7 @@ class RadixNode:
         "__weakref__",
         "attached",
         "children",
+        "holders",
         "id",
         "key",
         "last_access",
@@ -122,6 +132,7 @@ class RadixNode:
         self.parent = parent
         self.children: dict[int, RadixNode] = {}
         self.values: dict[str, SegmentPayload] = {}
+        self.holders: set[int] = set()
         self.last_access = last_access
         self.lock_ref = 0
         self.sessions: set[str] = set()
@@ -155,7 +166,8 @@ class RadixNode:
         head = ",".join(map(str, self.key[:4])) + ("..." if len(self.key) > 4 else "")
         return (
             f"RadixNode(id={self.id}, key=[{head}] ({len(self.key)}), lock_ref={self.lock_ref}, "
-            f"tiers={''.join(sorted(self.values)) or '-'}, attached={self.attached})"
+            f"tiers={''.join(sorted(self.values)) or '-'}, holders={sorted(self.holders)}, "
+            f"attached={self.attached})"
         )
 
 
@@ -208,12 +220,20 @@ class MatchResult:
     def span(self, tier: str) -> TierSpan:
         """The part of this match held in ``tier``: whole nodes until the first
         without a value there, then the partial edge if it has one."""
+        return self._span(tier, lambda node: tier in node.values)
+
+    def held_span(self) -> TierSpan:
+        """The part of this match in device cells: any holder of its deepest node
+        (``partial_node`` or ``tip``) holds all of it (tier name "S")."""
+        return self._span("S", lambda node: bool(node.holders))
+
+    def _span(self, tier: str, has: Callable[[RadixNode], bool]) -> TierSpan:
         n = 0
         length = 0
-        while n < len(self.path) and tier in self.path[n].values:
+        while n < len(self.path) and has(self.path[n]):
             length += len(self.path[n].key)
             n += 1
-        if n == len(self.path) and self.partial_node is not None and tier in self.partial_node.values:
+        if n == len(self.path) and self.partial_node is not None and has(self.partial_node):
             return TierSpan(tier, length, self.path, self.partial_node, self.partial_tokens)
         return TierSpan(tier, length, self.path[:n])
 
@@ -279,6 +299,11 @@ class TierCounters:
         return self.evictable_bytes + self.protected_bytes
 
 
+def _bare(node: RadixNode) -> bool:
+    """Indexes no KV of its own (it may still be the path to children)."""
+    return not node.values and not node.holders
+
+
 def _full_match(key: Tokens, tokens: Tokens, pos: int) -> int:
     """Length of the common prefix of ``key`` and ``tokens[pos:]``."""
     end = pos + len(key)
@@ -307,6 +332,7 @@ class RadixTree:
         self.root = RadixNode(next(self._ids), (), None, self._clock())
         self.n_nodes = 0
         self.n_tokens = 0
+        self.held_tokens = 0
         self._tiers: dict[str, TierCounters] = {}
 
     def tier(self, name: str) -> TierCounters:
@@ -437,8 +463,9 @@ class RadixTree:
         parent = child.parent
         assert parent is not None
         upper = RadixNode(next(self._ids), child.key[:offset], parent, child.last_access)
-        # Every lock and session passing through the child passes through its upper half.
+        # Every lock, holder and session passing through the child passes through its upper half.
         upper.lock_ref = child.lock_ref
+        upper.holders = set(child.holders)
         upper.sessions = set(child.sessions)
         parent.children[upper.key[0]] = upper
         child.key = child.key[offset:]
@@ -502,10 +529,31 @@ class RadixTree:
     def _prune_up(self, node: RadixNode) -> None:
         """Detach ``node`` and its ancestors while each is a bare, unlocked leaf."""
         cur: RadixNode | None = node
-        while cur is not None and not cur.is_root and cur.is_leaf and not cur.values and cur.lock_ref == 0:
+        while cur is not None and not cur.is_root and cur.is_leaf and _bare(cur) and cur.lock_ref == 0:
             parent = cur.parent
             self._detach_leaf(cur)
             cur = parent
+
+    # ---------------------------------------------------------------- holders
+
+    def add_holder(self, node: RadixNode, holder: int) -> None:
+        """Record that sequence ``holder``'s device cells cover the path to ``node``."""
+        self._require_attached(node)
+        for n in node.iter_up():
+            if not n.holders:
+                self.held_tokens += len(n.key)
+            n.holders.add(holder)
+
+    def remove_holder(self, node: RadixNode, holder: int) -> None:
+        """Undo ``add_holder(node, holder)`` (its cells are gone); bare nodes are pruned.
+        Locks do not keep a holder: the cells are freed whatever the tree says."""
+        self._require_attached(node)
+        for n in node.iter_up():
+            if holder in n.holders:
+                n.holders.remove(holder)
+                if not n.holders:
+                    self.held_tokens -= len(n.key)
+        self._prune_up(node)
 
     # ------------------------------------------------------------------ locks
 
@@ -586,7 +634,7 @@ class RadixTree:
         def offer(node: RadixNode) -> None:
             if node.is_root or not node.attached or node.lock_ref > 0:
                 return  # (a parent pruned with the bare chain its child's eviction left)
-            if not node.values and node.is_leaf:
+            if _bare(node) and node.is_leaf:
                 self._prune_up(node)  # indexes nothing: not worth a place in any tier
                 return
             if tier not in node.values or any(tier in c.values for c in node.children.values()):
@@ -613,7 +661,7 @@ class RadixTree:
 
     def _detach_leaf(self, node: RadixNode) -> None:
         parent = node.parent
-        assert parent is not None and node.is_leaf and node.lock_ref == 0 and not node.values
+        assert parent is not None and node.is_leaf and node.lock_ref == 0 and _bare(node)
         del parent.children[node.key[0]]
         node.attached = False
         self.n_nodes -= 1
@@ -638,7 +686,7 @@ class RadixTree:
         def fail(msg: str) -> None:
             raise TreeInvariantError(msg)
 
-        n_nodes = n_tokens = 0
+        n_nodes = n_tokens = held_tokens = 0
         tiers: dict[str, TierCounters] = {name: TierCounters() for name in self._tiers}
         stack = [self.root]
         while stack:
@@ -652,6 +700,10 @@ class RadixTree:
                 n_tokens += len(node.key)
                 if node.lock_ref < 0:
                     fail(f"negative lock_ref on {node!r}")
+                if node.holders:
+                    held_tokens += len(node.key)
+                if node.parent is not self.root and not node.holders <= node.parent.holders:
+                    fail(f"holders of {node!r} do not cover its whole path")
                 for tier, value in node.values.items():
                     if value.n_tokens != len(node.key):
                         fail(f"{tier} value size {value.n_tokens} != key length on {node!r}")
@@ -674,8 +726,9 @@ class RadixTree:
                 stack.append(child)
             if node is not self.root and node.lock_ref < child_locks:
                 fail(f"{node!r} has lock_ref below its children's sum {child_locks}")
-        if (n_nodes, n_tokens) != (self.n_nodes, self.n_tokens):
-            fail(f"counted {n_nodes} nodes / {n_tokens} tokens, kept {self.n_nodes} / {self.n_tokens}")
+        counted, kept_counts = (n_nodes, n_tokens, held_tokens), (self.n_nodes, self.n_tokens, self.held_tokens)
+        if counted != kept_counts:
+            fail(f"counted nodes/tokens/held tokens {counted}, kept {kept_counts}")
         kept = {name: c for name, c in self._tiers.items()}
         for name in set(tiers) | set(kept):
             if tiers.get(name, TierCounters()) != kept.get(name, TierCounters()):

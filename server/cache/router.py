@@ -6,8 +6,8 @@
 - H: segments in host RAM, restored,
 - D: segment files on disk, restored,
 
-H and D are the values of one radix tree (server/cache/radix_tree.py), so one walk of it
-says how far a prompt is held in each;
+Resident owners (S), H and D are recorded on the nodes of one radix tree
+(server/cache/radix_tree.py), so one walk of it says how far a prompt is held in each;
 
 one plan committed per request: with route `cost` (the default) the plan with the lowest
 estimated time to first token from rates measured online (server/cache/cost.py), with
@@ -100,23 +100,24 @@ class CacheRouter:
         out: list[Candidate] = []
         if "A" in self.tiers:
             out.append(Candidate("A", min(adm.common_prefix, limit)))
-        if "S" in self.tiers:
-            n, src, owner = self._best_live(adm)
-            if self.resident is not None:
-                rn, rowner = self.resident.best(prompt)
-                if rn > n:
-                    n, src, owner = rn, rowner.seq_id, rowner
-            out.append(Candidate("S", min(n, limit), src_seq=src, owner=owner))
+        rn, rowner, stored = 0, None, []
         if self.tree is not None:
-            with self.tree.mutex:  # one walk for every stored tier
+            with self.tree.mutex:  # one walk for the resident owners, H and D
                 m = self.tree.match_prefix(prompt[:limit])
+                if self.resident is not None:
+                    rn, rowner = self.resident.take(m)
                 if self.host is not None:
                     hm = self.host.take(m)
-                    out.append(Candidate("H", hm.length, host=hm))
+                    stored.append(Candidate("H", hm.length, host=hm))
                 if self.disk is not None:
                     dm = self.disk.take(m)
-                    out.append(Candidate("D", dm.length, disk=dm))
-        return out
+                    stored.append(Candidate("D", dm.length, disk=dm))
+        if "S" in self.tiers:
+            n, src, owner = self._best_live(adm)
+            if rn > n:
+                n, src, owner = rn, rowner.seq_id, rowner
+            out.append(Candidate("S", min(n, limit), src_seq=src, owner=owner))
+        return out + stored
 
     def _best_live(self, adm: Admission) -> tuple[int, int | None, None]:
         """Another slot's sequence holding the longest prefix (kept idle KV or computed tokens)."""
@@ -330,10 +331,7 @@ class CacheRouter:
             held = running.get(slot.index, slot.tokens if not slot.busy else [])
             if common_prefix_len(held, tokens) == len(tokens):
                 return True
-        if self.resident is not None:
-            return any(o.seq_id != owner_seq and common_prefix_len(o.tokens, tokens) == len(tokens)
-                       for o in self.resident.owners)
-        return False
+        return self.resident is not None and self.resident.holds(tokens, exclude=owner_seq)
 
     def _tip(self, tokens: list[int]):
         """The deepest tree node on `tokens`' path (whatever tier holds it), or None."""

@@ -2,12 +2,13 @@
 
 The reference model is a set of token-sequence prefixes per concern: ``present`` holds
 every prefix the tree keeps as structure, ``held[tier]`` the ones covered by a value in
-that tier (two tiers, H and D, as the server uses).  They are derived from the
+that tier (two tiers, H and D, as the server uses), and each device holder (a resident
+owner) the path it was attached to.  They are derived from the
 operations alone (insert adds all prefixes; eviction removes the positions of the freed
 values; pruning removes what indexes nothing any more), never from a walk of the tree,
 and the tree is compared with them after every step.  The rules check the multi-tier
-contracts: evicting one tier never loses another tier's values, locked nodes lose no
-value in any tier, a node with no value left is pruned.
+contracts: evicting one tier never loses another tier's values nor any holder, locked
+nodes lose no value in any tier, a node with no value or holder left is pruned.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.held: dict[str, set[Prefix]] = {t: set() for t in TIERS}
         self.seqs: list[Prefix] = []
         self.locks: list[RadixNode] = []
+        self.holders: dict[int, tuple[RadixNode, Prefix]] = {}  # holder id -> (its tip, its path)
         self.registry = SessionRegistry()
 
     def make_seq(self, base: int, cut: int, suffix: list[int]) -> Prefix:
@@ -69,9 +71,12 @@ class RadixMachine(RuleBasedStateMachine):
     def locked_positions(self) -> set[Prefix]:
         return set().union(*(prefixes(n.token_path()) for n in self.locks))
 
+    def device_positions(self) -> set[Prefix]:
+        return set().union(*(prefixes(seq) for _, seq in self.holders.values()))
+
     def prune_reference(self) -> None:
-        """What eviction prunes: every position no value (any tier) or lock lies at or below."""
-        anchors = self.locked_positions().union(*self.held.values())
+        """What eviction prunes: every position no value (any tier), holder or lock lies at or below."""
+        anchors = self.locked_positions().union(self.device_positions(), *self.held.values())
         self.present = {p for p in self.present if any(q[: len(p)] == p for q in anchors)}
 
     # ----------------------------------------------------------------- rules
@@ -121,6 +126,11 @@ class RadixMachine(RuleBasedStateMachine):
             assert m.partial_node.parent is m.last_node
         else:
             assert m.partial_tokens == 0
+        held = m.held_span()
+        assert held.longest == longest_in(seq, self.device_positions())
+        deepest = held.partial_node or held.tip
+        if deepest is not None:  # any holder of the deepest node holds the whole span
+            assert all(seq[: held.longest] == self.holders[h][1][: held.longest] for h in deepest.holders)
         for tier in TIERS:  # one walk answers for every tier
             span = m.span(tier)
             assert span.longest == longest_in(seq, self.held[tier])
@@ -136,6 +146,29 @@ class RadixMachine(RuleBasedStateMachine):
         if not node.is_root:
             self.tree.lock(node)
             self.locks.append(node)
+
+    @rule(holder=st.integers(0, 3), base=st.integers(0, 99), cut=st.integers(0, 8), suffix=SUFFIX)
+    def add_holder(self, holder, base, cut, suffix):
+        seq = self.make_seq(base, cut, suffix)
+        if not seq or holder in self.holders:
+            return
+        tip = self.tree.insert(seq).last_node
+        self.tree.add_holder(tip, holder)
+        self.present |= prefixes(seq)
+        self.holders[holder] = (tip, seq)
+
+    @precondition(lambda self: self.holders)
+    @rule(index=st.integers(0, 99))
+    def remove_holder(self, index):
+        holder = sorted(self.holders)[index % len(self.holders)]
+        tip, seq = self.holders.pop(holder)
+        assert tip.attached and tip.token_path() == seq, "a held tip moved or was pruned"
+        self.tree.remove_holder(tip, holder)
+        cur = tip
+        while not cur.is_root and not cur.attached:
+            assert not cur.values and not cur.holders and cur.lock_ref == 0
+            self.present -= node_positions(cur)
+            cur = cur.parent
 
     @precondition(lambda self: self.locks)
     @rule(index=st.integers(0, 99))
@@ -218,7 +251,7 @@ class RadixMachine(RuleBasedStateMachine):
         # Pruned: the node itself and bare ancestors that became leaves, all unlocked.
         cur = node
         while not cur.is_root and not cur.attached:
-            assert not cur.values and cur.lock_ref == 0
+            assert not cur.values and not cur.holders and cur.lock_ref == 0
             self.present -= node_positions(cur)
             cur = cur.parent
 
@@ -247,6 +280,11 @@ class RadixMachine(RuleBasedStateMachine):
                 assert value.path == node.token_path(), "segment off its own radix path"
         assert structure == self.present
         assert self.tree.n_tokens == len(self.present)
+        device = self.device_positions()
+        for node in self.tree.nodes():  # holders exactly where their paths run
+            pos = node_positions(node)
+            assert node.holders == {h for h, (_, seq) in self.holders.items() if pos <= prefixes(seq)}
+        assert self.tree.held_tokens == len(device), "cells held: one per distinct position"
         for tier in TIERS:
             assert held[tier] == self.held[tier]
             # Union bound: one value token per distinct cached prefix position, per tier.

@@ -380,3 +380,44 @@ def test_insert_needs_a_tier_with_a_factory():
         tree.insert([1], "H")
     with pytest.raises(ValueError):
         tree.insert([1], None, FakePayload.factory([1]))
+
+
+# ------------------------------------------------------------------- device holders
+
+
+def test_holders_cover_their_path_and_one_walk_finds_them():
+    tree = two_tier_tree()
+    tip = tree.insert([1, 2, 3, 4]).last_node  # splits (4, 5): an owner of 4 tokens
+    tree.add_holder(tip, 40)
+    m = tree.match_prefix([1, 2, 3, 4, 5, 6])
+    held = m.held_span()
+    assert held.longest == 4 and held.tip is tip and tip.holders == {40}
+    assert tip.parent.holders == {40}, "a holder holds every ancestor of its tip"
+    assert tree.held_tokens == 4
+    assert (m.span("H").longest, m.span("D").longest) == (5, 3)
+    tree.check_invariants()
+
+
+def test_eviction_keeps_holders_and_removing_the_last_holder_prunes():
+    tree = RadixTree()
+    tip = tree.insert([7, 8, 9]).last_node
+    tree.add_holder(tip, 3)
+    tree.insert([7, 8, 9], "H", FakePayload.factory([7, 8, 9]))
+    tree.flush("H")
+    assert tip.attached and tip.holders == {3}, "a node held on the device outlives its H value"
+    tree.lock(tip)
+    tree.remove_holder(tip, 3)  # the cells are gone whatever the locks say
+    assert tree.held_tokens == 0 and tip.attached, "a locked node is not pruned"
+    tree.unlock(tip)
+    tree.flush("H")
+    assert not tip.attached and tree.n_nodes == 0
+    tree.check_invariants()
+
+
+def test_a_split_keeps_holders_on_both_halves():
+    tree = RadixTree()
+    tip = tree.insert([1, 2, 3, 4]).last_node
+    tree.add_holder(tip, 1)
+    upper = tree.split_node(tip, 2)
+    assert upper.holders == tip.holders == {1} and tree.held_tokens == 4
+    tree.check_invariants()
