@@ -6,9 +6,6 @@
 - H: segments in host RAM, restored,
 - D: segment files on disk, restored,
 
-Resident owners (S), H and D are recorded on the nodes of one radix tree
-(server/cache/radix_tree.py), so one walk of it says how far a prompt is held in each;
-
 one plan committed per request: with route `cost` (the default) the plan with the lowest
 estimated time to first token from rates measured online (server/cache/cost.py), with
 route `longest` the longest match; ties A > S > H > D. Any failure while
@@ -19,6 +16,12 @@ write-back: only when a device copy is about to be lost (a slot taken for anothe
 a resident owner evicted, an idle slot's KV dropped for room), increments only, and not
 when another slot or owner still holds the same tokens. Requests that arrive while another one is still computing a long common prefix
 wait for it and then attach (in-flight sharing), instead of computing it twice.
+
+Resident owners, H and D are recorded on the nodes of one radix tree (server/cache/
+radix_tree.py), so one walk of it says how far a prompt is held in each. Slots stay
+per-slot token lists (`_best_live`): a running slot's tokens change at every decode step,
+so indexing them would cost a tree update per token, while scanning the few slots costs
+one prefix comparison each per admission.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class CacheRouter:
         self.slots = slots
         self.running = running
         self.tiers = tiers
-        self.tree = tree  # the one tree whose H and D values `host` and `disk` keep
+        self.tree = tree  # the one tree indexing the resident owners, H and D
         self.host = host
         self.disk = disk
         self.resident = resident
@@ -273,7 +276,7 @@ class CacheRouter:
         if len(tokens) >= self.min_tokens:
             self._publish(seq, tokens, hint)
         if hint is not None:
-            self.registry.observe(hint, self._tip(tokens))
+            self._observe_hint(hint, tokens)
             self._slot_hints[seq.slot.index] = hint
 
     # ------------------------------------------------------------- write-back
@@ -305,7 +308,8 @@ class CacheRouter:
         tip = self._timed_store(slot.seq_id, tokens)
         hint = self._slot_hints.pop(slot.index, None)
         if hint is not None and hint.session and tip is not None:
-            self.registry.tag(hint.session, tip)
+            with self.tree.mutex:
+                self.registry.tag(hint.session, tip)
 
     def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
         """A resident owner is being evicted (its cells may be freed)."""
@@ -333,13 +337,16 @@ class CacheRouter:
                 return True
         return self.resident is not None and self.resident.holds(tokens, exclude=owner_seq)
 
-    def _tip(self, tokens: list[int]):
-        """The deepest tree node on `tokens`' path (whatever tier holds it), or None."""
+    def _observe_hint(self, hint, tokens: list[int]) -> None:
+        """Record a request's hint, tagging the path to the deepest tree node on `tokens`
+        (whichever source holds it). Tags are written under the tree's mutex: the disk
+        writer may split a node meanwhile, and a split copies the node's tags."""
         if self.tree is None:
-            return None
+            self.registry.observe(hint, None)
+            return
         with self.tree.mutex:
             node = self.tree.match_prefix(tokens, touch=False).last_node
-            return None if node.is_root else node
+            self.registry.observe(hint, None if node.is_root else node)
 
     def _observe_prefill(self, seq: Sequence) -> None:
         """Computed prompt tokens over admission-to-first-token, less the cache's own work."""
@@ -393,6 +400,13 @@ class CacheRouter:
         if slots.drop_oldest_idle(self.drop_idle_slot):
             return True
         return self.resident is not None and self.resident.evict_one()
+
+    def tree_stats(self) -> dict | None:
+        """The shared tree's size: nodes, tokens on them, and tokens some owner holds."""
+        if self.tree is None:
+            return None
+        with self.tree.mutex:
+            return {"nodes": self.tree.n_nodes, "tokens": self.tree.n_tokens, "held_tokens": self.tree.held_tokens}
 
     def flush(self) -> dict:
         freed = {}
