@@ -349,7 +349,7 @@ class RadixTree:
         ``span(tier)`` of the result says what each tier holds of it.
 
         With ``touch`` the matched whole nodes get a fresh ``last_access`` stamp
-        (the partial node does not; the caller touches it if it uses it).
+        (the partial node does not: it may not be used).
         """
         tokens = tuple(tokens)
         node = self.root
@@ -592,12 +592,6 @@ class RadixTree:
         finally:
             self.unlock(node)
 
-    def touch(self, node: RadixNode) -> None:
-        """Stamp ``node`` and its ancestors as just used."""
-        stamp = self._clock()
-        for n in node.iter_up():
-            n.last_access = stamp
-
     # --------------------------------------------------------------- eviction
 
     def evict(self, bytes_needed: int, tier: str, policy: EvictionPolicy | None = None) -> EvictResult:
@@ -676,9 +670,6 @@ class RadixTree:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-    def leaves(self) -> Iterator[RadixNode]:
-        return (n for n in self.nodes() if n.is_leaf)
 
     def check_invariants(self) -> None:
         """Recompute structure and counters from scratch; raise TreeInvariantError on mismatch."""

@@ -128,7 +128,7 @@ def test_split_of_a_locked_node_keeps_the_lock_on_both_halves():
     tree.check_invariants()
 
 
-def test_payload_of_wrong_size_is_rejected_and_leaves_tree_unchanged():
+def test_value_of_wrong_size_is_rejected_and_leaves_tree_unchanged():
     tree = RadixTree()
     with pytest.raises(PayloadSizeError):
         tree.insert([1, 2, 3], "H", lambda s, e: FakePayload(2))
@@ -176,7 +176,7 @@ def test_insert_fills_missing_payloads_on_an_existing_path():
     tree.check_invariants()
 
 
-def test_remove_payload_prunes_bare_leaves_up_the_path():
+def test_remove_value_prunes_bare_leaves_up_the_path():
     tree = RadixTree()
     tree.insert([1, 2])  # structure only, no value
     tip = tree.insert([1, 2, 3, 4], "H", FakePayload.factory([1, 2, 3, 4]), fill_missing=False).last_node
@@ -186,7 +186,7 @@ def test_remove_payload_prunes_bare_leaves_up_the_path():
     tree.check_invariants()
 
 
-def test_remove_payload_refuses_locked_and_detached_nodes():
+def test_remove_value_refuses_locked_and_detached_nodes():
     tree, insert = simulated_tree()
     tip = insert([1, 2]).last_node
     with tree.locked(tip), pytest.raises(NodeLockedError):
