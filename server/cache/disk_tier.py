@@ -420,7 +420,7 @@ class DiskTier:
     # ------------------------------------------------------------------ store
     def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Queue the path `tokens` for writing; `ranges` are (start, segment) pairs covering
-        as much of it as the caller holds. Only what the disk tree lacks is written."""
+        as much of it as the caller holds. Only what the tree holds no D value for is written."""
         self._queue.put((list(tokens), ranges))
 
     def _write_loop(self) -> None:

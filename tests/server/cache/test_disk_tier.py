@@ -85,3 +85,18 @@ def test_files_are_reindexed_after_a_restart(tmp_path):
         assert [p for s in tier.load(m).segments for p in positions(s)] == list(range(len(a)))
     finally:
         tier.close()
+
+
+def test_a_match_whose_d_values_went_is_refused_though_h_keeps_the_nodes(disk):
+    a = list(range(300, 340))
+    disk.tree.insert(a, "H", lambda s, e: kv_for(a, s, e))  # tier H holds the same node
+    disk.store(a, [(0, kv_for(a, 0, len(a)))])
+    disk.wait_idle()
+    match = disk.match(a)
+    assert match.length == len(a)
+    disk.flush()  # the writer's eviction, between a request's match and its read
+    assert match.node.attached and "H" in match.node.values
+    with pytest.raises(DiskSegmentError, match="evicted before they were read"):
+        disk.load(match)
+    assert match.node.lock_ref == 0
+    disk.tree.check_invariants()
