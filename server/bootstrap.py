@@ -19,6 +19,7 @@ from server.cache.fingerprint import model_fingerprint
 from server.cache.host_tier import HostTier
 from server.cache.kv_ops import KVOps
 from server.cache.lifecycle import SessionRegistry
+from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
 from server.cache.router import CacheRouter
 from server.engine.embedder import Embedder, EmbeddingsUnavailable
@@ -90,18 +91,19 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     registry = SessionRegistry()
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
-    host = HostTier(settings.cache_ram * 1024 * 1024, policy) if "H" in tiers else None
+    tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
+    host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers else None
     disk = None
     if "D" in tiers:
         info = runtime.info
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
-        disk = DiskTier(settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy)
-    resident = (ResidentOwners(runtime, seq_ids, settings.resident_cells, registry)
+        disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy)
+    resident = (ResidentOwners(tree, runtime, seq_ids, settings.resident_cells, registry)
                 if "S" in tiers and seq_ids.layout.owners else None)
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),
-        tiers=tiers, host=host, disk=disk, resident=resident, registry=registry,
+        tiers=tiers, tree=tree, host=host, disk=disk, resident=resident, registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024,
     )

@@ -92,6 +92,8 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
         "arbor:cache_fallbacks": ("Restores that failed and fell back to computing.", r.fallbacks),
         "arbor:cache_deferrals": ("Requests deferred (at least once) to share an in-flight prefix.", r.deferrals),
     }
+    if r.tree is not None:
+        out["arbor:cache_tree_nodes"] = ("Nodes of the radix tree that indexes S owners, H and D.", r.tree.n_nodes)
     for tier, name in ((r.host, "host"), (r.disk, "disk")):
         if tier is not None:
             st = tier.stats()

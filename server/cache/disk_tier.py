@@ -22,11 +22,13 @@ checksum mismatch, at start or at restore) and `foreign_files` (another model, K
 or format version; left on disk, never loaded). A restore that fails falls back to
 computing the prompt (server/cache/router.py), so a bad file costs time, never an answer.
 
-Files are written by a writer thread, so storing never waits on the disk, and the tree
-lock is never held during file I/O: the writer decides what is missing under the lock,
-writes the file without it, then indexes it under the lock. A tree node holds a
-`DiskSegment`, a token range of one file; splitting a node splits the range (no I/O) and
-a file is deleted when no node refers to it any more.
+The index is the "D" values of the radix tree shared with tier H (server/cache/
+radix_tree.py): a node's D value is a `DiskSegment`, a token range of one file; splitting
+a node (by either tier) splits the range (no I/O) and a file is deleted when no node
+refers to it any more. Evicting D values never drops a node's H value, and the D budget
+counts D values only. Files are written by a writer thread, so storing never waits on the
+disk, and the tree lock is never held during file I/O: the writer decides what is missing
+under the lock, writes the file without it, then indexes it under the lock.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ import numpy as np
 from server.cache.eviction import EvictionPolicy
 from server.cache.host_tier import TierMatch
 from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
-from server.cache.radix_tree import RadixNode, RadixTree
+from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree
 
 log = logging.getLogger(__name__)
 
+TIER = "D"
 MAGIC = b"ARBORKV3"
 FAMILY = b"ARBORKV"  # any version of the format: an older one is foreign, not corrupt
 VERSION = 3
@@ -85,7 +88,7 @@ class SegmentFile:
 
 @dataclass(eq=False)
 class DiskSegment:
-    """Payload of a disk-tree node: positions [start, end) of one segment file."""
+    """A node's D value: positions [start, end) of one segment file."""
 
     file: SegmentFile
     start: int
@@ -247,16 +250,17 @@ class DiskMatch:
 
 
 class DiskTier:
-    name = "D"
+    name = TIER
 
-    def __init__(self, directory: Path, budget_bytes: int, fingerprint: str, policy: EvictionPolicy):
+    def __init__(self, tree: RadixTree, directory: Path, budget_bytes: int, fingerprint: str,
+                 policy: EvictionPolicy):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.budget_bytes = budget_bytes
         self.fingerprint = fingerprint
         self.policy = policy
-        self.tree = RadixTree(on_evict=lambda node: self._release(node.payload))
-        self._lock = threading.Lock()
+        self.tree = tree
+        self._lock = tree.mutex  # shared with tier H: every use of the tree holds it
         self._doomed: list[Path] = []  # files no node uses any more; unlinked outside the lock
         self._queue: queue.Queue = queue.Queue()
         self.hits = 0
@@ -275,8 +279,8 @@ class DiskTier:
         return DiskSegment(file, s, e)
 
     def _release(self, seg: DiskSegment | None) -> None:
-        """A node dropped its range (caller holds the lock or owns the tree alone)."""
-        if isinstance(seg, DiskSegment) and not seg.released:
+        """A node dropped its range (caller holds the lock)."""
+        if seg is not None and not seg.released:
             seg.released = True
             seg.file.refs -= 1
             if seg.file.refs <= 0:
@@ -296,7 +300,7 @@ class DiskTier:
         def give(s: int, e: int) -> DiskSegment | None:
             return self._use(file, s, e) if file.start <= s and e <= end else None
 
-        self.tree.insert(tokens[:end], give)
+        self.tree.insert(tokens[:end], TIER, give)
         if file.refs == 0:
             self._doomed.append(file.path)
 
@@ -320,13 +324,13 @@ class DiskTier:
                 self.skipped_files += 1
                 self._count(exc)
                 log.warning("disk cache: %s; skipped", exc)
-        for tokens, file in sorted(entries, key=lambda e: (e[1].start, len(e[0]))):
-            if file.start > 0:
-                self.tree.insert(tokens[: file.start])  # a hole until its parent's file is placed
-            self._place(tokens, file)
-        over = self.tree.total_bytes - self.budget_bytes
-        if over > 0:  # started with a smaller budget than the files were written under
-            self.evictions += len(self.tree.evict(over, self.policy).freed_nodes)
+        with self._lock:
+            for tokens, file in sorted(entries, key=lambda e: (e[1].start, len(e[0]))):
+                if file.start > 0:
+                    self.tree.insert(tokens[: file.start])  # a hole until its parent's file is placed
+                self._place(tokens, file)
+            # over budget when started with a smaller budget than the files were written under
+            self._evict(self.tree.tier(TIER).total_bytes - self.budget_bytes)
         self._unlink_doomed()
         if entries or self.skipped_files:
             log.info("disk cache: indexed %d segment files from %s (%d skipped: %d corrupt, %d foreign)",
@@ -338,17 +342,32 @@ class DiskTier:
         elif isinstance(exc, CorruptSegmentFile):
             self.corrupt_files += 1
 
+    def _evict(self, over: int) -> None:
+        """Free `over` bytes of D values (caller holds the lock); their files go when unused."""
+        if over > 0:
+            self._released(self.tree.evict(over, TIER, self.policy))
+
+    def _released(self, res: EvictResult) -> None:
+        self.evictions += len(res.freed)
+        for _, seg in res.freed:
+            self._release(seg)
+
     # ------------------------------------------------------------------ match
+    def take(self, m: MatchResult) -> DiskMatch:
+        """What D holds of a match of the shared tree (caller holds the lock); the last
+        range may be used only partly."""
+        span = m.span(TIER)
+        parts = [(n.values[TIER], len(n.key)) for n in span.nodes]
+        node = span.tip
+        if span.partial_node is not None:
+            parts.append((span.partial_node.values[TIER], span.partial_tokens))
+            node = span.partial_node
+        return DiskMatch(span.longest, parts, node)
+
     def match(self, tokens: list[int]) -> DiskMatch:
-        """Longest prefix held on disk (the last range may be used only partly)."""
+        """Longest prefix held on disk."""
         with self._lock:
-            m = self.tree.match_prefix(tokens, require_payload=True, touch=True)
-            parts = [(n.payload, len(n.key)) for n in m.path]
-            node = m.path[-1] if m.path else None
-            if m.partial_node is not None and m.partial_node.payload is not None and m.partial_tokens > 0:
-                parts.append((m.partial_node.payload, m.partial_tokens))
-                node = m.partial_node
-            return DiskMatch(sum(n for _, n in parts), parts, node)
+            return self.take(self.tree.match_prefix(tokens))
 
     def held(self, tokens: list[int]) -> int:
         return self.match(tokens).length
@@ -361,7 +380,8 @@ class DiskTier:
         if match.node is None:
             return TierMatch(0, [], None)
         with self._lock:
-            if not match.node.attached:
+            # Evicting D values leaves a node attached while it holds H: check the values.
+            if not match.node.attached or any(TIER not in n.values for n in match.node.iter_up()):
                 raise DiskSegmentError("the matched segments were evicted before they were read")
             self.tree.lock(match.node)
         bad: SegmentFile | None = None
@@ -393,14 +413,14 @@ class DiskTier:
         """Take every unlocked range of a bad file out of the index (a range another
         request holds locked goes at its own failed read or at eviction)."""
         with self._lock:
-            for node in [n for n in self.tree.nodes() if isinstance(n.payload, DiskSegment) and n.payload.file is file]:
+            for node in [n for n in self.tree.nodes() if TIER in n.values and n.values[TIER].file is file]:
                 if node.lock_ref == 0:
-                    self._release(self.tree.remove_payload(node))
+                    self._release(self.tree.remove_value(node, TIER))
 
     # ------------------------------------------------------------------ store
     def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Queue the path `tokens` for writing; `ranges` are (start, segment) pairs covering
-        as much of it as the caller holds. Only what the disk tree lacks is written."""
+        as much of it as the caller holds. Only what the tree holds no D value for is written."""
         self._queue.put((list(tokens), ranges))
 
     def _write_loop(self) -> None:
@@ -428,9 +448,7 @@ class DiskTier:
         file = write_segment_file(self.dir, self.fingerprint, tokens, seg)
         with self._lock:
             self._place(tokens, file)
-            over = self.tree.total_bytes - self.budget_bytes
-            if over > 0:
-                self.evictions += len(self.tree.evict(over, self.policy).freed_nodes)
+            self._evict(self.tree.tier(TIER).total_bytes - self.budget_bytes)
         self._unlink_doomed()
 
     def wait_idle(self) -> None:
@@ -440,8 +458,8 @@ class DiskTier:
     def flush(self) -> int:
         self.wait_idle()
         with self._lock:
-            res = self.tree.flush(self.policy)
-            self.evictions += len(res.freed_nodes)
+            res = self.tree.flush(TIER, self.policy)
+            self._released(res)
         self._unlink_doomed()
         return res.freed_bytes
 
@@ -451,11 +469,11 @@ class DiskTier:
 
     def stats(self) -> dict:
         with self._lock:
-            s = self.tree.stats()
+            c = self.tree.tier(TIER)
             # nodes split from one write share its file, so files <= entries; every file the
             # index uses should exist on disk, and no other file should
-            files = len({n.payload.file.path for n in self.tree.nodes() if isinstance(n.payload, DiskSegment)})
-        return {"entries": s.n_payloads, "files": files, "tokens": s.payload_tokens, "bytes": s.total_bytes,
+            files = len({n.values[TIER].file.path for n in self.tree.nodes() if TIER in n.values})
+        return {"entries": c.n_payloads, "files": files, "tokens": c.payload_tokens, "bytes": c.total_bytes,
                 "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
                 "skipped_files": self.skipped_files, "corrupt_files": self.corrupt_files,
                 "foreign_files": self.foreign_files, "write_errors": self.write_errors,

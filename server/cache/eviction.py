@@ -1,9 +1,9 @@
-"""Eviction policies and byte budgets for the radix tree.
+"""Eviction policies and per-tier byte budgets for the radix tree.
 
-A policy is a small object whose ``priority(node)`` gives the sort key of an
-evictable leaf: the smallest key is evicted first, None means "not now"
-(the tree skips the node).  Keys of one policy must be mutually comparable.
-The tree computes keys when a leaf becomes a candidate within one ``evict``
+A policy is a small object whose ``priority(node)`` gives the sort key of a
+node whose value in the tier being evicted may go: the smallest key is
+evicted first, None means "not now" (the tree skips the node).  Keys of one policy must be mutually comparable.
+The tree computes keys when a node becomes a candidate within one ``evict``
 call, so a policy must not depend on state that changes during eviction.
 """
 
@@ -51,8 +51,9 @@ class LifecyclePolicy:
     (``RadixNode.sessions``, kept by ``SessionRegistry``): pinned -> never
     evicted while pinned; any ``tool_wait`` -> last; all ``done`` -> first;
     otherwise (active, or no known session) -> in between.  LRU within a class.
-    Tags propagate to ancestors, so a pinned or tool-waiting leaf protects its
-    whole path; a parent is only a candidate once its children are gone.
+    Tags propagate to ancestors, so a pinned or tool-waiting tip protects its
+    whole path; in each tier a parent is only a candidate once its children
+    hold nothing there.  One policy serves every tier of the one tree.
     """
 
     name = "lifecycle"
@@ -100,13 +101,15 @@ class ByteBudget:
 
 def enforce_budget(
     tree: RadixTree,
+    tier: str,
     budget: ByteBudget,
     policy: EvictionPolicy | None = None,
     incoming_bytes: int = 0,
 ) -> EvictResult:
-    """Evict exactly the overflow of ``tree.total_bytes + incoming_bytes`` over ``budget``.
+    """Evict exactly the overflow of ``tier``'s bytes + ``incoming_bytes`` over ``budget``.
 
-    Check ``result.satisfied``: locked or pinned nodes may leave the tree over
-    budget, and the caller then declines to store the incoming payload.
+    Only ``tier``'s values go (a node keeps what other tiers hold of it). Check
+    ``result.satisfied``: locked or pinned nodes may leave the tier over budget,
+    and the caller then declines to store the incoming payload.
     """
-    return tree.evict(budget.over_by(tree.total_bytes, incoming_bytes), policy)
+    return tree.evict(budget.over_by(tree.tier(tier).total_bytes, incoming_bytes), tier, policy)

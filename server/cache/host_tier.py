@@ -1,11 +1,14 @@
-"""Tier H: KV segments in host RAM, one radix tree within a byte budget.
+"""Tier H: KV segments in host RAM, as the "H" values of the shared radix tree, within a
+byte budget.
 
-Only increments are stored: inserting a token path asks the extractor for the ranges the
-tree does not hold yet, and a segment is kept as views over the one buffer llama.cpp wrote
-(no further copy; a split keeps both halves on that buffer). A match may end inside an
-edge; the usable part of that edge is sliced from its segment without changing the tree.
-The byte budget is a hard limit: when locked or pinned nodes cannot be evicted to make
-room, the store is declined (nothing is extracted, or what was inserted is taken out).
+Only increments are stored: inserting a token path asks the extractor for the ranges whose
+nodes hold no H value yet, and a segment is kept as views over the one buffer llama.cpp
+wrote (no further copy; a split keeps both halves on that buffer). A match may end inside
+an edge; the usable part of that edge is sliced from its segment without changing the tree.
+The byte budget is a hard limit on H values only (evicting them keeps the nodes' D
+values): when locked or pinned nodes cannot be evicted to make room, the store is declined
+(nothing is extracted, or what was inserted is taken out). The disk writer thread shares
+the tree, so every use holds `tree.mutex`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from dataclasses import dataclass
 
 from server.cache.eviction import ByteBudget, EvictionPolicy, enforce_budget
 from server.cache.kv_format import KVSegment
-from server.cache.radix_tree import InsertResult, RadixNode, RadixTree
+from server.cache.radix_tree import InsertResult, MatchResult, RadixNode, RadixTree
+
+TIER = "H"
 
 
 @dataclass(frozen=True)
@@ -24,14 +29,14 @@ class TierMatch:
 
     length: int
     segments: list[KVSegment]
-    tip: RadixNode | None  # deepest whole node used
+    tip: RadixNode | None  # deepest whole node used: lock it while the segments are restored
 
 
 class HostTier:
-    name = "H"
+    name = TIER
 
-    def __init__(self, budget_bytes: int, policy: EvictionPolicy):
-        self.tree = RadixTree()
+    def __init__(self, tree: RadixTree, budget_bytes: int, policy: EvictionPolicy):
+        self.tree = tree
         self.budget_bytes = budget_bytes
         self.policy = policy
         self.hits = 0
@@ -40,31 +45,35 @@ class HostTier:
         self.declined = 0
         self.bytes_per_token = 0  # learnt from the first stored segment (KV layout)
 
+    def take(self, m: MatchResult) -> TierMatch:
+        """What H holds of a match of the shared tree (caller holds `tree.mutex`)."""
+        span = m.span(TIER)
+        segments = [n.values[TIER] for n in span.nodes]
+        if span.partial_node is not None:
+            segments.append(span.partial_node.values[TIER].slice(0, span.partial_tokens))
+        return TierMatch(span.longest, segments, span.tip)
+
     def match(self, tokens: list[int]) -> TierMatch:
-        m = self.tree.match_prefix(tokens, require_payload=True, touch=True)
-        segments = [n.payload for n in m.path]
-        length = m.length
-        if m.partial_node is not None and m.partial_node.payload is not None and m.partial_tokens > 0:
-            segments.append(m.partial_node.payload.slice(0, m.partial_tokens))
-            length += m.partial_tokens
-        return TierMatch(length, segments, m.last_node if m.path else None)
+        with self.tree.mutex:
+            return self.take(self.tree.match_prefix(tokens))
 
     def store(self, tokens: list[int], extract: Callable[[int, int], KVSegment]) -> InsertResult | None:
-        """Add the path; extract(start, end) is called only for ranges not held yet.
+        """Add the path; extract(start, end) is called only for ranges H does not hold yet.
         Returns None when the budget cannot make room (the store is declined)."""
-        have = self.tree.match_prefix(tokens, require_payload=True, touch=False).longest
-        incoming = (len(tokens) - have) * self.bytes_per_token
-        if incoming and not self._make_room(incoming):
-            self.declined += 1
-            return None
-        result = self.tree.insert(tokens, self._remember_layout(extract))
-        if self.tree.total_bytes > self.budget_bytes and not self._make_room(0):
-            for node in result.new_nodes + result.filled_nodes:
-                if node.attached and node.payload is not None and node.lock_ref == 0:
-                    self.tree.remove_payload(node)
-            self.declined += 1
-            return None
-        return result
+        with self.tree.mutex:
+            have = self.tree.match_prefix(tokens, touch=False).span(TIER).longest
+            incoming = (len(tokens) - have) * self.bytes_per_token
+            if incoming and not self._make_room(incoming):
+                self.declined += 1
+                return None
+            result = self.tree.insert(tokens, TIER, self._remember_layout(extract))
+            if self.tree.tier(TIER).total_bytes > self.budget_bytes and not self._make_room(0):
+                for node in result.new_nodes + result.filled_nodes:
+                    if node.attached and TIER in node.values and node.lock_ref == 0:
+                        self.tree.remove_value(node, TIER)
+                self.declined += 1
+                return None
+            return result
 
     def _remember_layout(self, extract: Callable[[int, int], KVSegment]) -> Callable[[int, int], KVSegment]:
         def wrapped(s: int, e: int) -> KVSegment:
@@ -74,18 +83,20 @@ class HostTier:
         return wrapped
 
     def _make_room(self, incoming: int) -> bool:
-        res = enforce_budget(self.tree, ByteBudget(self.budget_bytes), self.policy, incoming)
-        self.evictions += len(res.freed_nodes)
+        res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming)
+        self.evictions += len(res.freed)
         self.evicted_bytes += res.freed_bytes
         return res.satisfied
 
     def flush(self) -> int:
-        res = self.tree.flush(self.policy)
-        self.evictions += len(res.freed_nodes)
+        with self.tree.mutex:
+            res = self.tree.flush(TIER, self.policy)
+        self.evictions += len(res.freed)
         return res.freed_bytes
 
     def stats(self) -> dict:
-        s = self.tree.stats()
-        return {"entries": s.n_payloads, "tokens": s.payload_tokens, "bytes": s.total_bytes,
-                "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
-                "evicted_bytes": self.evicted_bytes, "declined": self.declined}
+        with self.tree.mutex:
+            c = self.tree.tier(TIER)
+            return {"entries": c.n_payloads, "tokens": c.payload_tokens, "bytes": c.total_bytes,
+                    "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
+                    "evicted_bytes": self.evicted_bytes, "declined": self.declined}

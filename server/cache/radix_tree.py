@@ -1,33 +1,50 @@
-"""Token-level radix tree of KV segments (Host Radix + Direct KV).
+"""One token radix tree for every KV source but the slots' own (S, H, D).
 
-Each node owns one compressed edge of tokens (``key``) and, optionally, an
-opaque ``payload`` that covers exactly that edge: a *segment*.  A request's
-cached prefix is the concatenation of the segments along its radix path, so
-the tree stores shared prefixes once and each branch only as its increment.
+Each node owns one compressed edge of tokens (``key``) and, per stored tier,
+an optional *value*: a payload holding that edge's KV in the tier's form
+(host views, a disk file range).  A node also records its device *holders*:
+the llama.cpp sequences (resident owners) whose cells cover its range.  As in
+SGLang's HiCache, one node records every place its KV lives, so one walk
+tells how far a prompt is available in each (``MatchResult.span``,
+``MatchResult.held_span``), shared prefixes are indexed once for all, and
+lifecycle tags and lock references mean the same thing everywhere.
 
 Contracts the rest of the cache relies on:
 
-* A segment's KV is valid only on its own radix path (the KV of a token
-  depends on every token before it).  The tree never moves a payload to
-  another path; splitting an edge splits its payload with it.
-* ``payload.n_tokens == len(node.key)`` whenever a payload is present.
+* A value's KV is valid only on its own radix path (the KV of a token
+  depends on every token before it).  The tree never moves a value to
+  another path; splitting an edge splits every value with it.
+* ``value.n_tokens == len(node.key)`` for every value of a node.
 * A node's key is never empty (except the root's); no two siblings share a
   first token.
-* Nodes with ``lock_ref > 0`` are never evicted; locking a node locks its
-  whole path to the root.
-* ``evictable_bytes``/``protected_bytes``/``total_bytes``/``n_nodes``/
-  ``n_tokens`` are kept incrementally; ``check_invariants()`` recomputes them.
+* A tier's prefix is usable only up to the first node on the path without a
+  value in that tier (``span``); eviction in a tier takes values from the
+  bottom of that tier's paths (a node none of whose children holds a value in
+  it), so eviction itself never opens a hole.
+* A holder covers a whole path from the root: every ancestor of a node it
+  holds lists it too.  Holders are added and removed by their owner (the
+  device cells live as long as it says), never by eviction or locks.
+* Evicting a tier's value leaves the node's other tiers' values and its
+  holders alone.  A node with no value, no holder and no children is pruned
+  (it indexes nothing).
+* Nodes with ``lock_ref > 0`` lose no value in any tier and are never pruned;
+  locking a node locks its whole path to the root.
+* Per-tier byte counters (``tier(t)``), ``n_nodes``, ``n_tokens`` and
+  ``held_tokens`` (positions some holder covers: the cells the holders use
+  together) are kept incrementally; ``check_invariants()`` recomputes them.
 
-The tree is pure bookkeeping: it never touches llama.cpp.  The owner turns
-payloads into KV (restore), creates them (extract) and releases them (the
-``on_evict`` hook).  It is not thread-safe: the owner serialises access
-(the engine loop is one thread).
+The tree is pure bookkeeping: it never touches llama.cpp or files.  The tiers
+turn values into KV (restore), create them (extract, write) and release what
+eviction returns; the resident owners attach and free the device cells.  It
+is not thread-safe: every user holds ``tree.mutex``
+(the engine thread for H, the disk writer thread for D) around each use.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,7 +89,7 @@ class NodeLockedError(RadixTreeError):
 
 
 class DetachedNodeError(RadixTreeError):
-    """The node is no longer in the tree (it was evicted or pruned)."""
+    """The node is no longer in the tree (it was pruned)."""
 
 
 class PayloadSizeError(RadixTreeError, ValueError):
@@ -87,23 +104,26 @@ class RadixNode:
     """One compressed edge of the tree.
 
     ``key`` holds this node's own tokens; ``start()`` of them precede it on the
-    path.  ``sessions`` names the sessions whose radix paths pass through the
-    node (maintained by ``lifecycle.SessionRegistry``, copied on split).  A
-    detached node (``attached`` False) keeps its ``parent`` pointer for
-    reference but is no longer reachable from the root.
+    path.  ``values`` maps a tier name to the payload holding this edge's KV
+    in that tier; ``holders`` are the sequence ids whose device cells cover
+    the whole path through this edge.  ``sessions`` names the sessions whose radix paths pass
+    through the node (maintained by ``lifecycle.SessionRegistry``, copied on
+    split).  A detached node (``attached`` False) keeps its ``parent`` pointer
+    for reference but is no longer reachable from the root.
     """
 
     __slots__ = (
         "__weakref__",
         "attached",
         "children",
+        "holders",
         "id",
         "key",
         "last_access",
         "lock_ref",
         "parent",
-        "payload",
         "sessions",
+        "values",
     )
 
     def __init__(self, node_id: int, key: Tokens, parent: RadixNode | None, last_access: float) -> None:
@@ -111,7 +131,8 @@ class RadixNode:
         self.key: Tokens = key
         self.parent = parent
         self.children: dict[int, RadixNode] = {}
-        self.payload: SegmentPayload | None = None
+        self.values: dict[str, SegmentPayload] = {}
+        self.holders: set[int] = set()
         self.last_access = last_access
         self.lock_ref = 0
         self.sessions: set[str] = set()
@@ -145,19 +166,44 @@ class RadixNode:
         head = ",".join(map(str, self.key[:4])) + ("..." if len(self.key) > 4 else "")
         return (
             f"RadixNode(id={self.id}, key=[{head}] ({len(self.key)}), lock_ref={self.lock_ref}, "
-            f"payload={'yes' if self.payload is not None else 'no'}, attached={self.attached})"
+            f"tiers={''.join(sorted(self.values)) or '-'}, holders={sorted(self.holders)}, "
+            f"attached={self.attached})"
         )
 
 
 @dataclass(frozen=True)
+class TierSpan:
+    """How far a matched prefix is available in one tier.
+
+    ``nodes`` are the whole nodes from the root that all hold a value in the
+    tier (``length`` tokens); the prefix may continue ``partial_tokens`` into
+    ``partial_node``'s value (usable as a slice of it, or after a split).
+    """
+
+    tier: str
+    length: int
+    nodes: tuple[RadixNode, ...]
+    partial_node: RadixNode | None = None
+    partial_tokens: int = 0
+
+    @property
+    def longest(self) -> int:
+        return self.length + self.partial_tokens
+
+    @property
+    def tip(self) -> RadixNode | None:
+        """The deepest whole node of the span, or None when it is empty."""
+        return self.nodes[-1] if self.nodes else None
+
+
+@dataclass(frozen=True)
 class MatchResult:
-    """Longest prefix of a token sequence present in the tree.
+    """Longest prefix of a token sequence present in the tree as structure.
 
     ``length`` tokens are covered by the whole nodes in ``path`` (root
     excluded; ``last_node`` is the deepest of them, or the root).  The match
-    may continue ``partial_tokens`` tokens into ``partial_node``'s edge; those
-    are usable only after ``RadixTree.split_node(partial_node, partial_tokens)``
-    (the caller decides whether a split is worth it).
+    may continue ``partial_tokens`` tokens into ``partial_node``'s edge.
+    ``span(tier)`` says how much of it a tier can serve.
     """
 
     length: int
@@ -171,6 +217,26 @@ class MatchResult:
         """Tokens matched including the partial overlap into the next edge."""
         return self.length + self.partial_tokens
 
+    def span(self, tier: str) -> TierSpan:
+        """The part of this match held in ``tier``: whole nodes until the first
+        without a value there, then the partial edge if it has one."""
+        return self._span(tier, lambda node: tier in node.values)
+
+    def held_span(self) -> TierSpan:
+        """The part of this match in device cells: any holder of its deepest node
+        (``partial_node`` or ``tip``) holds all of it (tier name "S")."""
+        return self._span("S", lambda node: bool(node.holders))
+
+    def _span(self, tier: str, has: Callable[[RadixNode], bool]) -> TierSpan:
+        n = 0
+        length = 0
+        while n < len(self.path) and has(self.path[n]):
+            length += len(self.path[n].key)
+            n += 1
+        if n == len(self.path) and self.partial_node is not None and has(self.partial_node):
+            return TierSpan(tier, length, self.path, self.partial_node, self.partial_tokens)
+        return TierSpan(tier, length, self.path[:n])
+
 
 @dataclass(frozen=True)
 class InsertResult:
@@ -178,7 +244,7 @@ class InsertResult:
 
     ``prefix_len`` tokens were already present as tree structure; the new
     suffix (if any) is the single node in ``new_nodes``.  ``filled_nodes`` are
-    existing payload-less nodes on the path that received a payload.
+    existing nodes on the path that received a value in the inserted tier.
     ``last_node`` ends exactly at the inserted sequence's end (the tree splits
     an edge to make it so) and ``path`` is the whole path, root excluded.
     """
@@ -196,34 +262,46 @@ class InsertResult:
 
 @dataclass(frozen=True)
 class EvictResult:
-    """What ``evict``/``flush`` removed, in eviction order.
+    """What ``evict``/``flush`` took out of one tier, in eviction order.
 
-    ``freed_bytes`` is the sum of the freed payloads' ``nbytes``: what the
-    tree really released, which may fall short of ``requested_bytes`` when
-    not enough is evictable (see ``satisfied``).
+    ``freed`` pairs each node with the value it lost (the caller releases it:
+    RAM, a file reference); the node stays attached while it still indexes
+    something (another tier's value, children).  ``freed_bytes`` may fall
+    short of ``requested_bytes`` when not enough is evictable (``satisfied``).
     """
 
+    tier: str
     requested_bytes: int | None
-    freed_nodes: tuple[RadixNode, ...]
+    freed: tuple[tuple[RadixNode, SegmentPayload], ...]
     freed_bytes: int
     freed_tokens: int
+
+    @property
+    def freed_nodes(self) -> tuple[RadixNode, ...]:
+        return tuple(node for node, _ in self.freed)
 
     @property
     def satisfied(self) -> bool:
         return self.requested_bytes is None or self.freed_bytes >= self.requested_bytes
 
 
-@dataclass(frozen=True)
-class TreeStats:
-    """Snapshot of the tree counters (for /cache/stats and metrics)."""
+@dataclass
+class TierCounters:
+    """One tier's totals, kept incrementally (for budgets, /cache/stats and metrics)."""
 
-    n_nodes: int
-    n_tokens: int
-    n_payloads: int
-    payload_tokens: int
-    total_bytes: int
-    evictable_bytes: int
-    protected_bytes: int
+    n_payloads: int = 0
+    payload_tokens: int = 0
+    evictable_bytes: int = 0
+    protected_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.evictable_bytes + self.protected_bytes
+
+
+def _bare(node: RadixNode) -> bool:
+    """Indexes no KV of its own (it may still be the path to children)."""
+    return not node.values and not node.holders
 
 
 def _full_match(key: Tokens, tokens: Tokens, pos: int) -> int:
@@ -240,47 +318,38 @@ def _full_match(key: Tokens, tokens: Tokens, pos: int) -> int:
 
 
 class RadixTree:
-    """Radix tree of token-range payloads; see the module docstring for contracts.
+    """Radix tree of per-tier token-range values; see the module docstring for contracts.
 
     ``clock`` returns the access stamp stored in ``last_access`` (default: a
     per-tree counter, which is strictly increasing and so deterministic).
-    ``on_evict(node)`` is called for every node removed by ``evict``/``flush``,
-    after it is detached and with its payload still set, so the owner can
-    release it (RAM, file).  The callback must not modify the tree.
+    ``mutex`` is the lock every user of a shared tree holds around each use.
     """
 
-    def __init__(
-        self,
-        *,
-        clock: Callable[[], float] | None = None,
-        on_evict: Callable[[RadixNode], None] | None = None,
-    ) -> None:
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._ids = itertools.count()
         self._clock: Callable[[], float] = clock if clock is not None else itertools.count(1).__next__
-        self.on_evict = on_evict
+        self.mutex = threading.RLock()
         self.root = RadixNode(next(self._ids), (), None, self._clock())
-        self.evictable_bytes = 0
-        self.protected_bytes = 0
         self.n_nodes = 0
         self.n_tokens = 0
-        self.n_payloads = 0
-        self.payload_tokens = 0
+        self.held_tokens = 0
+        self._tiers: dict[str, TierCounters] = {}
 
-    @property
-    def total_bytes(self) -> int:
-        return self.evictable_bytes + self.protected_bytes
+    def tier(self, name: str) -> TierCounters:
+        """The counters of tier ``name`` (all zero for a tier that never held a value)."""
+        counters = self._tiers.get(name)
+        if counters is None:
+            counters = self._tiers[name] = TierCounters()
+        return counters
 
     # ------------------------------------------------------------------ match
 
-    def match_prefix(
-        self, tokens: Sequence[int], *, require_payload: bool = False, touch: bool = True
-    ) -> MatchResult:
-        """Find the longest prefix of ``tokens`` held by the tree.
+    def match_prefix(self, tokens: Sequence[int], *, touch: bool = True) -> MatchResult:
+        """Find the longest prefix of ``tokens`` held by the tree as structure;
+        ``span(tier)`` of the result says what each tier holds of it.
 
-        With ``require_payload`` the walk stops before the first node without
-        a payload: KV after a hole on the path cannot be used.  With ``touch``
-        the matched whole nodes get a fresh ``last_access`` stamp (the partial
-        node does not; the caller touches it after splitting, if it uses it).
+        With ``touch`` the matched whole nodes get a fresh ``last_access`` stamp
+        (the partial node does not: it may not be used).
         """
         tokens = tuple(tokens)
         node = self.root
@@ -290,7 +359,7 @@ class RadixTree:
         partial = 0
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
-            if child is None or (require_payload and child.payload is None):
+            if child is None:
                 break
             n = _full_match(child.key, tokens, pos)
             if n < len(child.key):
@@ -310,23 +379,26 @@ class RadixTree:
     def insert(
         self,
         tokens: Sequence[int],
+        tier: str | None = None,
         payload_for_range: PayloadFactory | None = None,
         *,
         fill_missing: bool = True,
     ) -> InsertResult:
-        """Add ``tokens`` as a path, storing only what is new.
+        """Add ``tokens`` as a path, storing in ``tier`` only what it lacks.
 
         Existing nodes are reused (an edge is split where the sequence leaves
         it or ends inside it); one new node is created for the suffix that is
         not yet present, and ``payload_for_range(start, end)`` is asked for
-        that range only.  With ``fill_missing`` it is also asked for the range
-        of each existing node on the path that has no payload (a demoted or
-        payload-less node), so the path can become usable again; returning
-        None leaves such a node as it was.
+        that range.  With ``fill_missing`` it is also asked for the range of
+        each existing node on the path without a value in ``tier``, so the path
+        becomes usable in that tier; returning None leaves such a node as it
+        was.  Without ``tier`` (and factory) only structure is added.
 
         If ``payload_for_range`` raises, the tree stays consistent: splits and
         fills already made remain, the new suffix node is not created.
         """
+        if (tier is None) != (payload_for_range is None):
+            raise ValueError("insert takes a tier and a payload factory together, or neither")
         tokens = tuple(tokens)
         stamp = self._clock()
         node = self.root
@@ -341,10 +413,10 @@ class RadixTree:
             if n < len(child.key):
                 child = self._split(child, n)
             end = pos + len(child.key)
-            if child.payload is None and fill_missing and payload_for_range is not None:
+            if tier is not None and tier not in child.values and fill_missing:
                 payload = payload_for_range(pos, end)
                 if payload is not None:
-                    self._attach_payload(child, payload)
+                    self._attach(child, tier, payload)
                     filled.append(child)
             child.last_access = stamp
             path.append(child)
@@ -361,7 +433,7 @@ class RadixTree:
             self.n_nodes += 1
             self.n_tokens += len(leaf.key)
             if payload is not None:
-                self._attach_payload(leaf, payload)
+                self._attach(leaf, tier, payload)
             path.append(leaf)
             new_nodes = (leaf,)
             node = leaf
@@ -371,7 +443,7 @@ class RadixTree:
         """Split ``node``'s edge after ``offset`` tokens; return the new upper node.
 
         ``node`` keeps its identity and becomes the lower part (so references
-        to a path tip stay valid); its payload is split with it.
+        to a path tip stay valid); every value is split with it.
         """
         self._require_attached(node)
         if node.is_root or not 0 < offset < len(node.key):
@@ -379,76 +451,48 @@ class RadixTree:
         return self._split(node, offset)
 
     def _split(self, child: RadixNode, offset: int) -> RadixNode:
-        left = right = None
-        if child.payload is not None:
-            # Split and check first so a faulty payload leaves the tree untouched.
-            left, right = child.payload.split(offset)
+        halves: dict[str, tuple[SegmentPayload, SegmentPayload]] = {}
+        for tier, value in child.values.items():
+            # Split and check every value first so a faulty one leaves the tree untouched.
+            left, right = value.split(offset)
             self._check_size(left, offset)
             self._check_size(right, len(child.key) - offset)
-            self._account(child, -1)
+            halves[tier] = (left, right)
+        for tier in list(child.values):
+            self._detach_value(child, tier)
         parent = child.parent
         assert parent is not None
         upper = RadixNode(next(self._ids), child.key[:offset], parent, child.last_access)
-        # Every lock and session passing through the child passes through its upper half.
+        # Every lock, holder and session passing through the child passes through its upper half.
         upper.lock_ref = child.lock_ref
+        upper.holders = set(child.holders)
         upper.sessions = set(child.sessions)
         parent.children[upper.key[0]] = upper
         child.key = child.key[offset:]
         child.parent = upper
         upper.children[child.key[0]] = child
         self.n_nodes += 1
-        if left is not None and right is not None:
-            upper.payload = left
-            child.payload = right
-            self._account(upper, +1)
-            self._account(child, +1)
+        for tier, (left, right) in halves.items():
+            self._attach(upper, tier, left)
+            self._attach(child, tier, right)
         return upper
 
-    # --------------------------------------------------------------- payloads
+    # ----------------------------------------------------------------- values
 
-    def set_payload(self, node: RadixNode, payload: SegmentPayload) -> SegmentPayload | None:
-        """Give ``node`` a payload (e.g. a tier move RAM -> disk); return the old one.
+    def remove_value(self, node: RadixNode, tier: str) -> SegmentPayload | None:
+        """Drop ``node``'s value in ``tier`` and return it (the caller releases it).
 
-        The old payload is not passed to ``on_evict``: the caller owns it now.
+        Other tiers' values stay.  A node left with no value and no children is
+        pruned, and so are bare unlocked ancestors that become leaves.  Raises
+        NodeLockedError on a locked node.
         """
         self._require_attached(node)
         if node.is_root:
-            raise ValueError("the root holds no payload")
-        self._check_size(payload, len(node.key))
-        old = node.payload
-        if old is not None:
-            self._account(node, -1)
-            node.payload = None
-        self._attach_payload(node, payload)
-        return old
-
-    def remove_payload(self, node: RadixNode) -> SegmentPayload | None:
-        """Drop ``node``'s payload and return it (the caller releases or moves it).
-
-        The node stays while it has children (it keeps the path to them); a
-        payload-less, unlocked leaf is pruned, and so are payload-less unlocked
-        ancestors that become leaves.  Raises NodeLockedError on a locked node.
-        """
-        self._require_attached(node)
-        if node.is_root:
-            raise ValueError("the root holds no payload")
+            raise ValueError("the root holds no value")
         if node.lock_ref > 0:
-            raise NodeLockedError(f"cannot remove the payload of locked {node!r}")
-        old = node.payload
-        if old is not None:
-            self._account(node, -1)
-            node.payload = None
-        cur: RadixNode | None = node
-        while (
-            cur is not None
-            and not cur.is_root
-            and cur.is_leaf
-            and cur.payload is None
-            and cur.lock_ref == 0
-        ):
-            parent = cur.parent
-            self._detach_leaf(cur)
-            cur = parent
+            raise NodeLockedError(f"cannot remove a value of locked {node!r}")
+        old = self._detach_value(node, tier) if tier in node.values else None
+        self._prune_up(node)
         return old
 
     @staticmethod
@@ -456,10 +500,15 @@ class RadixTree:
         if not node.attached:
             raise DetachedNodeError(f"{node!r} is no longer in the tree")
 
-    def _attach_payload(self, node: RadixNode, payload: SegmentPayload) -> None:
+    def _attach(self, node: RadixNode, tier: str, payload: SegmentPayload) -> None:
         self._check_size(payload, len(node.key))
-        node.payload = payload
-        self._account(node, +1)
+        node.values[tier] = payload
+        self._account(node, tier, payload, +1)
+
+    def _detach_value(self, node: RadixNode, tier: str) -> SegmentPayload:
+        payload = node.values.pop(tier)
+        self._account(node, tier, payload, -1)
+        return payload
 
     @staticmethod
     def _check_size(payload: SegmentPayload, n_tokens: int) -> None:
@@ -468,29 +517,56 @@ class RadixTree:
         if payload.nbytes < 0:
             raise PayloadSizeError(f"payload reports negative size {payload.nbytes}")
 
-    def _account(self, node: RadixNode, sign: int) -> None:
-        payload = node.payload
-        if payload is None:
-            return
+    def _account(self, node: RadixNode, tier: str, payload: SegmentPayload, sign: int) -> None:
+        c = self.tier(tier)
         if node.lock_ref > 0:
-            self.protected_bytes += sign * payload.nbytes
+            c.protected_bytes += sign * payload.nbytes
         else:
-            self.evictable_bytes += sign * payload.nbytes
-        self.n_payloads += sign
-        self.payload_tokens += sign * payload.n_tokens
+            c.evictable_bytes += sign * payload.nbytes
+        c.n_payloads += sign
+        c.payload_tokens += sign * payload.n_tokens
+
+    def _prune_up(self, node: RadixNode) -> None:
+        """Detach ``node`` and its ancestors while each is a bare, unlocked leaf."""
+        cur: RadixNode | None = node
+        while cur is not None and not cur.is_root and cur.is_leaf and _bare(cur) and cur.lock_ref == 0:
+            parent = cur.parent
+            self._detach_leaf(cur)
+            cur = parent
+
+    # ---------------------------------------------------------------- holders
+
+    def add_holder(self, node: RadixNode, holder: int) -> None:
+        """Record that sequence ``holder``'s device cells cover the path to ``node``."""
+        self._require_attached(node)
+        for n in node.iter_up():
+            if not n.holders:
+                self.held_tokens += len(n.key)
+            n.holders.add(holder)
+
+    def remove_holder(self, node: RadixNode, holder: int) -> None:
+        """Undo ``add_holder(node, holder)`` (its cells are gone); bare nodes are pruned.
+        Locks do not keep a holder: the cells are freed whatever the tree says."""
+        self._require_attached(node)
+        for n in node.iter_up():
+            if holder in n.holders:
+                n.holders.remove(holder)
+                if not n.holders:
+                    self.held_tokens -= len(n.key)
+        self._prune_up(node)
 
     # ------------------------------------------------------------------ locks
 
     def lock(self, node: RadixNode) -> None:
-        """Protect ``node`` and its path to the root from eviction (reentrant).
-
-        Locking the root is a no-op (an empty match locks nothing).
-        """
+        """Protect ``node`` and its path to the root from eviction in every tier
+        (reentrant).  Locking the root is a no-op (an empty match locks nothing)."""
         self._require_attached(node)
         for n in node.iter_up():
-            if n.lock_ref == 0 and n.payload is not None:
-                self.evictable_bytes -= n.payload.nbytes
-                self.protected_bytes += n.payload.nbytes
+            if n.lock_ref == 0:
+                for tier, value in n.values.items():
+                    c = self.tier(tier)
+                    c.evictable_bytes -= value.nbytes
+                    c.protected_bytes += value.nbytes
             n.lock_ref += 1
 
     def unlock(self, node: RadixNode) -> None:
@@ -501,49 +577,48 @@ class RadixTree:
             raise RadixTreeError(f"unlock without a matching lock on {node!r}")
         for n in path:
             n.lock_ref -= 1
-            if n.lock_ref == 0 and n.payload is not None:
-                self.protected_bytes -= n.payload.nbytes
-                self.evictable_bytes += n.payload.nbytes
+            if n.lock_ref == 0:
+                for tier, value in n.values.items():
+                    c = self.tier(tier)
+                    c.protected_bytes -= value.nbytes
+                    c.evictable_bytes += value.nbytes
 
     @contextmanager
     def locked(self, node: RadixNode) -> Iterator[RadixNode]:
-        """``with tree.locked(match.last_node): ...`` locks for the block."""
+        """``with tree.locked(span.tip): ...`` locks for the block."""
         self.lock(node)
         try:
             yield node
         finally:
             self.unlock(node)
 
-    def touch(self, node: RadixNode) -> None:
-        """Stamp ``node`` and its ancestors as just used."""
-        stamp = self._clock()
-        for n in node.iter_up():
-            n.last_access = stamp
-
     # --------------------------------------------------------------- eviction
 
-    def evict(self, bytes_needed: int, policy: EvictionPolicy | None = None) -> EvictResult:
-        """Remove unlocked leaf segments in policy order until ``bytes_needed`` are freed.
+    def evict(self, bytes_needed: int, tier: str, policy: EvictionPolicy | None = None) -> EvictResult:
+        """Take ``tier``'s values off unlocked nodes in policy order until
+        ``bytes_needed`` are freed.
 
-        Whole leaves only; a parent whose children are all gone becomes a
-        candidate itself.  Stops early when nothing evictable remains: check
-        ``EvictResult.satisfied``.  ``policy=None`` means LRU; a policy may
-        return None for a node it refuses to evict now (e.g. pinned).
+        A candidate holds a value in ``tier`` and none of its children does (the
+        bottom of the tier's paths); once its value goes, its parent may become
+        one.  Bare unlocked leaves met on the way are pruned.  Stops early when
+        nothing evictable remains: check ``EvictResult.satisfied``.
+        ``policy=None`` means LRU; a policy may return None for a node it
+        refuses to evict now (e.g. pinned).
         """
         if bytes_needed < 0:
             raise ValueError(f"bytes_needed must be >= 0, got {bytes_needed}")
-        return self._evict(bytes_needed, policy)
+        return self._evict(tier, bytes_needed, policy)
 
-    def flush(self, policy: EvictionPolicy | None = None) -> EvictResult:
-        """Evict every node the locks and the policy allow (POST /cache/flush)."""
-        return self._evict(None, policy)
+    def flush(self, tier: str, policy: EvictionPolicy | None = None) -> EvictResult:
+        """Evict every value of ``tier`` that the locks and the policy allow (POST /cache/flush)."""
+        return self._evict(tier, None, policy)
 
-    def _evict(self, limit: int | None, policy: EvictionPolicy | None) -> EvictResult:
-        freed: list[RadixNode] = []
+    def _evict(self, tier: str, limit: int | None, policy: EvictionPolicy | None) -> EvictResult:
+        freed: list[tuple[RadixNode, SegmentPayload]] = []
         freed_bytes = 0
         freed_tokens = 0
         if limit == 0:
-            return EvictResult(limit, (), 0, 0)
+            return EvictResult(tier, limit, (), 0, 0)
 
         def priority(node: RadixNode) -> Hashable | None:
             return (node.last_access,) if policy is None else policy.priority(node)
@@ -551,34 +626,36 @@ class RadixTree:
         heap: list[tuple[Hashable, int, RadixNode]] = []
 
         def offer(node: RadixNode) -> None:
-            if node.is_root or not node.is_leaf or node.lock_ref > 0:
+            if node.is_root or not node.attached or node.lock_ref > 0:
+                return  # (a parent pruned with the bare chain its child's eviction left)
+            if _bare(node) and node.is_leaf:
+                self._prune_up(node)  # indexes nothing: not worth a place in any tier
+                return
+            if tier not in node.values or any(tier in c.values for c in node.children.values()):
                 return
             key = priority(node)
             if key is not None:  # None: the policy refuses to evict this node now
                 heapq.heappush(heap, (key, node.id, node))
 
-        for leaf in list(self.leaves()):
-            offer(leaf)
+        for node in list(self.nodes()):
+            offer(node)
         while heap and (limit is None or freed_bytes < limit):
             _, _, node = heapq.heappop(heap)
-            if not node.attached or not node.is_leaf or node.lock_ref > 0:
+            if not node.attached or node.lock_ref > 0 or tier not in node.values:
                 continue  # defensive: state changed since it was offered
             parent = node.parent
-            nbytes = node.payload.nbytes if node.payload is not None else 0
-            self._detach_leaf(node)
-            freed.append(node)
-            freed_bytes += nbytes
+            value = self._detach_value(node, tier)
+            freed.append((node, value))
+            freed_bytes += value.nbytes
             freed_tokens += len(node.key)
-            if self.on_evict is not None:
-                self.on_evict(node)
+            self._prune_up(node)
             if parent is not None:
                 offer(parent)
-        return EvictResult(limit, tuple(freed), freed_bytes, freed_tokens)
+        return EvictResult(tier, limit, tuple(freed), freed_bytes, freed_tokens)
 
     def _detach_leaf(self, node: RadixNode) -> None:
         parent = node.parent
-        assert parent is not None and node.is_leaf and node.lock_ref == 0
-        self._account(node, -1)
+        assert parent is not None and node.is_leaf and node.lock_ref == 0 and _bare(node)
         del parent.children[node.key[0]]
         node.attached = False
         self.n_nodes -= 1
@@ -594,27 +671,14 @@ class RadixTree:
             yield node
             stack.extend(node.children.values())
 
-    def leaves(self) -> Iterator[RadixNode]:
-        return (n for n in self.nodes() if n.is_leaf)
-
-    def stats(self) -> TreeStats:
-        return TreeStats(
-            n_nodes=self.n_nodes,
-            n_tokens=self.n_tokens,
-            n_payloads=self.n_payloads,
-            payload_tokens=self.payload_tokens,
-            total_bytes=self.total_bytes,
-            evictable_bytes=self.evictable_bytes,
-            protected_bytes=self.protected_bytes,
-        )
-
     def check_invariants(self) -> None:
         """Recompute structure and counters from scratch; raise TreeInvariantError on mismatch."""
 
         def fail(msg: str) -> None:
             raise TreeInvariantError(msg)
 
-        counts = {"n_nodes": 0, "n_tokens": 0, "n_payloads": 0, "payload_tokens": 0, "evictable": 0, "protected": 0}
+        n_nodes = n_tokens = held_tokens = 0
+        tiers: dict[str, TierCounters] = {name: TierCounters() for name in self._tiers}
         stack = [self.root]
         while stack:
             node = stack.pop()
@@ -623,16 +687,26 @@ class RadixTree:
             if node is not self.root:
                 if not node.key:
                     fail(f"empty key on {node!r}")
-                counts["n_nodes"] += 1
-                counts["n_tokens"] += len(node.key)
+                n_nodes += 1
+                n_tokens += len(node.key)
                 if node.lock_ref < 0:
                     fail(f"negative lock_ref on {node!r}")
-                if node.payload is not None:
-                    if node.payload.n_tokens != len(node.key):
-                        fail(f"payload size {node.payload.n_tokens} != key length on {node!r}")
-                    counts["n_payloads"] += 1
-                    counts["payload_tokens"] += node.payload.n_tokens
-                    counts["protected" if node.lock_ref > 0 else "evictable"] += node.payload.nbytes
+                if node.holders:
+                    held_tokens += len(node.key)
+                if node.parent is not self.root and not node.holders <= node.parent.holders:
+                    fail(f"holders of {node!r} do not cover its whole path")
+                for tier, value in node.values.items():
+                    if value.n_tokens != len(node.key):
+                        fail(f"{tier} value size {value.n_tokens} != key length on {node!r}")
+                    c = tiers.setdefault(tier, TierCounters())
+                    c.n_payloads += 1
+                    c.payload_tokens += value.n_tokens
+                    if node.lock_ref > 0:
+                        c.protected_bytes += value.nbytes
+                    else:
+                        c.evictable_bytes += value.nbytes
+            elif node.values:
+                fail("the root holds a value")
             child_locks = 0
             for first, child in node.children.items():
                 if child.parent is not node:
@@ -643,13 +717,10 @@ class RadixTree:
                 stack.append(child)
             if node is not self.root and node.lock_ref < child_locks:
                 fail(f"{node!r} has lock_ref below its children's sum {child_locks}")
-        expected = {
-            "n_nodes": self.n_nodes,
-            "n_tokens": self.n_tokens,
-            "n_payloads": self.n_payloads,
-            "payload_tokens": self.payload_tokens,
-            "evictable": self.evictable_bytes,
-            "protected": self.protected_bytes,
-        }
-        if counts != expected:
-            fail(f"counters {expected} != recomputed {counts}")
+        counted, kept_counts = (n_nodes, n_tokens, held_tokens), (self.n_nodes, self.n_tokens, self.held_tokens)
+        if counted != kept_counts:
+            fail(f"counted nodes/tokens/held tokens {counted}, kept {kept_counts}")
+        kept = {name: c for name, c in self._tiers.items()}
+        for name in set(tiers) | set(kept):
+            if tiers.get(name, TierCounters()) != kept.get(name, TierCounters()):
+                fail(f"tier {name}: counters {kept.get(name)} != recomputed {tiers.get(name)}")

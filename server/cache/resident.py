@@ -8,6 +8,11 @@ longest prefix with, then takes only the new positions from the finished request
 cells the owners hold are exactly the distinct token positions of their prefixes (the
 union bound), and that is what the budget charges. Eviction removes an owner's sequence;
 its cells are freed only where no slot or other owner still holds them.
+
+Owners are indexed by the radix tree the stored tiers share (server/cache/radix_tree.py):
+each is a *holder* of the nodes on its path, so a lookup is one walk of the tree (no
+scan of the owners), and the cells the owners hold together are the tree's
+`held_tokens`. Every use of the tree holds `tree.mutex`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.cache.lifecycle import CacheHint, SessionRegistry
+from server.cache.radix_tree import MatchResult, RadixNode, RadixTree
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
 from server.engine.slots import common_prefix_len
@@ -26,10 +32,11 @@ log = logging.getLogger(__name__)
 _stamps = itertools.count(1)
 
 
-@dataclass
+@dataclass(eq=False)
 class Owner:
     seq_id: int
     tokens: list[int]
+    tip: RadixNode  # the tree node its path ends at (it holds that node and its ancestors)
     last_used: int = field(default_factory=lambda: next(_stamps))
     sessions: set[str] = field(default_factory=set)
     attaches: int = 0
@@ -47,13 +54,15 @@ def union_positions(prefixes: list[list[int]]) -> int:
 class ResidentOwners:
     name = "S"
 
-    def __init__(self, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
+    def __init__(self, tree: RadixTree, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
                  registry: SessionRegistry):
+        self.tree = tree
         self.runtime = runtime
         self.seq_ids = seq_ids
         self.budget_cells = budget_cells
         self.registry = registry
         self.owners: list[Owner] = []
+        self._by_seq: dict[int, Owner] = {}
         # Called with (seq_id, tokens) before an evicted owner's cells are dropped (write-back).
         self.on_evict: Callable[[int, list[int]], None] | None = None
         self.hits = 0
@@ -61,13 +70,27 @@ class ResidentOwners:
         self.publishes = 0
 
     # ----------------------------------------------------------------- lookup
-    def best(self, tokens: list[int]) -> tuple[int, Owner | None]:
-        best_n, best_owner = 0, None
-        for owner in self.owners:
-            n = common_prefix_len(owner.tokens, tokens)
-            if n > best_n:
-                best_n, best_owner = n, owner
-        return best_n, best_owner
+    def take(self, m: MatchResult, exclude: int | None = None) -> tuple[int, Owner | None]:
+        """The longest prefix of a match of the tree that an owner (not `exclude`) holds,
+        and that owner (caller holds `tree.mutex`)."""
+        span = m.held_span()
+        nodes = ((span.partial_node,) if span.partial_node is not None else ()) + span.nodes[::-1]
+        n = span.longest
+        for node in nodes:  # deepest first: a holder there holds everything above
+            holders = node.holders - {exclude}
+            if holders:
+                # the most recently used of equals: it is the one LRU keeps longest
+                return n, max((self._by_seq[h] for h in holders), key=lambda o: o.last_used)
+            n -= span.partial_tokens if node is span.partial_node else len(node.key)
+        return 0, None
+
+    def best(self, tokens: list[int], exclude: int | None = None) -> tuple[int, Owner | None]:
+        with self.tree.mutex:
+            return self.take(self.tree.match_prefix(tokens, touch=False), exclude)
+
+    def holds(self, tokens: list[int], exclude: int | None = None) -> bool:
+        """Whether an owner (other than `exclude`) holds all of `tokens`."""
+        return self.best(tokens, exclude)[0] == len(tokens)
 
     def note_attach(self, owner: Owner) -> None:
         """A request attached this owner: count the hit and refresh its place in the LRU order."""
@@ -76,7 +99,7 @@ class ResidentOwners:
         self.hits += 1
 
     def cells(self) -> int:
-        return union_positions([o.tokens for o in self.owners])
+        return self.tree.held_tokens
 
     # ---------------------------------------------------------------- publish
     def publish(self, tokens: list[int], src_seq: int, hint: CacheHint | None) -> Owner | None:
@@ -106,12 +129,18 @@ class ResidentOwners:
             self.runtime.seq_rm(sid, -1, -1)
             self.seq_ids.give("owner", sid)
             return None
-        owner = Owner(sid, list(tokens))
+        with self.tree.mutex:
+            tip = self.tree.insert(tokens).last_node  # a node ends exactly at n
+            self.tree.add_holder(tip, sid)
+            # An owner whose prefix the new one extends is now redundant: the new one holds it all.
+            redundant = [self._by_seq[h] for node in tip.iter_up() for h in node.holders
+                         if h != sid and self._by_seq[h].tip is node]
+        owner = Owner(sid, list(tokens), tip)
         self._tag(owner, hint)
-        # An owner whose prefix the new one extends is now redundant: the new one holds it all.
-        for old in [o for o in self.owners if len(o.tokens) < n and o.tokens == tokens[: len(o.tokens)]]:
+        for old in redundant:
             self._remove(old)
         self.owners.append(owner)
+        self._by_seq[sid] = owner
         self.publishes += 1
         return owner
 
@@ -150,7 +179,10 @@ class ResidentOwners:
         if self.runtime.seq_pos_max(owner.seq_id) != -1:
             log.error("resident owner %d still holds cells after removal", owner.seq_id)
         self.seq_ids.give("owner", owner.seq_id)
+        with self.tree.mutex:
+            self.tree.remove_holder(owner.tip, owner.seq_id)
         self.owners.remove(owner)
+        self._by_seq.pop(owner.seq_id, None)
 
     def flush(self) -> int:
         cells = self.cells()

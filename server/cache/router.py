@@ -18,6 +18,12 @@ when another slot or owner still holds the same tokens. A slot taken for another
 parked rather than stored at once, and stored a bounded piece per engine step
 (server/cache/write_back.py), so no decode step waits for a whole store. Requests that arrive while another one is still computing a long common prefix
 wait for it and then attach (in-flight sharing), instead of computing it twice.
+
+Resident owners, H and D are recorded on the nodes of one radix tree (server/cache/
+radix_tree.py), so one walk of it says how far a prompt is held in each. Slots stay
+per-slot token lists (`_best_live`): a running slot's tokens change at every decode step,
+so indexing them would cost a tree update per token, while scanning the few slots costs
+one prefix comparison each per admission.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from server.cache.host_tier import HostTier, TierMatch
 from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
 from server.cache.lifecycle import SessionRegistry
+from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
 from server.cache.write_back import WriteBackQueue
 from server.engine.llama_runtime import LlamaRuntime
@@ -58,8 +65,8 @@ class Candidate:
 
 class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
-                 tiers: set[str], host: HostTier | None, disk: DiskTier | None, resident: ResidentOwners | None,
-                 registry: SessionRegistry, min_tokens: int, route: str = "cost",
+                 tiers: set[str], tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None,
+                 resident: ResidentOwners | None, registry: SessionRegistry, min_tokens: int, route: str = "cost",
                  write_back_step_bytes: int = 0):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
@@ -68,6 +75,7 @@ class CacheRouter:
         self.slots = slots
         self.running = running
         self.tiers = tiers
+        self.tree = tree  # the one tree indexing the resident owners, H and D
         self.host = host
         self.disk = disk
         self.resident = resident
@@ -104,20 +112,24 @@ class CacheRouter:
         out: list[Candidate] = []
         if "A" in self.tiers:
             out.append(Candidate("A", min(adm.common_prefix, limit)))
+        rn, rowner, stored = 0, None, []
+        if self.tree is not None:
+            with self.tree.mutex:  # one walk for the resident owners, H and D
+                m = self.tree.match_prefix(prompt[:limit])
+                if self.resident is not None:
+                    rn, rowner = self.resident.take(m)
+                if self.host is not None:
+                    hm = self.host.take(m)
+                    stored.append(Candidate("H", hm.length, host=hm))
+                if self.disk is not None:
+                    dm = self.disk.take(m)
+                    stored.append(Candidate("D", dm.length, disk=dm))
         if "S" in self.tiers:
             n, src, owner = self._best_live(adm)
-            if self.resident is not None:
-                rn, rowner = self.resident.best(prompt)
-                if rn > n:
-                    n, src, owner = rn, rowner.seq_id, rowner
+            if rn > n:
+                n, src, owner = rn, rowner.seq_id, rowner
             out.append(Candidate("S", min(n, limit), src_seq=src, owner=owner))
-        if self.host is not None:
-            m = self.host.match(prompt[:limit])
-            out.append(Candidate("H", m.length, host=m))
-        if self.disk is not None:
-            m = self.disk.match(prompt[:limit])
-            out.append(Candidate("D", m.length, disk=m))
-        return out
+        return out + stored
 
     def _best_live(self, adm: Admission) -> tuple[int, int | None, None]:
         """Another slot's sequence holding the longest prefix (kept idle KV or computed tokens)."""
@@ -212,16 +224,28 @@ class CacheRouter:
             keep = 0
         t0 = time.perf_counter()
         if c.source == "H":
-            segments = c.host.segments
+            result = self._restore_host(c.host, keep, c.length, slot_seq)
             self.host.hits += 1
         else:
-            segments = self.disk.load(c.disk).segments
+            result = self.kv.restore(_cut(self.disk.load(c.disk).segments, keep, c.length), slot_seq)
             self.disk.hits += 1
-        need = _cut(segments, keep, c.length)
-        result = self.kv.restore(need, slot_seq)
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
+
+    def _restore_host(self, m: TierMatch, keep: int, length: int, slot_seq: int):
+        """Restore from H holding a lock reference on the matched path, so no store or
+        flush evicts it while it is read (the segments are views: they stay valid anyway)."""
+        with self.tree.mutex:
+            tip = m.tip if m.tip is not None and m.tip.attached else None
+            if tip is not None:
+                self.tree.lock(tip)
+        try:
+            return self.kv.restore(_cut(m.segments, keep, length), slot_seq)
+        finally:
+            if tip is not None:
+                with self.tree.mutex:
+                    self.tree.unlock(tip)
 
     # ------------------------------------------------- in-flight sharing (defer)
     def should_defer(self, seq: Sequence) -> bool:
@@ -261,7 +285,7 @@ class CacheRouter:
         if len(tokens) >= self.min_tokens:
             self._publish(seq, tokens, hint)
         if hint is not None:
-            self.registry.observe(hint, self.host.match(tokens).tip if self.host is not None else None)
+            self._observe_hint(hint, tokens)
             self._slot_hints[seq.slot.index] = hint
 
     # ------------------------------------------------------------- write-back
@@ -297,7 +321,8 @@ class CacheRouter:
 
         def tag(tip) -> None:
             if hint is not None and hint.session and tip is not None:
-                self.registry.tag(hint.session, tip)
+                with self.tree.mutex:
+                    self.registry.tag(hint.session, tip)
 
         if park and self.parked is not None and self.parked.park(slot.seq_id, tokens, tag):
             self.write_backs += 1  # its time is counted piece by piece in `background`
@@ -343,10 +368,18 @@ class CacheRouter:
             held = running.get(slot.index, slot.tokens if not slot.busy else [])
             if common_prefix_len(held, tokens) == len(tokens):
                 return True
-        if self.resident is not None:
-            return any(o.seq_id != owner_seq and common_prefix_len(o.tokens, tokens) == len(tokens)
-                       for o in self.resident.owners)
-        return False
+        return self.resident is not None and self.resident.holds(tokens, exclude=owner_seq)
+
+    def _observe_hint(self, hint, tokens: list[int]) -> None:
+        """Record a request's hint, tagging the path to the deepest tree node on `tokens`
+        (whichever source holds it). Tags are written under the tree's mutex: the disk
+        writer may split a node meanwhile, and a split copies the node's tags."""
+        if self.tree is None:
+            self.registry.observe(hint, None)
+            return
+        with self.tree.mutex:
+            node = self.tree.match_prefix(tokens, touch=False).last_node
+            self.registry.observe(hint, None if node.is_root else node)
 
     def _observe_prefill(self, seq: Sequence) -> None:
         """Computed prompt tokens over admission-to-first-token, less the cache's own work."""
@@ -366,8 +399,9 @@ class CacheRouter:
                 if result is None:
                     return None
                 if to_disk and self.disk is not None and result.last_node.attached:
-                    path = [n for n in result.last_node.iter_up()][::-1]
-                    ranges = [(n.start(), n.payload) for n in path if n.payload is not None]
+                    with self.tree.mutex:
+                        path = [n for n in result.last_node.iter_up()][::-1]
+                        ranges = [(n.start(), n.values["H"]) for n in path if "H" in n.values]
                     self.disk.store(tokens, ranges)
                 return result.last_node if result.last_node.attached else None
             have = self.disk.held(tokens)  # whole or partial: what is on disk already
@@ -403,6 +437,13 @@ class CacheRouter:
         if slots.drop_oldest_idle(self.drop_idle_slot):
             return True
         return self.resident is not None and self.resident.evict_one()
+
+    def tree_stats(self) -> dict | None:
+        """The shared tree's size: nodes, tokens on them, and tokens some owner holds."""
+        if self.tree is None:
+            return None
+        with self.tree.mutex:
+            return {"nodes": self.tree.n_nodes, "tokens": self.tree.n_tokens, "held_tokens": self.tree.held_tokens}
 
     def flush(self) -> dict:
         freed = {}

@@ -35,6 +35,7 @@ def _stats(model, measure: bool) -> dict:
             "H": r.host.stats() if r and r.host else {"enabled": False},
             "D": r.disk.stats() if r and r.disk else {"enabled": False},
         },
+        "tree": r.tree_stats() if r else None,
         "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
                "parked_cells": r.parked.cells() if r and r.parked else 0},
         "write_back": r.parked.stats() if r and r.parked else {"enabled": False},

@@ -91,6 +91,7 @@ def test_cache_stats_show_measured_rates_and_plans(arbor_server, client):
     assert set(stats["costs"]) >= {"prefill_tokens_per_s", "restore_bytes_per_s", "kv_bytes_per_token"}
     assert sum(stats["plans"]["by_plan"].values()) >= 1 and stats["plans"]["recent"][-1]["plan"]
     assert stats["engine_thread"]["cache_ms"] >= 0
+    assert set(stats["tree"]) == {"nodes", "tokens", "held_tokens"}  # the one tree of S, H and D
 
 
 def test_stream_with_include_usage(client):
@@ -198,7 +199,7 @@ def test_props_slots_metrics(arbor_server, client):
     idle_slots_consistent(b)
     text = httpx.get(b + "/metrics").text
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",
-                 "arbor:cache_reused_tokens_total"):
+                 "arbor:cache_reused_tokens_total", "arbor:cache_tree_nodes"):
         assert name in text
 
 

@@ -58,12 +58,12 @@ class FakePayload:
 
 
 def simulated_tree(
-    *, bytes_per_token: int = 2, clock: Callable[[], float] | None = None
+    *, bytes_per_token: int = 2, clock: Callable[[], float] | None = None, tier: str = "H"
 ) -> tuple[RadixTree, Callable[[Sequence[int]], InsertResult]]:
-    """A tree plus an ``insert(tokens)`` that stores FakePayloads: no model needed."""
+    """A tree plus an ``insert(tokens)`` that stores FakePayloads in ``tier``: no model needed."""
     tree = RadixTree(clock=clock)
 
     def insert(tokens: Sequence[int]) -> InsertResult:
-        return tree.insert(tokens, FakePayload.factory(tokens, bytes_per_token))
+        return tree.insert(tokens, tier, FakePayload.factory(tokens, bytes_per_token))
 
     return tree, insert

@@ -26,7 +26,7 @@ def test_lru_policy_evicts_oldest_leaf_first():
     b = insert([2, 2]).last_node
     c = insert([3, 3]).last_node
     tree.match_prefix([1, 1])  # a is now the most recent
-    res = tree.evict(6, LRUPolicy())
+    res = tree.evict(6, "H", LRUPolicy())
     assert res.freed_nodes == (b, c, a)
 
 
@@ -49,11 +49,11 @@ def test_lifecycle_order_done_then_active_then_tool_wait():
     assert policy.classify(plain) is LifecycleClass.NORMAL
     assert policy.classify(active) is LifecycleClass.NORMAL
 
-    res = tree.evict(2, policy)
+    res = tree.evict(2, "H", policy)
     assert res.freed_nodes == (done,)
-    res = tree.evict(4, policy)
+    res = tree.evict(4, "H", policy)
     assert res.freed_nodes == (finished_late, plain)
-    res = tree.flush(policy)
+    res = tree.flush("H", policy)
     assert res.freed_nodes == (active, wait), "tool_wait goes last even though it is oldest"
 
 
@@ -63,7 +63,7 @@ def test_lru_would_have_evicted_the_tool_wait_session_first():
     wait = insert([1, 1]).last_node
     insert([2, 2])
     reg.observe(CacheHint("w", "tool_wait"), wait)
-    assert tree.evict(1, LRUPolicy()).freed_nodes == (wait,)
+    assert tree.evict(1, "H", LRUPolicy()).freed_nodes == (wait,)
 
 
 def test_pinned_session_is_never_evicted_until_done():
@@ -74,16 +74,16 @@ def test_pinned_session_is_never_evicted_until_done():
     other = insert([1, 2, 9]).last_node
     reg.observe(CacheHint("p", "active", pin=True), pinned)
     assert policy.classify(pinned) is None and policy.classify(pinned.parent) is None
-    res = tree.flush(policy)
+    res = tree.flush("H", policy)
     assert res.freed_nodes == (other,)
     assert pinned.attached and pinned.parent.attached
-    assert not tree.evict(100, policy).satisfied
+    assert not tree.evict(100, "H", policy).satisfied
 
     reg.observe(CacheHint("p", "active"))  # pins are sticky
     assert policy.classify(pinned) is None
     reg.observe(CacheHint("p", "done"))
     assert not reg.is_pinned("p")
-    res = tree.flush(policy)
+    res = tree.flush("H", policy)
     assert set(res.freed_nodes) == {pinned, pinned.parent}
     tree.check_invariants()
 
@@ -100,7 +100,7 @@ def test_mixed_sessions_on_a_shared_prefix():
     assert shared.sessions == {"a", "b"}
     assert policy.classify(shared) is LifecycleClass.TOOL_WAIT
     assert policy.classify(a) is LifecycleClass.DONE
-    res = tree.evict(1, policy)
+    res = tree.evict(1, "H", policy)
     assert res.freed_nodes == (a,)
 
 
@@ -125,12 +125,12 @@ def test_byte_budget_over_by_and_enforce():
     old = insert([1, 2, 3]).last_node  # 30 bytes
     mid = insert([4, 5, 6]).last_node  # 30 bytes
     new = insert([7, 8, 9]).last_node  # 30 bytes
-    res = enforce_budget(tree, ByteBudget(90), incoming_bytes=20)
+    res = enforce_budget(tree, "H", ByteBudget(90), incoming_bytes=20)
     assert res.requested_bytes == 20 and res.freed_nodes == (old,) and res.satisfied
-    assert tree.total_bytes == 60
-    res = enforce_budget(tree, ByteBudget(90))
+    assert tree.tier("H").total_bytes == 60
+    res = enforce_budget(tree, "H", ByteBudget(90))
     assert res.freed_nodes == () and res.satisfied
 
     with tree.locked(mid), tree.locked(new):
-        res = enforce_budget(tree, ByteBudget(0))
+        res = enforce_budget(tree, "H", ByteBudget(0))
         assert not res.satisfied and res.freed_bytes == 0

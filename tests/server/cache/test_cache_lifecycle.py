@@ -148,7 +148,7 @@ def test_registry_drops_evicted_tips_without_holding_them():
     reg = SessionRegistry()
     tip = insert([1, 2]).last_node
     reg.observe(CacheHint("s"), tip)
-    res = tree.flush()
+    res = tree.flush("H")
     assert reg.tips("s") == ()
     del res, tip
     gc.collect()

@@ -8,6 +8,7 @@ import pytest
 from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.radix_tree import RadixTree
 
 LAYOUT = KVLayout(False, (1, 1), (8, 8), (1, 1), (8, 8), (0, 0))
 
@@ -24,7 +25,7 @@ def positions(seg: KVSegment) -> list[int]:
 
 @pytest.fixture()
 def disk(tmp_path):
-    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     yield tier
     tier.close()
 
@@ -73,14 +74,29 @@ def test_evicted_ranges_delete_their_file_only_when_unused(disk):
 
 def test_files_are_reindexed_after_a_restart(tmp_path):
     a = list(range(200, 260))
-    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     tier.store(a, [(0, kv_for(a, 0, len(a)))])
     tier.wait_idle()
     tier.close()
-    tier = DiskTier(tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     try:
         m = tier.match(a)
         assert m.length == len(a)
         assert [p for s in tier.load(m).segments for p in positions(s)] == list(range(len(a)))
     finally:
         tier.close()
+
+
+def test_a_match_whose_d_values_went_is_refused_though_h_keeps_the_nodes(disk):
+    a = list(range(300, 340))
+    disk.tree.insert(a, "H", lambda s, e: kv_for(a, s, e))  # tier H holds the same node
+    disk.store(a, [(0, kv_for(a, 0, len(a)))])
+    disk.wait_idle()
+    match = disk.match(a)
+    assert match.length == len(a)
+    disk.flush()  # the writer's eviction, between a request's match and its read
+    assert match.node.attached and "H" in match.node.values
+    with pytest.raises(DiskSegmentError, match="evicted before they were read"):
+        disk.load(match)
+    assert match.node.lock_ref == 0
+    disk.tree.check_invariants()

@@ -22,6 +22,7 @@ from server.cache.disk_tier import (
 )
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.radix_tree import RadixTree
 
 LAYOUT = KVLayout(False, (1, 1), (8, 8), (1, 1), (8, 8), (0, 0))
 FP = "fp"
@@ -44,7 +45,7 @@ def expected_rows(tokens: list[int]) -> list[tuple[int, int]]:
 
 
 def open_tier(tmp_path, budget: int = 1 << 20) -> DiskTier:
-    return DiskTier(tmp_path / "kv", budget, FP, LRUPolicy())
+    return DiskTier(RadixTree(), tmp_path / "kv", budget, FP, LRUPolicy())
 
 
 def stored(tmp_path) -> dict[str, object]:

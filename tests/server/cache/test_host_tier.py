@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
+from server.cache.radix_tree import RadixTree
 from tests.server.cache.sim_payload import FakePayload
 
 
@@ -24,30 +25,55 @@ def extractor(tokens, calls):
 
 
 def test_store_is_declined_when_pinned_nodes_fill_the_budget():
-    host = HostTier(budget_bytes=100, policy=KeepEverything())
+    host = HostTier(RadixTree(), budget_bytes=100, policy=KeepEverything())
     a, b = list(range(50)), list(range(1000, 1050))
     calls: list = []
     assert host.store(a, extractor(a, calls)) is not None
-    assert host.tree.total_bytes == 100
+    assert host.tree.tier("H").total_bytes == 100
     calls.clear()
     assert host.store(b, extractor(b, calls)) is None
     assert calls == [], "nothing is extracted for a store that cannot fit"
-    assert host.tree.total_bytes == 100 and host.declined == 1
+    assert host.tree.tier("H").total_bytes == 100 and host.declined == 1
     assert host.match(b).length == 0 and host.match(a).length == 50
     host.tree.check_invariants()
 
 
 def test_an_underestimated_store_is_taken_back_out():
-    host = HostTier(budget_bytes=100, policy=KeepEverything())
+    host = HostTier(RadixTree(), budget_bytes=100, policy=KeepEverything())
     a = list(range(60))  # 120 bytes: no estimate yet (first store), found over budget after insert
     assert host.store(a, extractor(a, [])) is None
-    assert host.tree.total_bytes == 0 and host.declined == 1
+    assert host.tree.tier("H").total_bytes == 0 and host.declined == 1
     host.tree.check_invariants()
 
 
 def test_lru_makes_room_before_extracting():
-    host = HostTier(budget_bytes=100, policy=LRUPolicy())
+    host = HostTier(RadixTree(), budget_bytes=100, policy=LRUPolicy())
     a, b = list(range(50)), list(range(1000, 1050))
     host.store(a, extractor(a, []))
     assert host.store(b, extractor(b, [])) is not None
-    assert host.tree.total_bytes == 100 and host.match(a).length == 0 and host.match(b).length == 50
+    assert host.tree.tier("H").total_bytes == 100 and host.match(a).length == 0 and host.match(b).length == 50
+
+
+def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):
+    from server.cache.disk_tier import DiskTier
+    from tests.server.cache.test_disk_tier import kv_for
+
+    tree = RadixTree()
+    host = HostTier(tree, budget_bytes=1 << 20, policy=LRUPolicy())
+    disk = DiskTier(tree, tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
+    try:
+        a = list(range(100, 140))
+        stored = host.store(a, lambda s, e: kv_for(a, s, e))
+        disk.store(a, [(0, stored.last_node.values["H"])])
+        disk.wait_idle()
+        assert tree.n_nodes == 1 and set(stored.last_node.values) == {"H", "D"}, "one node, two tiers"
+        host.flush()
+        assert host.match(a).length == 0 and disk.match(a).length == len(a), "evicting H keeps D"
+        assert len(disk.load(disk.match(a)).segments) == 1
+        host.store(a, lambda s, e: kv_for(a, s, e))
+        disk.flush()
+        assert disk.match(a).length == 0 and host.match(a).length == len(a), "evicting D keeps H"
+        assert not list(disk.dir.glob("*.kvseg"))
+        tree.check_invariants()
+    finally:
+        disk.close()

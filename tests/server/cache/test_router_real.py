@@ -186,9 +186,7 @@ def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
 
 
 def _indexed_files(model):
-    from server.cache.disk_tier import DiskSegment
-
-    return {n.payload.file for n in model.router.disk.tree.nodes() if isinstance(n.payload, DiskSegment)}
+    return {n.values["D"].file for n in model.router.disk.tree.nodes() if "D" in n.values}
 
 
 def test_four_concurrent_requests_share_one_copy_of_their_prefix(cached):
