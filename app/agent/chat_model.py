@@ -30,6 +30,7 @@ from typing import Any
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import LC_ID_PREFIX
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -70,13 +71,19 @@ class ArborChatModel(BaseChatModel):
         if stop:
             raise ValueError("ArborChatModel does not support stop sequences")
         body = await self.request_body(messages, **kwargs)
+        # The chunks and the message share an id: LangGraph's "messages" stream then knows the
+        # final message is the one it already streamed.
+        message_id = f"{LC_ID_PREFIX}{run_manager.run_id}" if run_manager is not None else None
 
         async def on_token(text: str) -> None:
             if run_manager is not None:
-                await run_manager.on_llm_new_token(text, chunk=ChatGenerationChunk(message=AIMessageChunk(content=text)))
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=text, id=message_id))
+                await run_manager.on_llm_new_token(text, chunk=chunk)
 
         result = await self.adapter.stream(body, on_token=on_token)
-        return ChatResult(generations=[ChatGeneration(message=ai_message(result))])
+        message = ai_message(result)
+        message.id = message_id
+        return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:

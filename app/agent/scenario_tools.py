@@ -7,12 +7,13 @@ project's. A plain LangChain tool is described by its own schema and validated b
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import ValidationError
 
-from tools.base import Tool, ToolContext
+from tools.base import Tool, ToolContext, ToolError, run_tool
 
 AnyTool = Union[Tool, BaseTool]
 
@@ -34,3 +35,14 @@ def requires_approval(tool: AnyTool) -> bool:
 def langchain_tool(tool: AnyTool, ctx: ToolContext) -> BaseTool:
     """The tool as ToolNode runs it: a `Tool` bound to the turn's `ctx`, a `BaseTool` as it is."""
     return tool.as_langchain_tool(ctx) if isinstance(tool, Tool) else tool
+
+
+async def run_outside_turn(tool: AnyTool, ctx: ToolContext, arguments: dict) -> Any:
+    """Run a tool once, outside any turn (the scenario page's tool check): a `Tool` through
+    `run_tool`, a `BaseTool` through its own validation. Bad arguments raise `ToolError`."""
+    if isinstance(tool, Tool):
+        return await run_tool(tool, ctx, arguments)
+    try:
+        return await tool.ainvoke(arguments)
+    except ValidationError as exc:
+        raise ToolError(f"invalid arguments for {tool.name}: {exc}") from None
