@@ -67,7 +67,8 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
                    "reduced_turns": fitted.compaction.reduced_turns, "dropped_turns": fitted.compaction.dropped_turns})
         started_at, t0 = utcnow(), time.perf_counter()
         try:
-            # The chat model rebuilds this same body from the messages and options.
+            # The chat model rebuilds this same body from these messages and options (the
+            # conversion is exact; tests/app/test_traces_manifest.py checks body == sent).
             message = await ctx.chat_model.ainvoke(
                 from_openai(body["messages"]), merge_configs(config, {"callbacks": [TokenEvents(write)]}),
                 tools=body.get("tools"), tool_choice=body.get("tool_choice"), max_tokens=body["max_tokens"],
