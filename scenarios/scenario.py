@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from langchain_core.tools import BaseTool
+
 from tools.base import Tool, UnknownTool
 
 
@@ -14,14 +16,15 @@ class Scenario:
     """A system prompt, the tools the agent may call, starter questions and its data.
 
     `summarize` returns a small JSON-serialisable description of the local data (for the home
-    page); `data_summary()` calls it, so the data is read only when someone asks.
+    page); `data_summary()` calls it, so the data is read only when someone asks. A tool is
+    the project's `Tool` or any langchain-core `BaseTool` (such as a `@tool` function).
     """
 
     name: str
     title: str
     description: str
     system_prompt: str
-    tools: tuple[Tool, ...]
+    tools: tuple[Tool | BaseTool, ...]
     starter_questions: tuple[str, ...]
     summarize: Callable[[], dict] = field(default=dict, repr=False, compare=False)
 
@@ -30,7 +33,7 @@ class Scenario:
         if len(names) != len(set(names)):
             raise ValueError(f"scenario {self.name}: duplicate tool names in {names}")
 
-    def tool(self, name: str) -> Tool:
+    def tool(self, name: str) -> Tool | BaseTool:
         """The tool called `name`; `UnknownTool` (a ToolError) lists the known names."""
         for tool in self.tools:
             if tool.name == name:

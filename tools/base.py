@@ -6,16 +6,22 @@ not fit), then runs the function with a `ToolContext` (sync functions in a worke
 the event loop never blocks). Results are JSON-serialisable values the app puts into the
 conversation. Exceptions other than `ToolError` propagate: the app records them as tool
 errors in the trace.
+
+`Tool.as_langchain_tool(ctx)` gives the same tool as a langchain-core `StructuredTool` (the
+JSON schema as its `args_schema`, `run_tool` as its body), which LangGraph's `ToolNode` runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
 from typing import Any, Callable
+
+from langchain_core.tools import StructuredTool
 
 from tools.argument_validation import ArgumentProblems, validate_arguments
 
@@ -80,6 +86,20 @@ class Tool:
                 "parameters": self.parameters,
             },
         }
+
+    def as_langchain_tool(self, ctx: ToolContext) -> StructuredTool:
+        """This tool as a langchain-core tool bound to `ctx`, for LangGraph's `ToolNode`.
+
+        It validates and runs like `run_tool` (a `ToolError` propagates). Its response format
+        is "content_and_artifact": the content is the result as JSON text, the artifact the
+        result itself, so the caller can shape (trim) what enters the context.
+        """
+        async def call(**arguments: Any) -> tuple[str, Any]:
+            result = await run_tool(self, ctx, arguments)
+            return json.dumps(result, ensure_ascii=False, default=str), result
+
+        return StructuredTool(name=self.name, description=self.description, args_schema=self.parameters,
+                              coroutine=call, response_format="content_and_artifact")
 
 
 async def run_tool(tool: Tool, ctx: ToolContext, arguments: dict) -> Any:

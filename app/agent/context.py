@@ -7,9 +7,11 @@ particular turn travel in this context (rebuilt from the database when an approv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from app.agent.cache_hints import CacheHints, hint_key
+from app.agent.chat_model import ArborChatModel
 from app.agent.context_budget import ContextBudget
 from app.agent.model_client import ModelAdapter
 from app.tracing import TraceRecorder
@@ -32,6 +34,11 @@ class TurnContext:
     force_tool: bool = False
     tool_choice: str | dict | None = None
     history_len: int = 0  # messages of the conversation that belong to earlier turns
+
+    @cached_property
+    def chat_model(self) -> ArborChatModel:
+        """The turn's model behind langchain-core's chat model interface."""
+        return ArborChatModel(adapter=self.adapter)
 
     @property
     def cache_session(self) -> str:

@@ -15,6 +15,12 @@ tool call, resumed with ``Command(resume={"approved": bool, "comment": str})``.
 The approval node only asks; it runs nothing, because LangGraph re-executes an interrupted
 node from its start when resumed. Tools run afterwards, once, in the tools node.
 
+The state's messages are langchain-core messages (`add_messages`). The model is an
+`ArborChatModel` (app/agent/chat_model.py); the body of each step is built, fitted and
+recorded in OpenAI format (app/agent/messages.py converts at that boundary), and the chat
+model sends exactly that body. The tools node runs LangGraph's `ToolNode`
+(app/agent/tool_calls.py) and answers unparsable calls itself.
+
 Cache hints: each model request says ``active``; the approval and tools nodes tell the server
 the branch waits on tools (``tool_wait``), however long the operator takes; the turn's end is
 told by app/services/turns.py.
@@ -24,27 +30,34 @@ from __future__ import annotations
 
 import time
 
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import merge_configs
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
+from app.agent.chat_model import call_result
 from app.agent.context import TurnContext
+from app.agent.messages import from_openai, openai_tool_calls, to_openai
 from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
 from app.agent.routers import route_after_model
 from app.agent.state import AgentState
-from app.agent.tool_calls import approval_needed, execute_tool_call, parse_arguments
+from app.agent.token_events import TokenEvents
+from app.agent.tool_calls import TOOL_NODE, approval_needed, refuse_invalid_call
 from app.db.models import utcnow
 
 
-async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
+async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime[TurnContext]) -> dict:
     ctx = runtime.context
     write = runtime.stream_writer
     step = state.get("steps", 0) + 1
     model = await ctx.adapter.model_name()
+    conversation = to_openai(state["messages"])
     for attempt in (1, 2):
         body, fitted = await fitted_step_body(
-            ctx.budget, ctx.adapter, ctx.scenario, model, state["messages"], ctx.history_len, step=step,
+            ctx.budget, ctx.adapter, ctx.scenario, model, conversation, ctx.history_len, step=step,
             max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
             cache_session=ctx.cache_session)
         if fitted.compacted:
@@ -54,7 +67,12 @@ async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
                    "reduced_turns": fitted.compaction.reduced_turns, "dropped_turns": fitted.compaction.dropped_turns})
         started_at, t0 = utcnow(), time.perf_counter()
         try:
-            result = await ctx.adapter.stream(body, on_token=lambda text: write({"type": "token", "text": text}))
+            # The chat model rebuilds this same body from these messages and options (the
+            # conversion is exact; tests/app/test_traces_manifest.py checks body == sent).
+            message = await ctx.chat_model.ainvoke(
+                from_openai(body["messages"]), merge_configs(config, {"callbacks": [TokenEvents(write)]}),
+                tools=body.get("tools"), tool_choice=body.get("tool_choice"), max_tokens=body["max_tokens"],
+                cache_session=(body.get("cache") or {}).get("session"))
             break
         except ModelBackendError as exc:
             await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
@@ -63,6 +81,7 @@ async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
             if attempt == 2 or not exc.context_exceeded or fitted.limit is None:
                 raise
             ctx.budget.tighten(body, str(exc))
+    result = call_result(message)
     ctx.budget.observe(body, result.prompt_tokens)
     span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
                                       duration_ms=result.duration_ms, result=result)
@@ -70,13 +89,12 @@ async def call_model(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
            "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
            "cache_source": (result.cache or {}).get("source"), "ttft_ms": result.ttft_ms,
            "duration_ms": result.duration_ms, "finish_reason": result.finish_reason})
-    message = result.assistant_message()
     update: dict = {"messages": [message], "steps": step, "awaiting": []}
     for call in result.tool_calls:
         write({"type": "tool_call", "tool_call_id": call["id"], "name": call["function"]["name"],
                "arguments": call["function"]["arguments"], "step": step})
     if result.tool_calls:
-        update["awaiting"] = [c["id"] for c in result.tool_calls if approval_needed(ctx, c)]
+        update["awaiting"] = [c["id"] for c in message.tool_calls if approval_needed(ctx, c)]
     else:
         update["final_answer"] = result.content
         update["outcome"] = "answered"
@@ -87,37 +105,39 @@ async def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) ->
     """Ask the operator about each proposed action of the last model message, in order."""
     await runtime.context.hints.tool_wait(runtime.context.cache_session)
     decided = state.get("decisions") or {}
-    calls = {c["id"]: c for c in state["messages"][-1]["tool_calls"]}
+    calls = {c["id"]: c for c in state["messages"][-1].tool_calls}
     decisions: dict[str, dict] = {}
     for call_id in state["awaiting"]:
         if call_id in decided:
             continue
         call = calls[call_id]
-        answer = interrupt({"tool_call_id": call_id, "tool_name": call["function"]["name"],
-                            "arguments": parse_arguments(call["function"]["arguments"])})
+        answer = interrupt({"tool_call_id": call_id, "tool_name": call["name"], "arguments": call["args"]})
         answer = answer if isinstance(answer, dict) else {"approved": bool(answer)}
         decisions[call_id] = {"approved": bool(answer.get("approved")), "comment": str(answer.get("comment") or "")}
     return {"decisions": decisions}
 
 
-async def run_tools(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
+async def run_tools(state: AgentState, config: RunnableConfig, runtime: Runtime[TurnContext]) -> dict:
+    """ToolNode runs the parsed calls (in parallel); the unparsable ones get their error here.
+    The answers go into the history in the order of the calls."""
     ctx = runtime.context
     await ctx.hints.tool_wait(ctx.cache_session)
-    decisions = state.get("decisions") or {}
-    messages = []
-    for call in state["messages"][-1]["tool_calls"]:
-        outcome = await execute_tool_call(ctx, call, decisions.get(call["id"]))
-        runtime.stream_writer(outcome.event)
-        messages.append(outcome.message)
-    return {"messages": messages, "awaiting": []}
+    last: AIMessage = state["messages"][-1]
+    answers: list[ToolMessage] = []
+    if last.tool_calls:
+        answers += (await TOOL_NODE.ainvoke(state, config))["messages"]
+    for call in last.invalid_tool_calls:
+        answers.append(await refuse_invalid_call(ctx, runtime.stream_writer, call))
+    order = {call["id"]: i for i, call in enumerate(openai_tool_calls(last))}
+    return {"messages": sorted(answers, key=lambda m: order[m.tool_call_id]), "awaiting": []}
 
 
 def stop_at_budget(state: AgentState) -> dict:
     """Answer the unexecuted tool calls (keeps the history valid) and end the turn."""
-    last = state["messages"][-1]
+    last: AIMessage = state["messages"][-1]
     note = f"Not executed: the step budget of {state['max_steps']} model calls for this turn is spent."
-    messages = [{"role": "tool", "tool_call_id": c["id"], "content": note} for c in last["tool_calls"]]
-    answer = last.get("content") or (
+    messages = [ToolMessage(note, tool_call_id=c["id"]) for c in openai_tool_calls(last)]
+    answer = last.content or (
         f"Stopped: the step budget of {state['max_steps']} model calls ran out before a final answer.")
     return {"messages": messages, "final_answer": answer, "outcome": "budget_exhausted"}
 

@@ -103,8 +103,9 @@ class ModelAdapter:
         return [m.id for m in page.data]
 
     def build_body(self, model: str, messages: list[dict], tools: list[dict], tool_choice: Any,
-                   cache_session: str, max_tokens: int | None = None) -> dict:
-        """The exact request body of one model step (`max_tokens` defaults to LLM_MAX_TOKENS)."""
+                   cache_session: str | None, max_tokens: int | None = None) -> dict:
+        """The exact request body of one model step (`max_tokens` defaults to LLM_MAX_TOKENS;
+        no cache hint without a `cache_session`)."""
         body: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -118,7 +119,8 @@ class ModelAdapter:
             body["tools"] = tools
             if tool_choice is not None:
                 body["tool_choice"] = tool_choice
-        body["cache"] = {"session": cache_session, "state": "active"}
+        if cache_session:
+            body["cache"] = {"session": cache_session, "state": "active"}
         return body
 
     @staticmethod

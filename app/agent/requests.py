@@ -7,6 +7,7 @@ from typing import Any
 from app.agent.context_budget import ContextBudget, FittedRequest
 from app.agent.model_client import ModelAdapter
 from app.agent.routers import tool_choice_for_step
+from app.agent.scenario_tools import openai_schema
 
 
 def step_body(adapter: ModelAdapter, scenario: Any, model: str, conversation: list[dict], *, step: int,
@@ -37,4 +38,4 @@ def system_message(scenario: Any) -> dict:
 
 
 def scenario_tools(scenario: Any) -> list[dict]:
-    return [tool.openai_schema() for tool in scenario.tools]
+    return [openai_schema(tool) for tool in scenario.tools]

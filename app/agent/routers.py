@@ -12,7 +12,7 @@ from app.agent.state import AgentState
 def route_after_model(state: AgentState) -> str:
     """END on an answer; otherwise tools, the operator first, or stop at the step budget."""
     last = state["messages"][-1]
-    if not last.get("tool_calls"):
+    if not (last.tool_calls or last.invalid_tool_calls):
         return END
     if state["steps"] >= state["max_steps"]:
         return "budget_exhausted"

@@ -1,9 +1,11 @@
-"""The graph state: OpenAI message dicts plus loop bookkeeping, with reducers."""
+"""The graph state: langchain-core messages plus loop bookkeeping, with reducers."""
 
 from __future__ import annotations
 
-import operator
 from typing import Annotated, TypedDict
+
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
 
 
 def merge_decisions(left: dict | None, right: dict | None) -> dict:
@@ -12,9 +14,10 @@ def merge_decisions(left: dict | None, right: dict | None) -> dict:
 
 
 class AgentState(TypedDict, total=False):
-    # The conversation without the system prompt (the model node prepends it), as OpenAI
-    # message dicts, so the request body is exactly what the trace and manifest record.
-    messages: Annotated[list[dict], operator.add]
+    # The conversation without the system prompt (the model node prepends it), as
+    # langchain-core messages; app/agent/messages.py turns them into the OpenAI dicts that
+    # the request body, the trace and the manifest record.
+    messages: Annotated[list[AnyMessage], add_messages]
     steps: int  # model calls made in this turn
     max_steps: int  # the step budget of this turn
     awaiting: list[str]  # tool-call ids of the last model message that need the operator

@@ -1,65 +1,120 @@
-"""Executing one tool call of the model: arguments, tool, approval, trimming, trace.
+"""Executing the model's tool calls: LangGraph's `ToolNode`, wrapped by the workbench.
 
-Every outcome becomes a tool message the model sees next, so the run continues after a
-failure: a `ToolError` (bad arguments, unknown tool, service down) gives its readable
-message; any other exception is recorded as an error with its type and reported the same
-way. Proposed actions (`requires_approval`) are never executed on the model's word: the
-operator's decision, taken before this runs (graph interrupt), becomes the result; a tool
-marked `apply_on_approval` (appending a story chapter) runs only after an approval.
+`TOOL_NODE` runs the calls of the last AI message, in parallel. It is built with no tools:
+each turn's tools are its scenario's (app/agent/scenario_tools.py), which `run_tool_call`
+(the node's `awrap_tool_call`) looks up and hands to ToolNode's `execute` per call. Around
+that execution the wrapper keeps the workbench's contract:
+
+- every outcome becomes a ToolMessage the model sees next, so the run continues after a
+  failure: a `ToolError` (bad arguments, unknown tool, service down) gives its readable
+  message; any other exception is recorded as an error with its type and reported the same
+  way (the node is built with ``handle_tool_errors=False`` so all of them reach the wrapper);
+- proposed actions (`requires_approval`) are never executed on the model's word: the
+  operator's decision, taken before this runs (graph interrupt) and found in the state's
+  ``decisions``, becomes the result, and a rejected call is answered without running
+  anything; a tool marked `apply_on_approval` (appending a story chapter) runs only after an
+  approval;
+- results are trimmed to the context budget (the full text kept as an artifact), recorded
+  as a span, and sent to the client as a ``tool_result`` event.
+
+Calls whose arguments are not a JSON object are ``invalid_tool_calls`` of the AI message;
+ToolNode does not see them, `refuse_invalid_call` answers them with the same error the
+model would have got before.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
+from langchain_core.messages import ToolMessage
+from langchain_core.messages.tool import InvalidToolCall, ToolCall
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
 from app.agent.context import TurnContext
+from app.agent.scenario_tools import langchain_tool, requires_approval
 from app.agent.trimming import trim_tool_result
 from app.db.models import new_id, utcnow
 from tools.argument_validation import ArgumentProblems, validate_arguments
-from tools.base import ToolError, run_tool
+from tools.base import Tool, ToolError
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ToolCallOutcome:
-    message: dict  # the "tool" message for the conversation
-    event: dict  # the tool_result event for the client
+Execute = Callable[[ToolCallRequest], Awaitable[Any]]
 
 
-def parse_arguments(raw: Any) -> dict:
-    """The model's arguments as a dict; ToolError when they are not a JSON object."""
-    if isinstance(raw, dict):
-        return raw
-    try:
-        value = json.loads(raw or "{}")
-    except json.JSONDecodeError as exc:
-        raise ToolError(f"arguments are not valid JSON ({exc.msg} at position {exc.pos}): {str(raw)[:200]}") from None
-    if not isinstance(value, dict):
-        raise ToolError(f"arguments must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def approval_needed(ctx: TurnContext, call: dict) -> bool:
+def approval_needed(ctx: TurnContext, call: ToolCall) -> bool:
     """True when the call names a proposed action with valid arguments (ask the operator).
 
     Invalid proposals are not shown to the operator: the tools node returns their error.
     """
     try:
-        tool = ctx.scenario.tool(call["function"]["name"])
-        if not tool.requires_approval:
+        tool = ctx.scenario.tool(call["name"])
+        if not requires_approval(tool):
             return False
-        validate_arguments(tool.parameters, parse_arguments(call["function"]["arguments"]))
+        validate_arguments(tool.parameters, call["args"])
     except (ToolError, ArgumentProblems):
         return False
     return True
 
 
-async def _approval_result(ctx: TurnContext, tool: Any, arguments: dict, decision: dict | None) -> dict:
+async def run_tool_call(request: ToolCallRequest, execute: Execute) -> ToolMessage:
+    """ToolNode's wrapper around one call: approval, execution, trimming, trace, event."""
+    ctx: TurnContext = request.runtime.context
+    call = request.tool_call
+    decision = (request.state.get("decisions") or {}).get(call["id"])
+    started_at, t0 = utcnow(), time.perf_counter()
+    result: Any = None
+    error = error_type = None
+    proposal = False
+    try:
+        tool = ctx.scenario.tool(call["name"])
+        proposal = requires_approval(tool)
+
+        async def run() -> Any:
+            return await _execute(request, execute, tool, ctx)
+
+        result = await (_approval_result(tool, call["args"], decision, run) if proposal else run())
+    except ToolError as exc:
+        error, error_type = str(exc), type(exc).__name__
+    except Exception as exc:  # a tool bug must not end the run: record it, tell the model
+        log.warning("tool %s raised", call["name"], exc_info=True)
+        error, error_type = f"{type(exc).__name__}: {exc}", type(exc).__name__
+    decision_name = None
+    if proposal and decision is not None:
+        decision_name = "approved" if decision.get("approved") else "rejected"
+    return await _answer(ctx, request.runtime.stream_writer, call["name"], call["id"], call["args"], started_at,
+                         (time.perf_counter() - t0) * 1000, result, error, error_type, proposal, decision_name)
+
+
+async def refuse_invalid_call(ctx: TurnContext, write: Callable[[dict], None], call: InvalidToolCall) -> ToolMessage:
+    """The answer to a call whose arguments could not be parsed (its error names why)."""
+    return await _answer(ctx, write, call["name"] or "", call["id"] or "", call["args"], utcnow(), 0.0, None,
+                         call["error"] or "arguments are not a JSON object", ToolError.__name__, False, None)
+
+
+# handle_tool_errors=False: every exception reaches `run_tool_call`, which reports it itself.
+TOOL_NODE = ToolNode([], awrap_tool_call=run_tool_call, handle_tool_errors=False)
+
+
+async def _execute(request: ToolCallRequest, execute: Execute, tool: Any, ctx: TurnContext) -> Any:
+    """Run the scenario's tool through ToolNode; the raw result for a `Tool`, the content otherwise."""
+    message = await execute(request.override(tool=langchain_tool(tool, ctx.tool_context)))
+    if not isinstance(message, ToolMessage):
+        raise ToolError(f"tool {tool.name} returned {type(message).__name__}; the workbench takes tool messages")
+    if message.status == "error":
+        raise ToolError(str(message.content))
+    # A `Tool` answers content_and_artifact: the artifact is its result before it became text,
+    # which trimming needs to keep its shape.
+    return message.artifact if isinstance(tool, Tool) else message.content
+
+
+async def _approval_result(tool: Any, arguments: dict, decision: dict | None,
+                           run: Callable[[], Awaitable[Any]]) -> dict:
     try:
         validate_arguments(tool.parameters, arguments)
     except ArgumentProblems as problems:  # invalid proposals never reach the operator
@@ -71,8 +126,7 @@ async def _approval_result(ctx: TurnContext, tool: Any, arguments: dict, decisio
     record = {"action_tool": tool.name, **arguments}
     verdict = "approved" if decision.get("approved") else "rejected"
     if verdict == "approved" and tool.apply_on_approval:
-        applied = await run_tool(tool, ctx.tool_context, arguments)
-        return {"proposal": record, "operator_decision": verdict, "applied": applied,
+        return {"proposal": record, "operator_decision": verdict, "applied": await run(),
                 "note": "The operator approved; the app applied it."}
     note = (f"The operator {verdict} this proposed action. The agent does not execute actions: "
             + ("the operator carries it out." if verdict == "approved" else "it will not be carried out."))
@@ -82,29 +136,10 @@ async def _approval_result(ctx: TurnContext, tool: Any, arguments: dict, decisio
     return result
 
 
-async def execute_tool_call(ctx: TurnContext, call: dict, decision: dict | None = None) -> ToolCallOutcome:
-    name = call["function"]["name"]
-    call_id = call["id"]
-    started_at, t0 = utcnow(), time.perf_counter()
-    arguments: Any = call["function"].get("arguments")
-    result: Any = None
-    error = error_type = None
-    requires_approval = False
-    try:
-        arguments = parse_arguments(arguments)
-        tool = ctx.scenario.tool(name)
-        requires_approval = tool.requires_approval
-        if requires_approval:
-            result = await _approval_result(ctx, tool, arguments, decision)
-        else:
-            result = await run_tool(tool, ctx.tool_context, arguments)
-    except ToolError as exc:
-        error, error_type = str(exc), type(exc).__name__
-    except Exception as exc:  # a tool bug must not end the run: record it, tell the model
-        log.warning("tool %s raised", name, exc_info=True)
-        error, error_type = f"{type(exc).__name__}: {exc}", type(exc).__name__
-    duration_ms = (time.perf_counter() - t0) * 1000
-
+async def _answer(ctx: TurnContext, write: Callable[[dict], None], name: str, call_id: str, arguments: Any,
+                  started_at: datetime, duration_ms: float, result: Any, error: str | None, error_type: str | None,
+                  requires_approval: bool, decision: str | None) -> ToolMessage:
+    """Shape the outcome for the context, record its span (and artifact), send the event."""
     artifact_id = None
     trimmed = False
     full_chars = None
@@ -117,16 +152,15 @@ async def execute_tool_call(ctx: TurnContext, call: dict, decision: dict | None 
         if trimmed:
             artifact_id = candidate_id
             await ctx.recorder.artifact(artifact_id=artifact_id, tool_name=name, call_id=call_id,
-                                  content=shaped.full_text, context_chars=len(content))
-    decision_name = None
-    if requires_approval and decision is not None:
-        decision_name = "approved" if decision.get("approved") else "rejected"
+                                        content=shaped.full_text, context_chars=len(content))
     span_id = await ctx.recorder.tool_call(
         name=name, call_id=call_id, arguments=arguments, started_at=started_at, duration_ms=duration_ms,
         context_text=content, error=error, error_type=error_type, trimmed=trimmed, full_chars=full_chars,
-        artifact_id=artifact_id, requires_approval=requires_approval, decision=decision_name)
-    event = {"type": "tool_result", "tool_call_id": call_id, "name": name, "content": content,
-             "error": error, "trimmed": trimmed, "full_chars": full_chars, "artifact_id": artifact_id,
-             "duration_ms": round(duration_ms, 3), "span_id": span_id}
-    message = {"role": "tool", "tool_call_id": call_id, "content": content}
-    return ToolCallOutcome(message=message, event=event)
+        artifact_id=artifact_id, requires_approval=requires_approval, decision=decision)
+    write({"type": "tool_result", "tool_call_id": call_id, "name": name, "content": content,
+           "error": error, "trimmed": trimmed, "full_chars": full_chars, "artifact_id": artifact_id,
+           "duration_ms": round(duration_ms, 3), "span_id": span_id})
+    # The full result is kept as an artifact row when trimmed; the state keeps only what the
+    # model sees, so checkpoints do not carry every large result twice.
+    return ToolMessage(content=content, tool_call_id=call_id, name=name,
+                       status="error" if error is not None else "success")

@@ -47,6 +47,7 @@ from sqlmodel import Session, select
 from app.agent.cache_hints import CacheHints
 from app.agent.context import TurnContext
 from app.agent.context_budget import ContextBudget
+from app.agent.messages import from_openai, to_openai
 from app.agent.model_client import ModelAdapter, ModelBackendError
 from app.db.models import AgentSession, Approval, Branch, Run, Turn, TurnCreate, TurnPublic, utcnow
 from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
@@ -144,7 +145,7 @@ class TurnService:
                      "branch_id": branch.id, "parent_turn_id": turn.parent_turn_id, "resumed": False,
                      "retry_of": retry_of}
             context = self._context(session, turn, run, scenario)
-        graph_input = {"messages": [*past, {"role": "user", "content": message}], "steps": 0,
+        graph_input = {"messages": from_openai([*past, {"role": "user", "content": message}]), "steps": 0,
                        "max_steps": self.settings.step_budget, "awaiting": [], "decisions": {},
                        "final_answer": None, "outcome": None}
         return handle, first, graph_input, context, run.thread_id
@@ -300,7 +301,7 @@ class TurnService:
         with Session(self.engine) as db:
             turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
             start = (run.options or {}).get("history_len", 0)
-            turn.messages = values["messages"][start:]
+            turn.messages = to_openai(values["messages"][start:])
             turn.final_answer = values.get("final_answer") or ""
             turn.outcome = values.get("outcome")
             turn.status = run.status = "completed"

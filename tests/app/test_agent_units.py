@@ -2,6 +2,7 @@
 
 import json
 
+from langchain_core.messages import AIMessage
 from langgraph.graph import END
 
 from app.agent.routers import route_after_model, tool_choice_for_step
@@ -13,12 +14,14 @@ def _state(last, steps=1, max_steps=4, awaiting=(), decisions=None):
             "decisions": decisions or {}}
 
 
-CALL = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}
+CALL = AIMessage("", tool_calls=[{"name": "echo", "args": {}, "id": "c1"}])
+UNPARSABLE = AIMessage("", invalid_tool_calls=[{"name": "echo", "args": "{bad", "id": "c2", "error": "not JSON"}])
 
 
 def test_route_after_model():
-    assert route_after_model(_state({"role": "assistant", "content": "hi"})) == END
+    assert route_after_model(_state(AIMessage("hi"))) == END
     assert route_after_model(_state(CALL)) == "tools"
+    assert route_after_model(_state(UNPARSABLE)) == "tools"  # its error is the answer the model gets
     assert route_after_model(_state(CALL, steps=4)) == "budget_exhausted"
     assert route_after_model(_state(CALL, awaiting=["c1"])) == "approval"
     assert route_after_model(_state(CALL, awaiting=["c1"], decisions={"c1": {"approved": True}})) == "tools"

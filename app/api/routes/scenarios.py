@@ -8,10 +8,11 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from app.agent.scenario_tools import parameters, requires_approval, run_outside_turn
 from app.agent.trimming import trim_tool_result
 from app.api.deps import CatalogDep, SettingsDep, TurnServiceDep
 from app.errors import Conflict, WorkbenchError
-from tools.base import ToolError, run_tool
+from tools.base import ToolError
 
 router = APIRouter(prefix="/scenarios", tags=["scenarios"])
 
@@ -22,8 +23,8 @@ def scenario_public(scenario: Any, detail: bool = False) -> dict:
         "title": scenario.title,
         "description": scenario.description,
         "starter_questions": list(scenario.starter_questions),
-        "tools": [{"name": t.name, "description": t.description, "parameters": t.parameters,
-                   "requires_approval": t.requires_approval} for t in scenario.tools],
+        "tools": [{"name": t.name, "description": t.description, "parameters": parameters(t),
+                   "requires_approval": requires_approval(t)} for t in scenario.tools],
     }
     if detail:
         body["system_prompt"] = scenario.system_prompt
@@ -54,12 +55,12 @@ async def run_scenario_tool(name: str, tool_name: str, request: ToolRunRequest, 
         tool = scenario.tool(tool_name)
     except ToolError as exc:
         raise WorkbenchError(str(exc), "unknown_tool", 404) from None
-    if tool.requires_approval:
+    if requires_approval(tool):
         raise Conflict(f"{tool_name} is a proposed action: it is never executed directly, only proposed "
                        "by the agent and decided by the operator", "requires_approval")
     t0 = time.perf_counter()
     try:
-        result = await run_tool(tool, turns.tool_context, request.arguments)
+        result = await run_outside_turn(tool, turns.tool_context, request.arguments)
     except ToolError as exc:
         raise WorkbenchError(str(exc), "tool_error", 422) from None
     except Exception as exc:
