@@ -427,6 +427,18 @@ async function switchTo(branch) {
   }
 }
 
+/** Delete a branch (not the main one) with its turns, traces and checkpoints, after asking. */
+async function deleteBranch(branch) {
+  if (!window.confirm(`Delete branch ${branch.name} with its turns and traces? This cannot be undone.`)) return;
+  try {
+    await api(`${base}/branches/${encodeURIComponent(branch.id)}`, { method: "DELETE" });
+    await load();
+    announce(`Deleted branch ${branch.name}.`);
+  } catch (exc) {
+    showError(`Could not delete branch ${branch.name}: ${exc.message}`);
+  }
+}
+
 function waitingOn(branch) {
   const n = (state.detail.turns || []).filter((t) => t.branch_id === branch.id &&
     (t.status === "running" || t.status === "awaiting_approval")).length;
@@ -438,6 +450,7 @@ function renderBranches() {
   const active = activeBranch();
   const activePath = pathTo(active?.head_turn_id, byId);
   const activeSet = new Set(activePath);
+  const mainId = state.detail.branches[0]?.id; // the first branch: the session's root, never deleted
   replace(els.branches, state.detail.branches.map((branch) => {
     const path = pathTo(branch.head_turn_id, byId);
     const isActive = branch.id === active?.id;
@@ -461,7 +474,8 @@ function renderBranches() {
         isActive ? h("span", { class: "badge ok" }, "current") : null,
         h("span", { class: "muted small" }, ` ${path.length} turn${path.length === 1 ? "" : "s"}${waitingOn(branch)}`)),
       h("p", { class: "muted small" }, info.join("; ")),
-      isActive ? null : h("button", { type: "button", class: "btn small switch", "aria-label": `Switch to branch ${branch.name}`, on: { click: () => switchTo(branch) } }, "Switch to this branch"));
+      isActive ? null : h("button", { type: "button", class: "btn small switch", "aria-label": `Switch to branch ${branch.name}`, on: { click: () => switchTo(branch) } }, "Switch to this branch"),
+      branch.id === mainId ? null : h("button", { type: "button", class: "btn small danger delete", "aria-label": `Delete branch ${branch.name}`, on: { click: () => deleteBranch(branch) } }, "Delete"));
   }));
 }
 
