@@ -13,8 +13,8 @@ A fork copies the chosen checkpoint's values into the new branch's thread with
 (nothing pending for a turn's end; the tools, say, for a checkpoint before a tool result).
 The values are copied, not referenced: a branch's thread never depends on another's.
 
-Messages in the state may be OpenAI dicts or langchain-core messages: this module only
-counts them, and converts with `convert_to_openai_messages` where it shows them.
+Messages in the state may be OpenAI dicts or langchain-core messages: this module counts
+them, and `openai_messages` gives them as OpenAI dicts wherever they are stored or shown.
 """
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ from langgraph.types import StateSnapshot
 # tools -> model, budget_exhausted -> END; model routes on the state, which is copied too).
 _WRITER_OF = {(): "budget_exhausted", ("tools",): "approval", ("model",): "tools",
               ("approval",): "model", ("budget_exhausted",): "model"}
+
+
+def openai_messages(messages: list) -> list[dict]:
+    """`messages` as OpenAI dicts: langchain-core messages converted, dicts kept as they are
+    (converting a dict round-trips it through langchain-core, which rejects tool-call arguments
+    that are not JSON: a model's malformed call must still be recorded as it was)."""
+    return [m if isinstance(m, dict) else convert_to_openai_messages(m) for m in messages]
 
 
 def thread_config(thread_id: str, checkpoint_id: str | None = None, **metadata: Any) -> dict:
@@ -89,7 +96,7 @@ async def list_checkpoints(graph: Any, thread_id: str) -> list[dict]:
 
 
 def _summary(message: Any) -> dict:
-    openai = convert_to_openai_messages(message)
+    openai = openai_messages([message])[0]
     calls = [c["function"]["name"] for c in openai.get("tool_calls") or []]
     content = openai.get("content")
     text = content if isinstance(content, str) else str(content or "")

@@ -47,7 +47,6 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from langchain_core.messages import convert_to_openai_messages
 from langgraph.types import Command, Overwrite
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
@@ -96,14 +95,15 @@ class TurnHandle:
 @dataclass(frozen=True)
 class TurnStart:
     """Where a new turn starts on its branch's thread: `checkpoint_id`, or, where the branch has
-    no checkpoint to start from yet, a first one to write holding `seed` (its recorded history).
+    no checkpoint to start from (yet, or any more), a first one to write holding `seed`: the
+    history its turn tree records.
 
     A branch forked inside turn `cut` starts from that turn's middle: its first turn continues
     `cut` (same message, no new input; `history_len` is `cut`'s) instead of adding a message."""
 
     thread_id: str
     checkpoint_id: str | None
-    seed: list[dict] | None
+    seed: list[dict]
     is_base: bool  # the branch's base (its first turn), not its head turn's end
     cut: Turn | None = None
     cut_history_len: int = 0
@@ -189,17 +189,23 @@ class TurnService:
         return handle, first, graph_input, context, start
 
     async def _open_start(self, start: TurnStart) -> tuple[str, int]:
-        """The checkpoint the turn starts from (written first where there is none yet) and the
-        number of messages its state holds (all of earlier turns)."""
+        """The checkpoint the turn starts from and the number of messages its state holds (all
+        of earlier turns). Where the branch has none yet, or the checkpointer lost it (its store
+        was reset), the history the turn tree records is written as a first checkpoint."""
         checkpoint_id = start.checkpoint_id
-        if checkpoint_id is None:
-            checkpoint_id = await branch_threads.seed_thread(self.graph, start.thread_id, start.seed or [])
-        snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, checkpoint_id)
-        if snapshot is None:
-            raise WorkbenchError(f"checkpoint {checkpoint_id!r} of thread {start.thread_id!r} is gone",
-                                 "checkpoint_missing", 409)
+        snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, checkpoint_id) \
+            if checkpoint_id else None
         if start.cut is not None:
+            if snapshot is None:  # a turn's middle is in no table: nothing to seed it from
+                raise WorkbenchError(f"checkpoint {checkpoint_id!r} of thread {start.thread_id!r} is gone; "
+                                     "fork again", "checkpoint_missing", 409)
             return checkpoint_id, start.cut_history_len
+        if snapshot is None:
+            if checkpoint_id is not None:
+                log.warning("checkpoint %s of %s is gone; seeding the thread from the recorded turns",
+                            checkpoint_id, start.thread_id)
+            checkpoint_id = await branch_threads.seed_thread(self.graph, start.thread_id, start.seed)
+            snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, checkpoint_id)
         return checkpoint_id, len(snapshot.values.get("messages") or [])
 
     def _record_start(self, context: TurnContext, start: TurnStart, checkpoint_id: str, history_len: int) -> None:
@@ -209,7 +215,7 @@ class TurnService:
             run.options = {**(run.options or {}), "history_len": history_len}
             db.add(turn)
             db.add(run)
-            if start.is_base and start.checkpoint_id is None:  # just written: later retries start there too
+            if start.is_base and checkpoint_id != start.checkpoint_id:  # just written: retries start there too
                 branch = db.get(Branch, turn.branch_id)
                 branch.base_checkpoint_id = checkpoint_id
                 db.add(branch)
@@ -268,11 +274,11 @@ class TurnService:
         """The branch (`branch_id`, or the session's active one) and the conversation its next
         turn starts from (OpenAI messages, no system prompt), read from its thread."""
         branch, start = await asyncio.to_thread(self._branch_start, session_id, branch_id)
-        if start.checkpoint_id is None:
-            return branch, start.seed or []
-        snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, start.checkpoint_id)
-        messages = (snapshot.values.get("messages") or []) if snapshot else []
-        return branch, convert_to_openai_messages(messages)
+        snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, start.checkpoint_id) \
+            if start.checkpoint_id else None
+        if snapshot is None:  # what its next turn would seed the thread with (see _open_start)
+            return branch, start.seed
+        return branch, branch_threads.openai_messages(snapshot.values.get("messages") or [])
 
     def _branch_start(self, session_id: str, branch_id: str | None) -> tuple[Branch, TurnStart]:
         with Session(self.engine) as db:
@@ -410,7 +416,7 @@ class TurnService:
         with Session(self.engine) as db:
             turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
             start = (run.options or {}).get("history_len", 0)
-            turn.messages = convert_to_openai_messages(values["messages"][start:])
+            turn.messages = branch_threads.openai_messages(values["messages"][start:])
             turn.end_checkpoint_id = end_checkpoint_id
             turn.final_answer = values.get("final_answer") or ""
             turn.outcome = values.get("outcome")
@@ -444,12 +450,12 @@ class TurnService:
 def _turn_start(db: Session, branch: Branch, head: Turn | None) -> TurnStart:
     """Where the next turn of `branch` (head turn `head`) starts: the end of its head turn when
     that turn ran on this branch, else (nothing run here yet) the branch's base. Where neither
-    checkpoint exists (a new branch, or turns recorded before checkpoints were) the history the
-    turn tree records seeds the thread."""
+    checkpoint exists (a new branch, turns recorded before checkpoints were, a lost checkpoint
+    store) the history the turn tree records seeds the thread."""
     thread_id = branch_thread_id(branch.id)
     own_head = head is not None and head.branch_id == branch.id
     checkpoint_id = head.end_checkpoint_id if own_head else branch.base_checkpoint_id
-    seed = sessions_service.history(db, branch) if checkpoint_id is None else None
+    seed = sessions_service.history(db, branch)
     if own_head or branch.fork_turn_id in (None, branch.head_turn_id):
         return TurnStart(thread_id, checkpoint_id, seed, is_base=not own_head)
     cut = sessions_service.get_turn(db, branch.fork_turn_id)  # forked inside it (its head is cut's parent)
