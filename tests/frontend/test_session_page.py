@@ -144,6 +144,32 @@ def test_delete_a_branch_and_be_told_why_not(page, workbench, script):
     assert page.js_errors == []
 
 
+def test_fork_inside_a_turn_before_the_tool_result_and_continue_it(page, workbench, script):
+    script.on("Which companies",
+              ScriptedReply(tool_calls=[tool_call("list_companies", {}, "call_list")]),
+              ScriptedReply(content="Three companies are covered."))
+    open_new_session(page, workbench, "Financial research")
+    send(page, "Which companies are covered?")
+    expect(last_turn(page)).to_have_attribute("data-status", "completed")
+
+    current = page.locator("#branch-list > li.branch.current")
+    current.locator("details.checkpoints summary").click()
+    point = current.locator("li.checkpoint", has_text="assistant calls list_companies · next: tools")
+    expect(point).to_have_count(1)
+    point.get_by_role("button", name=re.compile("Fork from checkpoint")).click()
+    expect(page.locator("#branch-list > li.branch")).to_have_count(2)
+    expect(page.locator("#branch-list > li.branch.current")).to_contain_text("forked inside turn #1")
+    expect(page.get_by_label("Message")).to_be_disabled()
+
+    page.get_by_role("button", name="Continue turn #1").click()
+    turn = last_turn(page)
+    expect(turn).to_have_attribute("data-status", "completed")
+    expect(turn.locator(".md.answer")).to_contain_text("Three companies are covered.")
+    expect(turn.locator("article.tool-card .tool-name")).to_have_text("list_companies")
+    expect(page.get_by_label("Message")).to_be_enabled()
+    assert page.js_errors == []
+
+
 def _pins(workbench, session_id: str) -> list[tuple[str, bool]]:
     """(branch id, pin) of the bare pin hints the workbench sent for the session, in order."""
     return [(h["session"].split("/", 1)[1], h["pin"]) for h in list(workbench.fake.hints)
