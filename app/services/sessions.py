@@ -72,7 +72,8 @@ def path_to(db: Session, head_turn_id: str | None) -> list[Turn]:
 
 
 def history(db: Session, branch: Branch) -> list[dict]:
-    """The conversation of `branch` (OpenAI messages, no system prompt)."""
+    """The conversation of `branch` as its turns recorded it (OpenAI messages, no system
+    prompt): what seeds its thread where no checkpoint holds it (app/services/turns.py)."""
     messages: list[dict] = []
     for turn in path_to(db, branch.head_turn_id):
         messages.extend(turn.messages or [])

@@ -5,7 +5,7 @@ branch takes its thread along (app/services/branches.py, app/services/branch_thr
 import pytest
 from langchain_core.messages import convert_to_openai_messages
 
-from tests.app.support import make_settings, new_session, of_type, parse_sse, post_turn, workbench_client
+from tests.app.support import decide, make_settings, new_session, of_type, parse_sse, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
 
 
@@ -161,3 +161,22 @@ def test_delete_branch(tmp_path, workbench_database):
         missing = client.delete(f"/api/sessions/{sid}/branches/{child['id']}")
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "unknown_branch"
         assert post_turn(client, sid, "main goes on")[-1]["type"] == "final"
+
+
+def test_each_turn_on_a_thread_starts_with_no_decisions(tmp_path):
+    """A decision of an earlier turn must not answer a later proposal that reuses its call id
+    (the `decisions` reducer merges; the turn input overwrites it)."""
+    proposal = {"action": "restart_service", "target": "pump", "reason": "stuck"}
+
+    def reply(body):
+        last = body["messages"][-1]
+        if last["role"] == "user":
+            return ScriptedReply(tool_calls=[tool_call("propose_action", proposal, "p1")])
+        return ScriptedReply(content="done")
+
+    with scripted_server(reply) as fake, workbench_client(make_settings(tmp_path, fake.base_url)) as client:
+        sid = new_session(client)["id"]
+        for message in ("restart it", "restart it again"):
+            request = post_turn(client, sid, message)[-1]
+            assert request["type"] == "approval_request", request  # asked each time
+            assert decide(client, request["approval_id"], True)[-1]["type"] == "final"
