@@ -20,6 +20,7 @@ from app.db.engine import make_engine
 from app.db.models import AgentSession
 from app.scenario_catalog import ScenarioCatalog
 from app.services import sessions as sessions_service
+from app.services.branches import BranchService
 from app.services.recovery import expire_lost_approvals, mark_interrupted_turns
 from app.services.turns import TurnService
 from app.settings import WorkbenchSettings
@@ -35,6 +36,7 @@ class Workbench:
     catalog: ScenarioCatalog
     graph: Any
     turns: TurnService
+    branches: BranchService
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
 
     @classmethod
@@ -52,11 +54,12 @@ class Workbench:
         budget = ContextBudget(settings)
         catalog = catalog or ScenarioCatalog()
         turns = TurnService(settings, engine, graph, adapter, catalog, budget)
-        return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, stack)
+        branches = BranchService(engine, graph, saver, turns.hints)
+        return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, branches, stack)
 
     async def delete_session(self, db: Session, session: AgentSession) -> None:
         """Delete `session` with everything it owns: turns, branches, runs, traces, artifacts,
-        approvals, and the LangGraph checkpoints of its runs. Refused (Conflict) while a turn runs.
+        approvals, and the LangGraph threads of its branches. Refused (Conflict) while a turn runs.
 
         Checkpoints go first: should that fail, no row has changed and the delete can simply be
         retried (deleting a thread twice is no error), where rows deleted first would leave

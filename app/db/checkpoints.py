@@ -4,8 +4,11 @@ PostgreSQL: `AsyncPostgresSaver` on a small psycopg connection pool, its tables 
 database as the workbench's (created or migrated when the workbench opens). SQLite:
 `AsyncSqliteSaver` on `settings.checkpoint_path`.
 
-A checkpoint thread belongs to one run (thread id `Run.thread_id`, "turn-<turn id>"); the
-threads of a session are deleted with it (`delete_threads`).
+A checkpoint thread belongs to one branch (`branch_thread_id`, "branch-<branch id>"): its
+turns run one after another on it, each from an explicit checkpoint (app/services/turns.py,
+app/services/branch_threads.py). A branch's thread is deleted with the branch, a session's
+threads with the session (`delete_threads`). Turns recorded before that design ran on a
+thread of their own ("turn-<turn id>", still named by `Run.thread_id`), deleted alike.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ from app.settings import WorkbenchSettings
 # pool replaces a connection that died (a restarted server) instead of failing every later turn.
 POOL_MIN_SIZE = 1
 POOL_MAX_SIZE = 4
+
+
+def branch_thread_id(branch_id: str) -> str:
+    """The LangGraph thread of a branch."""
+    return f"branch-{branch_id}"
 
 
 @asynccontextmanager

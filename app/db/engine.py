@@ -9,11 +9,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel, create_engine
 
 from app.db import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from app.db.migrate import add_missing_columns
 from app.db.urls import sqlalchemy_url
 
 
 def make_engine(database_url: str) -> Engine:
-    """Create the engine and the tables (idempotent). SQLite gets WAL and foreign keys on."""
+    """Create the engine and the tables (idempotent; columns added since are added to old
+    tables: app/db/migrate.py). SQLite gets WAL and foreign keys on."""
     if database_url.startswith("sqlite"):
         path = database_url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -31,4 +33,5 @@ def make_engine(database_url: str) -> Engine:
     else:
         engine = create_engine(sqlalchemy_url(database_url), pool_pre_ping=True)
     SQLModel.metadata.create_all(engine)
+    add_missing_columns(engine)
     return engine

@@ -1,11 +1,17 @@
 """SQLModel tables and their API shapes (Base / Create / Public families).
 
 A session is a tree of turns. Every turn has a parent turn (None for the first turn) and the
-branch it was created on. A branch is a named pointer to a head turn: the history of a branch
-is the path from its head up to the root. Forking a branch from turn T creates a branch whose
-head is T, so it shares exactly T's history (the prefix an inference server's cache reuses).
+branch it was created on. A branch is a named pointer to a head turn: the path from its head
+up to the root is the branch's story, and the tables keep it, with names and traces.
 
-A run is one execution of the agent graph for a turn (its LangGraph thread); spans record
+The conversation itself lives in LangGraph checkpoints: one thread per branch
+(app/db/checkpoints.py). A turn records the checkpoint it started from and the one it ended
+at; a branch records the checkpoint of its own thread that its first turn starts from (its
+`base`: a copy of the parent's state where it was forked). Forking from turn T makes a branch
+whose head is T and whose base is T's end state, so it shares exactly T's history (the
+prefix an inference server's cache reuses).
+
+A run is one execution of the agent graph for a turn (on its branch's thread); spans record
 every model and tool call of the run; artifacts keep tool results in full when the context
 only received a trimmed version; approvals are proposed actions waiting for the operator.
 """
@@ -61,8 +67,11 @@ class BranchBase(SQLModel):
 
 
 class BranchCreate(SQLModel):
-    """POST /api/sessions/{id}/branches body: fork from `turn_id` (null = an empty branch)."""
+    """POST /api/sessions/{id}/branches body: fork from the end of `turn_id` (null = an empty
+    branch), or from `checkpoint_id`, a checkpoint inside turn `turn_id` (GET
+    .../branches/{id}/checkpoints lists them)."""
     turn_id: str | None = None
+    checkpoint_id: str | None = Field(default=None, max_length=64)
     name: str | None = Field(default=None, max_length=100)
 
 
@@ -72,6 +81,12 @@ class Branch(BranchBase, table=True):
     session_id: str = Field(foreign_key="sessions.id", index=True)
     fork_turn_id: str | None = Field(default=None)  # no FK: turns already reference branches
     head_turn_id: str | None = Field(default=None)
+    # the parent's checkpoint this branch was forked from (None: forked from a turn recorded
+    # before checkpoints were, or an empty branch)
+    fork_checkpoint_id: str | None = Field(default=None, max_length=64)
+    # the checkpoint of this branch's own thread that its first turn starts from (None until
+    # it exists: a main or empty branch gets it when its first turn starts)
+    base_checkpoint_id: str | None = Field(default=None, max_length=64)
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -80,6 +95,7 @@ class BranchPublic(BranchBase):
     session_id: str
     fork_turn_id: str | None
     head_turn_id: str | None
+    fork_checkpoint_id: str | None
     created_at: datetime
 
 
@@ -117,6 +133,10 @@ class Turn(TurnBase, table=True):
     error: str | None = Field(default=None, sa_column=Column(Text))
     # the OpenAI messages this turn added to the conversation (user, assistant, tool ...)
     messages: list[dict] | None = _json()
+    # the checkpoints of the branch's thread this turn started from and ended at (None: not
+    # reached, or a turn recorded before checkpoints were)
+    start_checkpoint_id: str | None = Field(default=None, max_length=64)
+    end_checkpoint_id: str | None = Field(default=None, max_length=64)
     created_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
 
@@ -132,6 +152,8 @@ class TurnPublic(TurnBase):
     final_answer: str | None
     error: str | None
     messages: list[dict] | None
+    start_checkpoint_id: str | None
+    end_checkpoint_id: str | None
     created_at: datetime
     finished_at: datetime | None
 
@@ -143,9 +165,9 @@ class Run(SQLModel, table=True):
     session_id: str = Field(foreign_key="sessions.id", index=True)
     branch_id: str = Field(foreign_key="branches.id")
     turn_id: str = Field(foreign_key="turns.id", index=True)
-    thread_id: str = Field(max_length=64)  # the LangGraph thread holding the graph state
+    thread_id: str = Field(max_length=64)  # the LangGraph thread: its branch's ("turn-<id>" before)
     status: str = Field(default="running", max_length=32)
-    options: dict | None = _json()  # force_tool, tool_choice
+    options: dict | None = _json()  # force_tool, tool_choice, history_len, retry_of
     started_at: datetime = Field(default_factory=utcnow)
     ended_at: datetime | None = None
     error: str | None = Field(default=None, sa_column=Column(Text))

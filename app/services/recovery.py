@@ -1,14 +1,17 @@
 """What a start-up does about the turns a dead process left behind (kill -9, power loss, OOM).
 
 Sessions, branches, turns, runs and spans are rows committed as they change (SQLite in WAL
-mode keeps every committed row through a kill); the LangGraph checkpointer (its own SQLite
-file) holds each run's graph state after every node. So after a crash:
+mode keeps every committed row through a kill); the LangGraph checkpointer holds each
+branch's thread after every node. So after a crash:
 
 - A turn left `running` was cut mid-run: in a model call, a tool, or the resumed half of an
   approved action. Nothing can resume it (the model's stream is gone, a tool may have run
   halfway), so it is marked `failed` with a reason a person can read. Its branch head never
-  moved (only a completed turn moves it), so the branch is exactly as it was before the
-  turn, and `POST /api/turns/{id}/retry` runs the same message again as a new turn.
+  moved (only a completed turn moves it), and the next turn on the branch starts from the
+  head turn's end checkpoint, not from the half-advanced state the cut turn left in the
+  thread: the branch is exactly as it was before the turn, and `POST /api/turns/{id}/retry`
+  runs the same message again as a new turn. (Were the checkpoint store itself lost, the
+  next turn seeds the thread from the history the turn tree records: app/services/turns.py.)
 - A turn left `awaiting_approval` was not running: the process was only waiting for the
   operator, and the graph's interrupt is in the checkpointer. It stays resumable, its
   approval stays pending, and a decision resumes the run from its checkpoint exactly as it

@@ -1,14 +1,17 @@
 """Sessions as trees of turns, and branches as pointers into them.
 
-History of a branch = the messages of the turns on the path root -> branch head. Forking
-from turn T makes a branch whose head is T: it shares T's history exactly, and switching
-branches only moves a pointer (`active_branch_id`), nothing is copied.
+The path root -> branch head is the branch's story (the turns, their messages as recorded,
+their traces); the conversation the model sees lives in the branch's LangGraph thread
+(app/services/branch_threads.py). Forking from turn T makes a branch whose head is T: it
+shares T's history exactly, and switching branches only moves a pointer
+(`active_branch_id`). Branch forks and deletes: app/services/branches.py.
 """
 
 from __future__ import annotations
 
 from sqlmodel import Session, col, select
 
+from app.db.checkpoints import branch_thread_id
 from app.db.models import (
     AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail, Span, Turn,
     TurnPublic,
@@ -69,26 +72,38 @@ def path_to(db: Session, head_turn_id: str | None) -> list[Turn]:
 
 
 def history(db: Session, branch: Branch) -> list[dict]:
-    """The conversation of `branch` (OpenAI messages, no system prompt)."""
+    """The conversation of `branch` as its turns recorded it (OpenAI messages, no system
+    prompt): what seeds its thread where no checkpoint holds it (app/services/turns.py)."""
     messages: list[dict] = []
     for turn in path_to(db, branch.head_turn_id):
         messages.extend(turn.messages or [])
     return messages
 
 
-def fork_branch(db: Session, session: AgentSession, turn_id: str | None, name: str | None) -> Branch:
-    """A new branch of `session` whose head is `turn_id` (None: an empty branch); made active."""
-    if turn_id is not None:
-        turn = get_turn(db, turn_id)
-        if turn.session_id != session.id:
-            raise WorkbenchError(
-                f"turn {turn_id!r} belongs to session {turn.session_id!r}, not {session.id!r}; "
-                "a branch can only fork from a turn of its own session", "turn_not_in_session")
-        if turn.status != "completed":
-            raise Conflict(f"turn {turn_id!r} is {turn.status}; fork from a completed turn", "turn_not_completed")
-    count = len(db.exec(select(Branch).where(Branch.session_id == session.id)).all())
-    branch = Branch(session_id=session.id, name=name or f"branch-{count + 1}", fork_turn_id=turn_id,
-                    head_turn_id=turn_id)
+def turn_history_len(db: Session, turn: Turn) -> int:
+    """How many messages of its thread's state belonged to earlier turns when `turn` started."""
+    run = db.exec(select(Run).where(Run.turn_id == turn.id).order_by(col(Run.started_at))).first()
+    return int(((run.options if run else None) or {}).get("history_len", 0))
+
+
+def fork_source(db: Session, session: AgentSession, turn_id: str, completed: bool) -> Turn:
+    """Turn `turn_id` of `session`, to fork from (from its end: `completed` required)."""
+    turn = get_turn(db, turn_id)
+    if turn.session_id != session.id:
+        raise WorkbenchError(
+            f"turn {turn_id!r} belongs to session {turn.session_id!r}, not {session.id!r}; "
+            "a branch can only fork from a turn of its own session", "turn_not_in_session")
+    if completed and turn.status != "completed":
+        raise Conflict(f"turn {turn_id!r} is {turn.status}; fork from a completed turn, or from a checkpoint "
+                       "inside it", "turn_not_completed")
+    return turn
+
+
+def add_branch(db: Session, session: AgentSession, branch: Branch) -> Branch:
+    """Record the forked `branch` (named "branch-<n>" when unnamed) and make it active."""
+    if not branch.name:
+        count = len(db.exec(select(Branch).where(Branch.session_id == session.id)).all())
+        branch.name = f"branch-{count + 1}"
     db.add(branch)
     db.flush()
     session.active_branch_id = branch.id
@@ -126,10 +141,13 @@ def session_detail(db: Session, session: AgentSession) -> SessionDetail:
 
 
 def deletable_session_threads(db: Session, session: AgentSession) -> list[str]:
-    """The LangGraph threads of `session`'s runs (their checkpoints go with the session);
-    Conflict while a turn of it runs, which would write to them."""
+    """The LangGraph threads of `session` (its branches', and those of runs recorded before
+    threads were per branch): their checkpoints go with the session; Conflict while a turn of
+    it runs, which would write to them."""
     _refuse_while_running(db, session)
-    return sorted(set(db.exec(select(Run.thread_id).where(Run.session_id == session.id)).all()))
+    branches = db.exec(select(Branch.id).where(Branch.session_id == session.id)).all()
+    runs = db.exec(select(Run.thread_id).where(Run.session_id == session.id)).all()
+    return sorted({*map(branch_thread_id, branches), *runs})
 
 
 def _refuse_while_running(db: Session, session: AgentSession) -> None:

@@ -17,12 +17,19 @@ Event types (each a dict with "type"):
   final           {turn_id, branch_id, content, outcome, steps}                  (the stream ends here)
   error           {turn_id, message, error_type, retryable}                      (the stream ends here)
 
-Each LangGraph thread is one run of one turn (thread id "turn-<turn id>"); the conversation
-history comes from the turn tree, so forks and branch switches never copy graph state.
+Each branch is one LangGraph thread ("branch-<branch id>") whose checkpoint state holds the
+conversation. A turn's graph input is only the new user message and the per-turn resets
+(steps, budget, awaiting, decisions, answer, outcome); it runs from an explicit checkpoint
+of the thread: the end of the branch's head turn, or the branch's base when its head is the
+parent's turn it was forked from (app/services/branch_threads.py). The turn records both
+checkpoints (start, end) and, in its run's options, `history_len`: how many messages of the
+state belong to earlier turns (the state's message count at its start), which the context
+budget must know to compact.
 
 A failed turn (the model backend failed, or the workbench stopped under it: see
 app/services/recovery.py) is retried as a new turn with the same message and options, on the
-same branch from the same parent; the failed turn stays in the tree as it was.
+same branch from the same parent, so from the parent's end checkpoint: the failed turn's
+half-advanced checkpoints are never continued, and the failed turn stays in the tree as it was.
 
 Database work runs in worker threads (`asyncio.to_thread`), never on the event loop that
 streams every turn. When a turn ends (answer, budget, failure; not a pause for approval) the
@@ -40,18 +47,20 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from langgraph.types import Command
+from langgraph.types import Command, Overwrite
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.agent.cache_hints import CacheHints
 from app.agent.context import TurnContext
 from app.agent.context_budget import ContextBudget
-from app.agent.messages import from_openai, to_openai
+from app.agent.messages import from_openai
 from app.agent.model_client import ModelAdapter, ModelBackendError
+from app.db.checkpoints import branch_thread_id
 from app.db.models import AgentSession, Approval, Branch, Run, Turn, TurnCreate, TurnPublic, utcnow
 from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
 from app.scenario_catalog import ScenarioCatalog
+from app.services import branch_threads
 from app.services import sessions as sessions_service
 from app.services.traces import session_artifact_text
 from app.settings import WorkbenchSettings
@@ -84,6 +93,23 @@ class TurnHandle:
         return [event async for event in self.events()]
 
 
+@dataclass(frozen=True)
+class TurnStart:
+    """Where a new turn starts on its branch's thread: `checkpoint_id`, or, where the branch has
+    no checkpoint to start from (yet, or any more), a first one to write holding `seed`: the
+    history its turn tree records.
+
+    A branch forked inside turn `cut` starts from that turn's middle: its first turn continues
+    `cut` (same message, no new input; `history_len` is `cut`'s) instead of adding a message."""
+
+    thread_id: str
+    checkpoint_id: str | None
+    seed: list[dict]
+    is_base: bool  # the branch's base (its first turn), not its head turn's end
+    cut: Turn | None = None
+    cut_history_len: int = 0
+
+
 class TurnService:
     def __init__(self, settings: WorkbenchSettings, engine: Engine, graph: Any, adapter: ModelAdapter,
                  catalog: ScenarioCatalog, budget: ContextBudget) -> None:
@@ -110,14 +136,21 @@ class TurnService:
     async def start_turn(self, session_id: str, request: TurnCreate, retry_of: str | None = None) -> TurnHandle:
         """Validate and record a new turn, then run it in the background (`retry_of`: the
         failed turn it runs again, recorded in the run's options and the first event)."""
-        handle, first, graph_input, context, thread_id = await asyncio.to_thread(
+        handle, first, graph_input, context, start = await asyncio.to_thread(
             self._record_turn, session_id, request, retry_of)
+        try:
+            checkpoint_id, history_len = await self._open_start(start)
+            await asyncio.to_thread(self._record_start, context, start, checkpoint_id, history_len)
+        except Exception as exc:  # the turn is recorded `running`: it must not stay so
+            await asyncio.to_thread(self._fail, context, f"the turn could not start: {exc}", "start_failed", True)
+            raise
+        context.history_len = history_len
         handle.queue.put_nowait(first)  # here, on the loop: asyncio queues are not thread-safe
-        self._launch(handle, graph_input, context, thread_id)
+        self._launch(handle, graph_input, context, self._run_config(start.thread_id, checkpoint_id, context))
         return handle
 
     def _record_turn(self, session_id: str, request: TurnCreate,
-                     retry_of: str | None) -> tuple[TurnHandle, dict, dict, TurnContext, str]:
+                     retry_of: str | None) -> tuple[TurnHandle, dict, dict, TurnContext, TurnStart]:
         message = self.validate_message(request.message)
         with self._record_lock, Session(self.engine) as db:
             session = sessions_service.get_session(db, session_id)
@@ -129,15 +162,18 @@ class TurnService:
             if busy is not None:
                 raise Conflict(f"branch {branch.id!r} already has a turn that is {busy.status} ({busy.id}); "
                                "wait for it, answer its approval, or fork a new branch", "branch_busy")
-            past = sessions_service.history(db, branch)
             parent = db.get(Turn, branch.head_turn_id) if branch.head_turn_id else None
+            start = _turn_start(db, branch, parent)
+            if start.cut is not None and message != start.cut.user_message:
+                raise Conflict(f"branch {branch.id!r} was forked inside turn {start.cut.id!r}: its first turn "
+                               "continues that turn (POST .../branches/{id}/continue)", "branch_continues_turn")
             turn = Turn(session_id=session.id, branch_id=branch.id, parent_turn_id=branch.head_turn_id,
                         depth=(parent.depth + 1) if parent else 0, user_message=message, status="running")
             db.add(turn)
             db.flush()
-            run = Run(session_id=session.id, branch_id=branch.id, turn_id=turn.id, thread_id=f"turn-{turn.id}",
+            run = Run(session_id=session.id, branch_id=branch.id, turn_id=turn.id, thread_id=start.thread_id,
                       options={"force_tool": request.force_tool, "tool_choice": request.tool_choice,
-                               "history_len": len(past), **({"retry_of": retry_of} if retry_of else {})})
+                               **({"retry_of": retry_of} if retry_of else {})})
             db.add(run)
             db.commit()
             handle = TurnHandle(turn.id, run.id)
@@ -145,10 +181,53 @@ class TurnService:
                      "branch_id": branch.id, "parent_turn_id": turn.parent_turn_id, "resumed": False,
                      "retry_of": retry_of}
             context = self._context(session, turn, run, scenario)
-        graph_input = {"messages": from_openai([*past, {"role": "user", "content": message}]), "steps": 0,
-                       "max_steps": self.settings.step_budget, "awaiting": [], "decisions": {},
-                       "final_answer": None, "outcome": None}
-        return handle, first, graph_input, context, run.thread_id
+        # Only this turn's input: the history is in the checkpoint it starts from. `decisions`
+        # merges by reducer, so its reset must overwrite. A continued turn takes no input: the
+        # graph runs its pending step.
+        graph_input = None if start.cut is not None else {
+            "messages": from_openai([{"role": "user", "content": message}]), "steps": 0,
+            "max_steps": self.settings.step_budget,
+            "awaiting": [], "decisions": Overwrite({}), "final_answer": None, "outcome": None}
+        return handle, first, graph_input, context, start
+
+    async def _open_start(self, start: TurnStart) -> tuple[str, int]:
+        """The checkpoint the turn starts from and the number of messages its state holds (all
+        of earlier turns). Where the branch has none yet, or the checkpointer lost it (its store
+        was reset), the history the turn tree records is written as a first checkpoint."""
+        checkpoint_id = start.checkpoint_id
+        snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, checkpoint_id) \
+            if checkpoint_id else None
+        if start.cut is not None:
+            if snapshot is None:  # a turn's middle is in no table: nothing to seed it from
+                raise WorkbenchError(f"checkpoint {checkpoint_id!r} of thread {start.thread_id!r} is gone; "
+                                     "fork again", "checkpoint_missing", 409)
+            return checkpoint_id, start.cut_history_len
+        if snapshot is None:
+            if checkpoint_id is not None:
+                log.warning("checkpoint %s of %s is gone; seeding the thread from the recorded turns",
+                            checkpoint_id, start.thread_id)
+            checkpoint_id = await branch_threads.seed_thread(self.graph, start.thread_id, start.seed)
+            snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, checkpoint_id)
+        return checkpoint_id, len(snapshot.values.get("messages") or [])
+
+    def _record_start(self, context: TurnContext, start: TurnStart, checkpoint_id: str, history_len: int) -> None:
+        with Session(self.engine) as db:
+            turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
+            turn.start_checkpoint_id = checkpoint_id
+            run.options = {**(run.options or {}), "history_len": history_len}
+            db.add(turn)
+            db.add(run)
+            if start.is_base and checkpoint_id != start.checkpoint_id:  # just written: retries start there too
+                branch = db.get(Branch, turn.branch_id)
+                branch.base_checkpoint_id = checkpoint_id
+                db.add(branch)
+            db.commit()
+
+    @staticmethod
+    def _run_config(thread_id: str, checkpoint_id: str | None, context: TurnContext) -> dict:
+        # The turn's ids go into each checkpoint's metadata: the checkpoint list shows them.
+        return branch_threads.thread_config(thread_id, checkpoint_id, turn_id=context.turn_id,
+                                            branch_id=context.branch_id)
 
     async def retry_turn(self, turn_id: str) -> TurnHandle:
         """Run a failed turn's message again (same options) as a new turn on its branch.
@@ -156,6 +235,25 @@ class TurnService:
         that moved on since would put the retry after newer turns: fork from the parent instead)."""
         session_id, request = await asyncio.to_thread(self._retry_request, turn_id)
         return await self.start_turn(session_id, request, retry_of=turn_id)
+
+    async def continue_branch(self, session_id: str, branch_id: str) -> TurnHandle:
+        """Run the first turn of a branch forked inside a turn: that turn's message, continued
+        from the fork's checkpoint (409 for a branch not forked so, or already continued)."""
+        request = await asyncio.to_thread(self._continue_request, session_id, branch_id)
+        return await self.start_turn(session_id, request)
+
+    def _continue_request(self, session_id: str, branch_id: str) -> TurnCreate:
+        with Session(self.engine) as db:
+            branch = sessions_service.get_branch(db, sessions_service.get_session(db, session_id), branch_id)
+            head = db.get(Turn, branch.head_turn_id) if branch.head_turn_id else None
+            cut = _turn_start(db, branch, head).cut
+            if cut is None:
+                raise Conflict(f"branch {branch_id!r} has no turn to continue (it was not forked inside a turn, "
+                               "or its first turn ran)", "nothing_to_continue")
+            run = db.exec(select(Run).where(Run.turn_id == cut.id).order_by(Run.started_at)).first()
+            options = (run.options if run else None) or {}
+            return TurnCreate(message=cut.user_message, branch_id=branch.id,
+                              force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"))
 
     def _retry_request(self, turn_id: str) -> tuple[str, TurnCreate]:
         with Session(self.engine) as db:
@@ -174,12 +272,30 @@ class TurnService:
                                  force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"))
             return turn.session_id, request
 
+    async def conversation(self, session_id: str, branch_id: str | None) -> tuple[Branch, list[dict]]:
+        """The branch (`branch_id`, or the session's active one) and the conversation its next
+        turn starts from (OpenAI messages, no system prompt), read from its thread."""
+        branch, start = await asyncio.to_thread(self._branch_start, session_id, branch_id)
+        snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, start.checkpoint_id) \
+            if start.checkpoint_id else None
+        if snapshot is None:  # what its next turn would seed the thread with (see _open_start)
+            return branch, start.seed
+        return branch, branch_threads.openai_messages(snapshot.values.get("messages") or [])
+
+    def _branch_start(self, session_id: str, branch_id: str | None) -> tuple[Branch, TurnStart]:
+        with Session(self.engine) as db:
+            branch = sessions_service.get_branch(db, sessions_service.get_session(db, session_id), branch_id)
+            head = db.get(Turn, branch.head_turn_id) if branch.head_turn_id else None
+            return branch, _turn_start(db, branch, head)
+
     async def decide(self, approval_id: str, approved: bool, comment: str) -> TurnHandle:
         """Record the operator's decision and resume the paused run."""
         handle, first, context, thread_id = await asyncio.to_thread(
             self._record_decision, approval_id, approved, comment)
         handle.queue.put_nowait(first)
-        self._launch(handle, Command(resume={"approved": approved, "comment": comment}), context, thread_id)
+        # No checkpoint id: the paused checkpoint is the thread's latest (its branch is busy).
+        self._launch(handle, Command(resume={"approved": approved, "comment": comment}), context,
+                     self._run_config(thread_id, None, context))
         return handle
 
     def _record_decision(self, approval_id: str, approved: bool,
@@ -235,23 +351,23 @@ class TurnService:
                            force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"),
                            history_len=options.get("history_len", 0))
 
-    def _launch(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._drive(handle, graph_input, context, thread_id))
+    def _launch(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> None:
+        task = asyncio.get_running_loop().create_task(self._drive(handle, graph_input, context, config))
         handle.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _drive(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> None:
+    async def _drive(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> None:
         try:
-            if await self._run_graph(handle, graph_input, context, thread_id):
+            if await self._run_graph(handle, graph_input, context, config):
                 await self.hints.turn_ended(context.cache_session)
         finally:
             handle.queue.put_nowait(_END)
 
-    async def _run_graph(self, handle: TurnHandle, graph_input: Any, context: TurnContext, thread_id: str) -> bool:
-        """Run the graph, emit its events and record the outcome; False when it waits for the operator."""
+    async def _run_graph(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> bool:
+        """Run the graph from `config`, emit its events and record the outcome; False when it
+        waits for the operator."""
         emit = handle.queue.put_nowait
-        config = {"configurable": {"thread_id": thread_id}}
         try:
             interrupts: list[Any] = []
             async for mode, chunk in self.graph.astream(graph_input, config, context=context,
@@ -263,8 +379,9 @@ class TurnService:
             if interrupts:
                 emit(await asyncio.to_thread(self._pause, context, interrupts[0].value))
                 return False
-            state = await self.graph.aget_state(config)
-            emit(await asyncio.to_thread(self._complete, context, state.values))
+            # The thread's latest checkpoint: this run's last (its branch is busy meanwhile).
+            state = await self.graph.aget_state(branch_threads.thread_config(config["configurable"]["thread_id"]))
+            emit(await asyncio.to_thread(self._complete, context, state.values, branch_threads.checkpoint_id_of(state)))
         except ModelBackendError as exc:
             emit(await asyncio.to_thread(self._fail, context, str(exc), f"model_backend_{exc.kind}", True))
         except asyncio.CancelledError:
@@ -297,11 +414,12 @@ class TurnService:
                     "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name,
                     "arguments": approval.arguments}
 
-    def _complete(self, context: TurnContext, values: dict) -> dict:
+    def _complete(self, context: TurnContext, values: dict, end_checkpoint_id: str) -> dict:
         with Session(self.engine) as db:
             turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
             start = (run.options or {}).get("history_len", 0)
-            turn.messages = to_openai(values["messages"][start:])
+            turn.messages = branch_threads.openai_messages(values["messages"][start:])
+            turn.end_checkpoint_id = end_checkpoint_id
             turn.final_answer = values.get("final_answer") or ""
             turn.outcome = values.get("outcome")
             turn.status = run.status = "completed"
@@ -329,6 +447,22 @@ class TurnService:
     def turn_public(self, turn_id: str) -> TurnPublic:
         with Session(self.engine) as db:
             return TurnPublic.model_validate(sessions_service.get_turn(db, turn_id))
+
+
+def _turn_start(db: Session, branch: Branch, head: Turn | None) -> TurnStart:
+    """Where the next turn of `branch` (head turn `head`) starts: the end of its head turn when
+    that turn ran on this branch, else (nothing run here yet) the branch's base. Where neither
+    checkpoint exists (a new branch, turns recorded before checkpoints were, a lost checkpoint
+    store) the history the turn tree records seeds the thread."""
+    thread_id = branch_thread_id(branch.id)
+    own_head = head is not None and head.branch_id == branch.id
+    checkpoint_id = head.end_checkpoint_id if own_head else branch.base_checkpoint_id
+    seed = sessions_service.history(db, branch)
+    if own_head or branch.fork_turn_id in (None, branch.head_turn_id):
+        return TurnStart(thread_id, checkpoint_id, seed, is_base=not own_head)
+    cut = sessions_service.get_turn(db, branch.fork_turn_id)  # forked inside it (its head is cut's parent)
+    return TurnStart(thread_id, checkpoint_id, seed, is_base=True, cut=cut,
+                     cut_history_len=sessions_service.turn_history_len(db, cut))
 
 
 def _check_tool_choice(choice: Any, scenario: Any) -> None:

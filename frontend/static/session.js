@@ -54,6 +54,15 @@ function activeBranch() {
   return branchById(state.detail?.active_branch_id);
 }
 
+/** The turn the active branch was forked inside of (from a checkpoint), while its first turn,
+ * which continues that one, has not completed; else null. */
+function cutTurn() {
+  const branch = activeBranch();
+  if (!branch?.fork_turn_id || branch.fork_turn_id === branch.head_turn_id) return null;
+  if ((state.detail.turns || []).some((t) => t.branch_id === branch.id && t.status === "completed")) return null;
+  return turnsById().get(branch.fork_turn_id) || null;
+}
+
 /** The active branch's turns that are not (yet) on its path: running, waiting or failed. */
 function pendingTurns() {
   const branch = activeBranch();
@@ -114,6 +123,7 @@ function render() {
   if (state.streaming) setComposer(false, "The agent is working…");
   else if (busy && busy.status === "awaiting_approval") setComposer(false, "This branch waits for your decision on the proposed action above. Approve or reject it, or fork a new branch.");
   else if (busy) setComposer(false, "A turn is still running on this branch; reload the page to see it when it ends.");
+  else if (cutTurn()) setComposer(false, `This branch was forked inside turn ${turnNo(cutTurn())}: continue that turn first (above).`);
   else setComposer(true, "");
 }
 
@@ -128,7 +138,12 @@ function setComposer(enabled, note) {
 function renderConversation() {
   const turns = [...(state.history?.turns || []), ...pendingTurns()];
   const items = turns.map((turn) => renderTurn(turn));
-  if (!items.length) {
+  const cut = cutTurn();
+  if (cut && !pendingTurns().length) {
+    items.push(h("li", { class: "empty-conversation" },
+      h("p", {}, `This branch was forked inside turn ${turnNo(cut)} “${snippet(cut.user_message, 60)}”, at a checkpoint of its run. Its first turn continues that turn from there.`),
+      h("button", { type: "button", class: "btn primary continue", on: { click: () => continueCut(cut) } }, `Continue turn ${turnNo(cut)}`)));
+  } else if (!items.length) {
     const starters = state.scenario?.starter_questions || [];
     items.push(h("li", { class: "empty-conversation" },
       h("p", {}, "No turns on this branch yet. Ask something to start."),
@@ -385,8 +400,8 @@ async function runStream(path, body, live) {
   return true;
 }
 
-async function sendMessage(message, branchId) {
-  if (state.streaming || !message.trim()) return;
+/** Show `message` as a new live turn and stream `path` (POST `body`) into it; false when refused. */
+async function streamTurn(message, path, body) {
   const live = new LiveTurn(h("div", { class: "msg-body" }));
   const li = h("li", { class: ["turn", "live"], dataset: { status: "running" } },
     h("div", { class: "msg user" }, h("div", { class: "who" }, "You"), h("div", { class: "user-text" }, message)),
@@ -394,15 +409,27 @@ async function sendMessage(message, branchId) {
   els.conversation.querySelector(".empty-conversation")?.remove();
   els.conversation.append(li);
   li.scrollIntoView({ block: "nearest" });
+  showError("");
+  return runStream(path, body, live);
+}
+
+async function sendMessage(message, branchId) {
+  if (state.streaming || !message.trim()) return;
   const body = { message, branch_id: branchId || state.detail.active_branch_id, stream: true };
   if (els.forceTool.checked) body.force_tool = true;
   els.message.value = "";
-  showError("");
-  const sent = await runStream(`${base}/turns`, body, live);
+  const sent = await streamTurn(message, `${base}/turns`, body);
   if (!sent) {
     els.message.value = message; // give the text back so it can be shortened or sent later
     els.message.focus();
   }
+}
+
+/** Run the first turn of a branch forked inside `cut`: that turn, continued from the checkpoint. */
+async function continueCut(cut) {
+  if (state.streaming) return;
+  const branch = activeBranch();
+  await streamTurn(cut.user_message, `${base}/branches/${encodeURIComponent(branch.id)}/continue`, { stream: true });
 }
 
 // -- branches ------------------------------------------------------------------------------
@@ -417,6 +444,50 @@ async function fork(turn) {
   }
 }
 
+async function forkAtCheckpoint(point, turn) {
+  try {
+    const branch = await api(`${base}/branches`, { method: "POST", body: { turn_id: point.turn_id, checkpoint_id: point.checkpoint_id } });
+    await load();
+    announce(`New branch ${branch.name} forked inside turn ${turnNo(turn)}; it is now the current branch.`);
+  } catch (exc) {
+    showError(`Could not fork from the checkpoint: ${exc.message}`);
+  }
+}
+
+/** What a checkpoint holds, for a person choosing one: the turn, the last message, what runs next. */
+function describeCheckpoint(point, turn) {
+  const last = point.last_message;
+  const said = !last ? "no messages" : last.tool_calls.length ? `${last.role} calls ${last.tool_calls.join(", ")}`
+    : `${last.role}: “${snippet(last.content, 50)}”`;
+  const next = point.next.length ? `next: ${point.next.join(", ")}` : "end of the turn";
+  return `turn ${turn ? turnNo(turn) : "?"} · ${said} · ${next}`;
+}
+
+/** The active branch's checkpoints, loaded when the list is opened; each can start a fork. */
+function checkpointList(branch) {
+  const list = h("ol", { class: "checkpoint-list plain-list" });
+  const details = h("details", { class: "checkpoints" },
+    h("summary", {}, "Fork from a checkpoint inside a turn"), list);
+  details.addEventListener("toggle", async () => {
+    if (!details.open) return;
+    replace(list, h("li", { class: "muted small" }, "Loading…"));
+    try {
+      const points = await api(`${base}/branches/${encodeURIComponent(branch.id)}/checkpoints`);
+      const byId = turnsById();
+      const forkable = points.filter((p) => p.turn_id && byId.has(p.turn_id));
+      replace(list, forkable.length ? forkable.map((point, i) => {
+        const turn = byId.get(point.turn_id);
+        return h("li", { class: "checkpoint", dataset: { checkpointId: point.checkpoint_id } },
+          h("span", { class: "small" }, describeCheckpoint(point, turn)), " ",
+          h("button", { type: "button", class: "btn small", "aria-label": `Fork from checkpoint ${i + 1}: ${describeCheckpoint(point, turn)}`, on: { click: () => forkAtCheckpoint(point, turn) } }, "Fork here"));
+      }) : h("li", { class: "muted small" }, "No checkpoints inside a turn yet."));
+    } catch (exc) {
+      replace(list, h("li", { class: "muted small" }, `Could not list the checkpoints: ${exc.message}`));
+    }
+  });
+  return details;
+}
+
 async function switchTo(branch) {
   try {
     await api(base, { method: "PATCH", body: { active_branch_id: branch.id } });
@@ -424,6 +495,18 @@ async function switchTo(branch) {
     announce(`Switched to branch ${branch.name}.`);
   } catch (exc) {
     showError(`Could not switch branches: ${exc.message}`);
+  }
+}
+
+/** Delete a branch (not the main one) with its turns, traces and checkpoints, after asking. */
+async function deleteBranch(branch) {
+  if (!window.confirm(`Delete branch ${branch.name} with its turns and traces? This cannot be undone.`)) return;
+  try {
+    await api(`${base}/branches/${encodeURIComponent(branch.id)}`, { method: "DELETE" });
+    await load();
+    announce(`Deleted branch ${branch.name}.`);
+  } catch (exc) {
+    showError(`Could not delete branch ${branch.name}: ${exc.message}`);
   }
 }
 
@@ -438,13 +521,15 @@ function renderBranches() {
   const active = activeBranch();
   const activePath = pathTo(active?.head_turn_id, byId);
   const activeSet = new Set(activePath);
+  const mainId = state.detail.branches[0]?.id; // the first branch: the session's root, never deleted
   replace(els.branches, state.detail.branches.map((branch) => {
     const path = pathTo(branch.head_turn_id, byId);
     const isActive = branch.id === active?.id;
     const info = [];
     if (branch.fork_turn_id) {
       const t = byId.get(branch.fork_turn_id);
-      info.push(`forked after turn ${t ? turnNo(t) : "?"}${t ? ` “${snippet(t.user_message, 40)}”` : ""}`);
+      const where = branch.fork_turn_id === branch.head_turn_id ? "after" : "inside";
+      info.push(`forked ${where} turn ${t ? turnNo(t) : "?"}${t ? ` “${snippet(t.user_message, 40)}”` : ""}`);
     } else {
       info.push(branch.name === "main" ? "the first branch" : "started empty");
     }
@@ -461,7 +546,9 @@ function renderBranches() {
         isActive ? h("span", { class: "badge ok" }, "current") : null,
         h("span", { class: "muted small" }, ` ${path.length} turn${path.length === 1 ? "" : "s"}${waitingOn(branch)}`)),
       h("p", { class: "muted small" }, info.join("; ")),
-      isActive ? null : h("button", { type: "button", class: "btn small switch", "aria-label": `Switch to branch ${branch.name}`, on: { click: () => switchTo(branch) } }, "Switch to this branch"));
+      isActive ? checkpointList(branch) : null,
+      isActive ? null : h("button", { type: "button", class: "btn small switch", "aria-label": `Switch to branch ${branch.name}`, on: { click: () => switchTo(branch) } }, "Switch to this branch"),
+      branch.id === mainId ? null : h("button", { type: "button", class: "btn small danger delete", "aria-label": `Delete branch ${branch.name}`, on: { click: () => deleteBranch(branch) } }, "Delete"));
   }));
 }
 

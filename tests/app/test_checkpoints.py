@@ -1,4 +1,5 @@
-"""LangGraph checkpoints live where DATABASE_URL says and are deleted with their session."""
+"""LangGraph checkpoints live where DATABASE_URL says, one thread per branch, and are deleted
+with their session."""
 
 from tests.app.support import make_settings, new_session, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
@@ -14,8 +15,8 @@ def _reply(body):
     return ScriptedReply(content="done")
 
 
-def _thread(turn_id: str) -> str:
-    return f"turn-{turn_id}"  # one LangGraph thread per turn (app/services/turns.py)
+def _thread(branch_id: str) -> str:
+    return f"branch-{branch_id}"  # one LangGraph thread per branch (app/services/turns.py)
 
 
 def test_deleting_a_session_deletes_its_checkpoints(tmp_path, workbench_database):
@@ -24,20 +25,21 @@ def test_deleting_a_session_deletes_its_checkpoints(tmp_path, workbench_database
             workbench_client(settings.model_copy(update={"llm_base_url": fake.base_url})) as client:
         doomed, kept = new_session(client), new_session(client)
         answered = post_turn(client, doomed["id"], "hello")[-1]
-        paused = post_turn(client, doomed["id"], "please propose a rollback")[-1]
+        fork = client.post(f"/api/sessions/{doomed['id']}/branches", json={"turn_id": answered["turn_id"]}).json()
+        paused = post_turn(client, doomed["id"], "please propose a rollback")[-1]  # on the fork
         assert answered["type"] == "final" and paused["type"] == "approval_request"
-        other = post_turn(client, kept["id"], "hello")[-1]
-        threads = {_thread(answered["turn_id"]), _thread(paused["turn_id"]), _thread(other["turn_id"])}
+        post_turn(client, kept["id"], "hello")
+        threads = {_thread(doomed["active_branch_id"]), _thread(fork["id"]), _thread(kept["active_branch_id"])}
         assert workbench_database.checkpoint_threads(settings) == threads
 
-        # a paused turn does not keep its session: the session goes, with every checkpoint of it
+        # a paused turn does not keep its session: the session goes, with every thread of it
         assert client.delete(f"/api/sessions/{doomed['id']}").status_code == 204
-        assert workbench_database.checkpoint_threads(settings) == {_thread(other["turn_id"])}
+        assert workbench_database.checkpoint_threads(settings) == {_thread(kept["active_branch_id"])}
         assert client.get(f"/api/approvals/{paused['approval_id']}").status_code == 404
 
         # the other session is untouched and goes on
         assert post_turn(client, kept["id"], "and again")[-1]["type"] == "final"
-        assert len(workbench_database.checkpoint_threads(settings)) == 2
+        assert workbench_database.checkpoint_threads(settings) == {_thread(kept["active_branch_id"])}
     if workbench_database.kind == "postgresql":
         # in the PostgreSQL database itself: no SQLite file appears beside the data
         assert settings.checkpoint_path is None

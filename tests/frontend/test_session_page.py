@@ -111,6 +111,65 @@ def test_fork_from_first_turn_and_switch_between_branches(page, workbench, scrip
     assert page.js_errors == []
 
 
+def test_delete_a_branch_and_be_told_why_not(page, workbench, script):
+    script.on("first question", ScriptedReply(content="Answer one."))
+    script.on("on the fork", ScriptedReply(content="Answer on the fork."))
+    open_new_session(page, workbench, "Field maintenance")
+    send(page, "first question")
+    expect(last_turn(page)).to_contain_text("Answer one.")
+    page.locator("#conversation > li.turn").first.get_by_role("button", name=re.compile("Fork a new branch from turn #1")).click()
+    branches = page.locator("#branch-list > li.branch")
+    expect(branches).to_have_count(2)
+    send(page, "on the fork")
+    expect(last_turn(page)).to_contain_text("Answer on the fork.")
+    fork_name = page.locator("#branch-list > li.branch.current").get_attribute("data-branch-name")
+    last_turn(page).get_by_role("button", name=re.compile("Fork a new branch from turn #2")).click()
+    expect(branches).to_have_count(3)
+    grandchild = page.locator("#branch-list > li.branch.current").get_attribute("data-branch-name")
+    main = page.locator("#branch-list > li.branch[data-branch-name='main']")
+    expect(main.get_by_role("button", name=re.compile("Delete"))).to_have_count(0)  # the root stays
+
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name=f"Delete branch {fork_name}").click()
+    expect(page.locator("#session-error")).to_contain_text(
+        f"Could not delete branch {fork_name}: branch '{fork_name}' has branches forked from it ('{grandchild}')")
+    expect(branches).to_have_count(3)
+
+    page.get_by_role("button", name=f"Delete branch {grandchild}").click()
+    expect(branches).to_have_count(2)
+    page.get_by_role("button", name=f"Delete branch {fork_name}").click()
+    expect(branches).to_have_count(1)
+    expect(page.locator("#branch-list > li.branch.current")).to_have_attribute("data-branch-name", "main")
+    expect(page.locator("#conversation > li.turn")).to_have_count(1)
+    assert page.js_errors == []
+
+
+def test_fork_inside_a_turn_before_the_tool_result_and_continue_it(page, workbench, script):
+    script.on("Which companies",
+              ScriptedReply(tool_calls=[tool_call("list_companies", {}, "call_list")]),
+              ScriptedReply(content="Three companies are covered."))
+    open_new_session(page, workbench, "Financial research")
+    send(page, "Which companies are covered?")
+    expect(last_turn(page)).to_have_attribute("data-status", "completed")
+
+    current = page.locator("#branch-list > li.branch.current")
+    current.locator("details.checkpoints summary").click()
+    point = current.locator("li.checkpoint", has_text="assistant calls list_companies · next: tools")
+    expect(point).to_have_count(1)
+    point.get_by_role("button", name=re.compile("Fork from checkpoint")).click()
+    expect(page.locator("#branch-list > li.branch")).to_have_count(2)
+    expect(page.locator("#branch-list > li.branch.current")).to_contain_text("forked inside turn #1")
+    expect(page.get_by_label("Message")).to_be_disabled()
+
+    page.get_by_role("button", name="Continue turn #1").click()
+    turn = last_turn(page)
+    expect(turn).to_have_attribute("data-status", "completed")
+    expect(turn.locator(".md.answer")).to_contain_text("Three companies are covered.")
+    expect(turn.locator("article.tool-card .tool-name")).to_have_text("list_companies")
+    expect(page.get_by_label("Message")).to_be_enabled()
+    assert page.js_errors == []
+
+
 def _pins(workbench, session_id: str) -> list[tuple[str, bool]]:
     """(branch id, pin) of the bare pin hints the workbench sent for the session, in order."""
     return [(h["session"].split("/", 1)[1], h["pin"]) for h in list(workbench.fake.hints)

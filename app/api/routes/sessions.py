@@ -81,10 +81,28 @@ def _branch_keys(db: Session, session: AgentSession) -> list[str]:
 
 
 @router.post("/{session_id}/branches", status_code=201)
-def fork_branch(request: BranchCreate, session: AgentSessionDep, db: DbDep) -> BranchPublic:
-    """Fork a branch from `turn_id` (its history up to and including that turn); it becomes active."""
-    branch = sessions_service.fork_branch(db, session, request.turn_id, request.name)
+async def fork_branch(request: BranchCreate, session: AgentSessionDep, workbench: WorkbenchDep) -> BranchPublic:
+    """Fork a branch: from the end of `turn_id` (its history up to and including that turn), or
+    from `checkpoint_id` inside turn `turn_id` (its first turn then continues that turn: POST
+    .../branches/{id}/continue), or empty (neither); it becomes active."""
+    branch = await workbench.branches.fork(session.id, request)
     return BranchPublic.model_validate(branch)
+
+
+@router.get("/{session_id}/branches/{branch_id}/checkpoints")
+async def branch_checkpoints(branch_id: str, session: AgentSessionDep, workbench: WorkbenchDep) -> list[dict]:
+    """The checkpoints of the branch's LangGraph thread a fork can start from, newest first:
+    id, turn, step, what runs next, message count and the last message."""
+    return await workbench.branches.checkpoints(session.id, branch_id)
+
+
+@router.delete("/{session_id}/branches/{branch_id}", status_code=204)
+async def delete_branch(branch_id: str, session: AgentSessionDep, workbench: WorkbenchDep) -> Response:
+    """Delete the branch, its turns, traces, approvals and checkpoint thread; the inference server
+    is told it is done. 409 for the main branch, a branch with a running turn, or one that other
+    branches fork from."""
+    await workbench.branches.delete(session.id, branch_id)
+    return Response(status_code=204)
 
 
 @router.post("/{session_id}/branches/{branch_id}/open", status_code=204)
@@ -97,13 +115,14 @@ async def open_branch(branch_id: str, session: AgentSessionDep, db: DbDep, turns
 
 
 @router.get("/{session_id}/branches/{branch_id}")
-def branch_history(branch_id: str, session: AgentSessionDep, db: DbDep) -> dict:
-    """The branch, the turns on its path (root first) and the conversation they form."""
-    branch = sessions_service.get_branch(db, session, branch_id)
-    path = sessions_service.path_to(db, branch.head_turn_id)
+async def branch_history(branch_id: str, session: AgentSessionDep, db: DbDep, turns: TurnServiceDep) -> dict:
+    """The branch, the turns on its path (root first) and the conversation its next turn starts
+    from (its thread's state)."""
+    branch, messages = await turns.conversation(session.id, branch_id)
+    path = await asyncio.to_thread(sessions_service.path_to, db, branch.head_turn_id)
     return {"branch": BranchPublic.model_validate(branch).model_dump(mode="json"),
             "turns": [TurnPublic.model_validate(t).model_dump(mode="json") for t in path],
-            "messages": sessions_service.history(db, branch)}
+            "messages": messages}
 
 
 @router.post("/{session_id}/preview")
@@ -112,7 +131,7 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
     """The exact body and headers the first model step of this message would send (nothing is sent)."""
     message = turns.validate_message(request.message)
     scenario = catalog.get(session.scenario)
-    branch, past = await asyncio.to_thread(_branch_and_history, db, session, request.branch_id)
+    branch, past = await turns.conversation(session.id, request.branch_id)
     warnings = []
     try:
         model = await workbench.adapter.model_name()
@@ -136,7 +155,3 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
             "prompt_chars": sum(len(str(m.get("content") or "")) for m in body["messages"]),
             "warnings": warnings}
 
-
-def _branch_and_history(db: Session, session: AgentSession, branch_id: str | None) -> tuple[Branch, list[dict]]:
-    branch = sessions_service.get_branch(db, session, branch_id)
-    return branch, sessions_service.history(db, branch)

@@ -1,5 +1,6 @@
 """POST /api/sessions/{id}/turns runs a turn (SSE by default); GET /api/turns/{id} reads one;
-POST /api/turns/{id}/retry runs a failed turn's message again."""
+POST /api/turns/{id}/retry runs a failed turn's message again; POST
+/api/sessions/{id}/branches/{id}/continue runs the turn a branch forked inside of on from there."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ async def run_turn(session_id: str, request: TurnCreate, turns: TurnServiceDep):
     """Run one turn on `branch_id` (default: the active branch). `stream` false waits and answers JSON."""
     handle = await turns.start_turn(session_id, request)
     if request.stream:
+        return event_stream(handle)
+    return await collected(handle, turns)
+
+
+@router.post("/sessions/{session_id}/branches/{branch_id}/continue")
+async def continue_branch(session_id: str, branch_id: str, turns: TurnServiceDep, request: TurnRetry | None = None):
+    """The first turn of a branch forked inside a turn (from a checkpoint): that turn's message,
+    run on from the checkpoint; answers like POST .../turns (409 for any other branch)."""
+    handle = await turns.continue_branch(session_id, branch_id)
+    if request is None or request.stream:
         return event_stream(handle)
     return await collected(handle, turns)
 
