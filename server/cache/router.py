@@ -97,7 +97,9 @@ class CacheRouter:
         self.parked = (WriteBackQueue(runtime, kv.seq_ids, self._store, lambda: host.bytes_per_token,
                                       write_back_step_bytes)
                        if host is not None and write_back_step_bytes > 0 and kv.seq_ids.layout.parked else None)
-        self.max_step_cache_ms = 0.0  # the longest cache work done in one engine step (parking included)
+        # The longest stretch of cache work between two decodes (other streams wait for it): one
+        # admission (routing, restore, a write-back in one go) or one step's write-back pieces.
+        self.max_step_cache_ms = 0.0
         self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "none")}
         self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D")}
         self.fallbacks = 0
@@ -162,6 +164,7 @@ class CacheRouter:
             dt = time.perf_counter() - t0
             self._overhead[adm.seq] = self._overhead.get(adm.seq, 0.0) + dt
             self.engine_ms += dt * 1000.0
+            self.max_step_cache_ms = max(self.max_step_cache_ms, dt * 1000.0)
 
     def _provide(self, adm: Admission) -> CacheReport:
         cands = self.candidates(adm)
