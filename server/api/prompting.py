@@ -115,7 +115,11 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     check_choices(body, settings)
     choice = body.tool_choice or ("auto" if body.tools else "none")
     offered = body.tools if choice != "none" else None
-    text = render_conversation(model.template, body, offered)
+    # The tools are rendered even with tool_choice "none" (as vLLM does by default): an agent's
+    # last step forbids tools to get an answer, and dropping their schemas from the system
+    # prompt would change the prompt's first tokens and lose the whole cached prefix. With
+    # "none" nothing is parsed as a call and no grammar applies.
+    text = render_conversation(model.template, body, body.tools or None)
     tokens = _tokenize_prompt(model, text)
     grammar = None
     functions = [t.function.model_dump() for t in offered or []]

@@ -165,6 +165,19 @@ def test_tool_results_round_trip_into_the_next_turn(client):
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_so_the_prefix_is_reused(client):
+    """An agent's last step forbids tools; its prompt must still start like the earlier steps'."""
+    history = [{"role": "system", "content": "You answer questions about the weather in Norway, in one line."},
+               {"role": "user", "content": "Is it cold in Tromsø in January?"}]
+    auto = client.chat.completions.create(model="", messages=history, tools=[WEATHER_TOOL], max_tokens=4,
+                                          temperature=0)
+    none = client.chat.completions.create(model="", messages=history, tools=[WEATHER_TOOL], tool_choice="none",
+                                          max_tokens=4, temperature=0)
+    assert none.usage.prompt_tokens == auto.usage.prompt_tokens  # the same rendering, tools included
+    assert none.usage.prompt_tokens_details.cached_tokens == none.usage.prompt_tokens - 1
+    assert not none.choices[0].message.tool_calls
+
+
 def test_json_schema_response_format(client):
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
     r = client.chat.completions.create(
