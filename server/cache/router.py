@@ -115,6 +115,8 @@ class CacheRouter:
         if "A" in self.tiers:
             out.append(Candidate("A", min(adm.common_prefix, limit)))
         rn, rowner, stored = 0, None, []
+        if self.parked is not None and "S" not in self.tiers:
+            self.parked.finish_matching(prompt[:limit], self.min_tokens)  # H must hold what it needs
         if self.tree is not None:
             with self.tree.mutex:  # one walk for the resident owners, H and D
                 m = self.tree.match_prefix(prompt[:limit])
@@ -144,6 +146,10 @@ class CacheRouter:
             n = common_prefix_len(held, adm.seq.prompt)
             if n > best:
                 best, src = n, slot.seq_id
+        for copy in self.parked.queue if self.parked is not None else ():  # a slot's KV waiting for write-back
+            n = common_prefix_len(copy.tokens, adm.seq.prompt)
+            if n > best:
+                best, src = n, copy.seq_id
         return best, src, None
 
     def plan(self, cands: list[Candidate], prompt_len: int) -> tuple[Candidate | None, Plan]:

@@ -19,6 +19,9 @@ Contracts:
 - Every parked sequence id is given back on every path (`seq_ids.in_use("parked")`).
 - `park` returns False (nothing parked) when no parked id is free or the copy is incomplete:
   the caller then stores synchronously, as before.
+- A parked copy stays reusable: with tier S a request attaches its cells like another slot's
+  (the router lists `queue` among the live sequences); without S, a request that needs its
+  tokens first has it stored to the end (`finish_matching`), so the host tier holds them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
+from server.engine.slots import common_prefix_len
 
 # Tokens per piece before the KV size per token is known (the host tier learns it from its
 # first stored segment): small, so the first piece cannot exceed a step's budget by much.
@@ -93,6 +97,12 @@ class WriteBackQueue:
         self._store_piece(copy, len(copy.tokens) - copy.stored)
         return True
 
+    def finish_matching(self, tokens: list[int], min_tokens: int) -> None:
+        """Store now every parked copy sharing at least `min_tokens` leading tokens with
+        `tokens` beyond what it has stored: a request about to look for them in the host tier."""
+        for copy in [c for c in self.queue if common_prefix_len(c.tokens, tokens) >= max(min_tokens, c.stored + 1)]:
+            self._store_piece(copy, len(copy.tokens) - copy.stored)
+
     def discard(self) -> int:
         """Drop every parked copy without storing it; returns the cells freed."""
         freed = self.cells()
@@ -121,7 +131,7 @@ class WriteBackQueue:
         nbytes = (end - copy.stored) * (self.bytes_per_token() or 1)
         copy.stored = end
         if tip is None or final:
-            self.queue.popleft()
+            self.queue.remove(copy)
             self._release(copy.seq_id)
             if tip is None:
                 self.dropped += 1

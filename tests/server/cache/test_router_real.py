@@ -9,6 +9,7 @@ Sharing: concurrent requests over a common prefix hold one physical copy of it.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -286,3 +287,25 @@ def test_a_reused_slot_is_written_back_piece_by_piece_while_another_request_deco
     model.close()
     assert stats["parked"] is None and stats["write_backs"] == 1 and stats["leak_free"], stats
     assert pieced.text == at_once.text
+
+
+def test_a_request_needing_a_parked_copy_gets_it_whole():
+    """Without S, a request that arrives while its prefix is still parked has the copy stored to
+    the end first, so the host tier gives it the whole prefix (nothing recomputed)."""
+    model = load(None, parallel=1, cache_tiers=("A", "H"), cache_write_back_step=1)  # ~1 token a step
+    try:
+        first = chat_tokens(model, SYSTEM, QUESTIONS[0])
+        other = chat_tokens(model, "You are a financial research assistant. Answer in one line.", QUESTIONS[1])
+        follow = first + chat_tokens(model, "", QUESTIONS[2])[3:]
+        generate(model, first, max_tokens=2)
+        results = {}
+        runner = threading.Thread(target=lambda: results.setdefault("other", generate(model, other, max_tokens=24)))
+        runner.start()
+        while not model.engine.run_exclusive(lambda: model.router.parked.cells()):  # `first` is parked
+            time.sleep(0.01)
+        got = generate(model, follow, max_tokens=2)  # waits for the slot, then needs `first`
+        runner.join(120)
+        assert got.final.cache.source == "H" and got.final.cache.reused_tokens >= len(first), got.final.cache
+        assert model.router.parked.step_pieces >= 1 and model.router.parked.dropped == 0
+    finally:
+        model.close()
