@@ -181,7 +181,11 @@ class CacheRouter:
         kept = {"A": plan.option.length, "H": min(a_len, plan.option.length),
                 "D": min(a_len, plan.option.length)}.get(plan.option.source, 0)
         if kept < len(adm.slot.tokens):
-            self._write_back(adm.slot, exclude=adm.slot, park=True)
+            # Parked only when other requests are decoding: a store in one go then stalls them.
+            # Alone, the store goes now, and the new prompt lands in the cells it frees (the
+            # same layout as before: parked cells move it, which can flip a greedy near tie).
+            self._write_back(adm.slot, exclude=adm.slot,
+                             park=any(s is not adm.seq and s.slot is not None for s in self.running()))
         if best is None:
             self.runtime.seq_rm(slot_seq, -1, -1)
             self.by_source["none"] += 1

@@ -1,7 +1,8 @@
 """Write-back spread over engine steps: a device copy about to be lost is parked, then stored
 a bounded piece per step.
 
-When a slot is taken for another prefix, its kept KV would be gone before the next decode.
+When a slot is taken for another prefix while other requests are decoding, its kept KV would
+be gone before the next decode.
 Storing all of it to host at that moment (tens of MB for a long agent history) stalls every
 running stream for the whole copy; on an accelerator that is several decode steps. Instead the
 slot's cells are attached to a *parked* sequence (seq_cp: llama.cpp shares the cells, nothing is
