@@ -10,9 +10,21 @@ KV bytes per token. Until the prefill rate is measured the router takes the long
 match; a tier whose restore rate is not measured yet is assumed as fast as the slowest
 measured one (free when none is), so it gets tried without betting on a known loss.
 
+A restore costs a fixed part per call (the foreign calls, finding cells) and a part per
+byte. Restores shorter than MIN_RESTORE_SAMPLE_TOKENS are mostly the fixed part: they
+measure the per-call overhead and are kept out of the bytes/s rate (a 6-token restore once
+set the host rate to 13 MB/s against 4 GB/s for whole prefixes, which made every later
+restore look slower than computing).
+
 A plan restores (or attaches) a prefix and computes the rest; its estimate is
-restore_bytes / restore_rate + computed_tokens / prefill_rate. Attaching (S) and keeping
-(A) cost no copy. The lowest estimate wins; ties keep A > S > H > D > none.
+restore overhead + restore_bytes / restore_rate + computed_tokens / prefill_rate. Attaching
+(S) and keeping (A) cost no copy. The lowest estimate wins; ties keep A > S > H > D > none.
+
+Estimates only correct themselves for sources that get chosen: one slow sample (a restore
+that ran while the machine was busy) could keep a tier out for good. So when a tier has
+had no rate sample for REPROBE_AFTER plans and it holds the longest match, by more than
+MIN_RESTORE_SAMPLE_TOKENS, that plan is taken once anyway (a probe, counted in the stats):
+at most one request in REPROBE_AFTER pays for a stale estimate.
 """
 
 from __future__ import annotations
@@ -58,6 +70,7 @@ class Plan:
     option: PlanOption
     est_ms: float | None  # None when a needed rate is not measured yet
     estimates: dict[str, float | None]  # every source considered -> its estimate
+    probe: bool = False  # taken to refresh a stale restore rate, not for its estimate
 
     @property
     def label(self) -> str:
@@ -67,20 +80,34 @@ class Plan:
 
 class CostModel:
     MIN_PREFILL_SAMPLE = 16  # shorter prefills are mostly fixed per-step overhead
+    MIN_RESTORE_SAMPLE_TOKENS = 64  # shorter restores are mostly the per-call overhead
+    REPROBE_AFTER = 64  # plans without a rate sample of a tier before its longest match is tried anyway
 
     def __init__(self):
         self.prefill = Rate()  # tokens/s
         self.restore = {"H": Rate(), "D": Rate()}  # bytes/s
+        self.overhead = {"H": Rate(), "D": Rate()}  # restores per second of fixed cost (1 / seconds per call)
         self.bytes_per_token = 0
+        self._plans_since_sample = {"H": 0, "D": 0}
+        self.probes = 0
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= self.MIN_PREFILL_SAMPLE:
             self.prefill.observe(tokens, seconds)
 
     def observe_restore(self, tier: str, nbytes: int, seconds: float, tokens: int) -> None:
-        self.restore[tier].observe(nbytes, seconds)
         if tokens > 0:
             self.bytes_per_token = nbytes // tokens
+        if tokens < self.MIN_RESTORE_SAMPLE_TOKENS:
+            self.overhead[tier].observe(1, seconds)
+            return
+        self.restore[tier].observe(nbytes, seconds)
+        self._plans_since_sample[tier] = 0
+
+    def overhead_ms(self, tier: str) -> float:
+        """Measured fixed cost of one restore from `tier` (0 until a short restore was seen)."""
+        calls_per_s = self.overhead[tier].per_second if tier in self.overhead else None
+        return 1000.0 / calls_per_s if calls_per_s else 0.0
 
     def estimate_ms(self, opt: PlanOption, prompt_len: int) -> float | None:
         tps = self.prefill.per_second
@@ -88,6 +115,7 @@ class CostModel:
             return None
         ms = 1000.0 * max(1, prompt_len - opt.length) / tps
         if opt.restore_tokens and self.bytes_per_token:
+            ms += self.overhead_ms(opt.source)
             ms += 1000.0 * opt.restore_tokens * self.bytes_per_token / self.restore_rate(opt.source)
         return ms
 
@@ -103,14 +131,35 @@ class CostModel:
         prefill rate is unknown."""
         options = options + [PlanOption("none", 0)]
         est = {o.source: self.estimate_ms(o, prompt_len) for o in options}
+        for tier in self._plans_since_sample:
+            self._plans_since_sample[tier] += 1
         if longest or any(v is None for v in est.values()):
             best = max(options, key=lambda o: (o.length, -TIE_ORDER[o.source]))
-        else:
-            best = min(options, key=lambda o: (round(est[o.source], 3), TIE_ORDER[o.source]))
+            return Plan(best, est[best.source], est)
+        best = min(options, key=lambda o: (round(est[o.source], 3), TIE_ORDER[o.source]))
+        probe = self._stale_longest(options, best)
+        if probe is not None:
+            self.probes += 1
+            self._plans_since_sample[probe.source] = 0  # one probe per period, even if it fails
+            return Plan(probe, est[probe.source], est, probe=True)
         return Plan(best, est[best.source], est)
+
+    def _stale_longest(self, options: list[PlanOption], best: PlanOption) -> PlanOption | None:
+        """The longest option if it restores from a tier whose measured rate is stale and it
+        reuses clearly more than `best`; else None."""
+        longest = max(options, key=lambda o: (o.length, -TIE_ORDER[o.source]))
+        if longest is best or longest.source not in self.restore or not self.restore[longest.source].samples:
+            return None
+        if self._plans_since_sample[longest.source] < self.REPROBE_AFTER:
+            return None
+        if longest.length - best.length <= self.MIN_RESTORE_SAMPLE_TOKENS:
+            return None
+        return longest
 
     def stats(self) -> dict:
         return {"prefill_tokens_per_s": self.prefill.per_second,
                 "restore_bytes_per_s": {k: r.per_second for k, r in self.restore.items()},
+                "restore_overhead_ms": {k: self.overhead_ms(k) for k in self.overhead},
                 "kv_bytes_per_token": self.bytes_per_token,
+                "probes": self.probes,
                 "samples": {"prefill": self.prefill.samples, **{k: r.samples for k, r in self.restore.items()}}}

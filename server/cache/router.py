@@ -213,6 +213,7 @@ class CacheRouter:
             "candidates": {c.source: {"tokens": c.length, "est_ms": _ms(plan.estimates.get(c.source))}
                            for c in cands if c.length > 0},
             "compute_all_est_ms": _ms(plan.estimates.get("none")),
+            **({"probe": True} if plan.probe else {}),
         })
 
     def _commit(self, c: Candidate, slot_seq: int, a_len: int) -> CacheReport:

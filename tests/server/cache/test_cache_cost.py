@@ -62,3 +62,35 @@ def test_short_prefills_are_not_taken_as_the_rate():
     m = CostModel()
     m.observe_prefill(1, 0.05)  # one token: fixed step overhead, not throughput
     assert m.prefill.per_second is None
+
+
+def test_a_short_restore_measures_the_per_call_overhead_not_the_rate():
+    m = CostModel()
+    m.observe_prefill(4000, 1.0)
+    m.observe_restore("H", 6 * 4000, 0.002, 6)  # 6 tokens in 2 ms: 12 MB/s if taken as a rate
+    assert m.restore["H"].per_second is None and m.overhead_ms("H") == pytest.approx(2.0)
+    # a whole prefix from H still looks free per byte, plus the 2 ms a call costs
+    plan = m.choose([PlanOption("A", 5), PlanOption("H", 930, 925)], 950)
+    assert plan.option.source == "H"
+    assert plan.est_ms == pytest.approx(1000 * 20 / 4000 + 2.0)
+    # one token more than the slot keeps is not worth a call
+    assert m.choose([PlanOption("A", 5), PlanOption("H", 6, 1)], 950).option.source == "A"
+
+
+def test_a_tier_kept_out_by_one_slow_sample_is_probed_again():
+    m = model(prefill_tps=4000, host_bps=13e6, bytes_per_token=4000)  # one slow sample
+    options = [PlanOption("A", 5), PlanOption("H", 930, 925)]
+    plans = [m.choose(options, 950) for _ in range(CostModel.REPROBE_AFTER - 1)]
+    assert {p.option.source for p in plans} == {"A"} and not any(p.probe for p in plans)
+    probe = m.choose(options, 950)
+    assert probe.option.source == "H" and probe.probe and m.probes == 1
+    assert m.choose(options, 950).option.source == "A"  # one probe per period
+    m.observe_restore("H", 925 * 4000, 0.001, 925)  # the probe ran at 3.7 GB/s
+    assert m.choose(options, 950).option.source == "H"
+
+
+def test_no_probe_when_the_longest_match_is_barely_longer():
+    m = model(prefill_tps=4000, host_bps=13e6, bytes_per_token=4000)
+    options = [PlanOption("A", 900), PlanOption("H", 930, 30)]
+    plans = [m.choose(options, 950) for _ in range(2 * CostModel.REPROBE_AFTER)]
+    assert not any(p.probe for p in plans)
