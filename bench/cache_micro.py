@@ -7,7 +7,9 @@
 3. storing N tokens into host RAM and restoring them from host RAM and from disk, in
    bytes/s, against recomputing them.
 
-    python -m bench.cache_micro [--prompt 2048] [--restore-tokens 1024]
+    python -m bench.cache_micro [--prompt 2048] [--restore-tokens 1024] [--model M.gguf --n-gpu-layers 999]
+
+With the model offloaded, "store" is llama.cpp's device-to-host copy and "restore" the copy back.
 """
 
 from __future__ import annotations
@@ -132,13 +134,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt", type=int, default=2048)
     p.add_argument("--host-prompt", type=int, default=512)
     p.add_argument("--restore-tokens", type=int, default=1024)
+    p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the embedded model)")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (999: all)")
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("bench/results/cache_micro.json"))
     a = p.parse_args(argv)
     ctx = 4 * (a.prompt + 64)
-    model = bootstrap.load(ServerSettings(parallel=4, ctx_size=ctx, batch_size=512, threads=2,
+    model = bootstrap.load(ServerSettings(model=a.model, n_gpu_layers=a.n_gpu_layers, parallel=4, ctx_size=ctx,
+                                          batch_size=512, threads=a.threads,
                                           cache_tiers=("A", "S", "H"), cache_min_tokens=16, resident_cells=a.prompt))
     try:
-        out = {"restore_vs_recompute": restore_vs_recompute(model, a.restore_tokens)}
+        out = {"model": str(a.model or "embedded"), "n_gpu_layers": a.n_gpu_layers,
+               "restore_vs_recompute": restore_vs_recompute(model, a.restore_tokens)}
         print(json.dumps(out["restore_vs_recompute"]), flush=True)
         out["host_bytes"] = host_bytes(model, a.host_prompt)
         print(json.dumps(out["host_bytes"]), flush=True)

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU-host measurements of issues 10 and 11 in one run, within a deadline.
+#
+# On a GPU host prepared as ../shared/device/README.md says (`bash .device/build.sh llama-1b q8_0`
+# first), from the project root:
+#     bash bench/device_suite.sh [OUT]          # OUT: default $OUT, else /tmp/device-suite
+# Elsewhere (to try the script on a CPU), name the parts:
+#     MODEL=/tmp/synth.gguf LLAMA_SERVER=/path/llama-server NGL=0 THREADS=2 bash bench/device_suite.sh /tmp/ds
+#
+# Steps, most wanted first; each gets what is left of DEADLINE_S (default 480 s) and the run stops
+# starting new ones when less than a minute is left:
+#   1. llama-bench: the build's raw prefill and decode speed;
+#   2. decode tok/s and TTFT at 1, 4 and 16 streams: arbor-server against stock llama-server
+#      (split and unified KV), same flags (issue 11);
+#   3. the large agent and shared-prefix workloads, same prompts for every server, every cache
+#      configuration against --no-cache and llama-server (issue 10);
+#   4. host store and restore throughput with the model offloaded (issue 10).
+# Writes OUT/summary.md (bench.report over what finished), OUT/suite.log and OUT/results.tgz
+# (raw JSON and server logs): three files, within what a device run sends back.
+set -uo pipefail
+OUT=${1:-${OUT:-/tmp/device-suite}}
+R=$OUT/results
+mkdir -p "$R"
+START=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-480}
+MODEL=${MODEL:-/tmp/w/model.gguf}
+LLAMA_SERVER=${LLAMA_SERVER:-/tmp/w/build/bin/llama-server}
+LLAMA_BENCH=${LLAMA_BENCH:-$(dirname "$LLAMA_SERVER")/llama-bench}
+NGL=${NGL:-999}
+THREADS=${THREADS:-8}
+PY=${PYTHON:-python3}
+if [ -d /tmp/site ]; then  # the layout .device/build.sh installs
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  export LD_LIBRARY_PATH=/tmp/site/llama_cpp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=/tmp/site/bin:$PATH
+fi
+export LLAMA_SERVER
+LOG=$OUT/suite.log
+: > "$LOG"
+
+say() { echo "[$(($(date +%s) - START)) s] $*" | tee -a "$LOG"; }
+left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
+step() {  # step NAME CMD...: run with what is left of the deadline, log its tail
+  local name=$1; shift
+  local budget; budget=$(left)
+  if [ "$budget" -lt 60 ]; then say "skipped $name: ${budget} s left"; return; fi
+  say "start $name (at most ${budget} s)"
+  timeout "$budget" "$@" > "$R/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$R/$name.log" >> "$LOG"
+  say "end $name: rc=$rc"
+}
+
+say "model $MODEL, llama-server $LLAMA_SERVER, n-gpu-layers $NGL, threads $THREADS, deadline ${DEADLINE_S} s"
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$LOG" 2>&1
+missing=$("$PY" -c "
+import importlib
+for m in ('numpy', 'httpx', 'jinja2', 'fastapi', 'uvicorn', 'pydantic_settings', 'prometheus_client', 'tqdm', 'llama_cpp'):
+    try:
+        importlib.import_module(m)
+    except Exception as exc:
+        print(m, exc)
+" 2>&1)
+if [ -n "$missing" ]; then
+  say "missing Python modules (add them with EXTRA_WHEELS to ../shared/device/prepare.sh): $missing"
+  exit 1
+fi
+[ -f "$MODEL" ] || { say "no model at $MODEL"; exit 1; }
+
+if [ -x "$LLAMA_BENCH" ]; then
+  step llama_bench "$LLAMA_BENCH" -m "$MODEL" -ngl "$NGL" -p 512 -n 128 -r 2 -o md
+fi
+step engine_throughput "$PY" -m bench.engine_throughput --model "$MODEL" --n-gpu-layers "$NGL" \
+  --threads "$THREADS" --parallel 4 --ctx-size 16384 --streams 1,4,16 --rounds 1 --repeat 1 \
+  --max-tokens 256 --llama-server "$LLAMA_SERVER" --out "$R/engine_throughput.json"
+step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions,shared_prefix \
+  --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
+  --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' \
+  'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
+step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
+  --out "$R/cache_micro.json"
+
+"$PY" -m bench.report --results "$R" --out "$OUT/summary.md" --notes /nonexistent >> "$LOG" 2>&1 || say "report failed"
+tar czf "$OUT/results.tgz" -C "$OUT" results 2>> "$LOG"
+rm -rf "$R"
+say "done: $OUT/summary.md, $OUT/suite.log, $OUT/results.tgz"
