@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU-host measurements of issues 10 and 11 in one run, within a deadline.
 #
-# On a GPU host prepared as ../shared/device/README.md says (`bash .device/build.sh llama-1b q8_0`
-# first), from the project root:
+# On a GPU host prepared as ../shared/device/README.md says, from the project root. Prepare with
+#     EXTRA_WHEELS="prometheus-client tqdm h11 anyio sniffio click httpx httpcore idna certifi" \
+#         bash ../shared/device/prepare.sh
+# (the server needs prometheus-client, the replay client tqdm; the rest is for hosts without them),
+# then on the host run `bash .device/build.sh llama-1b q8_0` and:
 #     bash bench/device_suite.sh [OUT]          # OUT: default $OUT, else /tmp/device-suite
 # Elsewhere (to try the script on a CPU), name the parts:
 #     MODEL=/tmp/synth.gguf LLAMA_SERVER=/path/llama-server NGL=0 THREADS=2 bash bench/device_suite.sh /tmp/ds
