@@ -17,7 +17,8 @@
 #      (split and unified KV), same flags (issue 11);
 #   3. the large agent and shared-prefix workloads, same prompts for every server, every cache
 #      configuration against --no-cache and llama-server (issue 10);
-#   4. host store and restore throughput with the model offloaded (issue 10).
+#   4. what idle KV cells (kept prefixes) cost the running requests' steps on this backend;
+#   5. host store and restore throughput with the model offloaded (issue 10).
 # Writes OUT/summary.md (bench.report over what finished), OUT/suite.log and OUT/results.tgz
 # (raw JSON and server logs): three files, within what a device run sends back.
 set -uo pipefail
@@ -80,6 +81,8 @@ step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions
   --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
   --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' \
   'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
+step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
+  --out "$R/idle_cells.json"
 step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
   --out "$R/cache_micro.json"
 

@@ -125,6 +125,23 @@ def cache_micro_section(res: Path) -> list[str]:
     return out + [""]
 
 
+def idle_cells_section(res: Path) -> list[str]:
+    data = _load(res / "idle_cells.json")
+    out = ["## What idle KV cells cost the running requests", "",
+           "Command: `python -m bench.idle_cells` (bare llama_decode loop, unified KV: one sequence's prefill and "
+           "decode with the KV otherwise empty, then with other sequences holding idle cells; best of 3).", ""]
+    if data is None:
+        return out + ["Not measured in this revision.", ""]
+    e, h, x = data["empty"], data["with_idle_cells"], data["slowdown"]
+    out += [f"Model `{Path(data['model']).name}`, --n-gpu-layers {data['n_gpu_layers']}, {data['idle_cells']} idle "
+            "cells.", "", "| | KV otherwise empty | with the idle cells | slowdown |", "|---|---|---|---|"]
+    names = {"prefill_0_512_ms": "prefill, tokens 0-512 (ms)", "prefill_512_1024_ms": "prefill, tokens 512-1024 (ms)",
+             "decode_step_ms": "one decode step (ms)"}
+    for k, label in names.items():
+        out.append(f"| {label} | {_f(e[k], 1)} | {_f(h[k], 1)} | {_f(x[k])}x |")
+    return out + [""]
+
+
 RUN_ALL_DIRS = {
     "run_all": ("Workloads: every configuration side by side",
                 "python -m bench.run_all --quick"),
@@ -281,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
              f"Machine: {machine()}. Model: the embedded SmolLM2-135M-Instruct Q4_1 unless a section names "
              "another.", ""]
     old = _old_sections(a.out)
-    for section in (engine_section, unified_section, cache_micro_section):
+    for section in (engine_section, unified_section, idle_cells_section, cache_micro_section):
         lines += _or_carried(section(a.results), old)
     for dirname in RUN_ALL_DIRS:
         lines += _or_carried(run_all_section(a.results, dirname), old)

@@ -1,0 +1,30 @@
+"""bench.report renders what a result file holds, and says so when one is missing."""
+
+from __future__ import annotations
+
+import json
+
+from bench.report import idle_cells_section, run_all_section
+
+
+def test_idle_cells_section_renders_the_measured_slowdown(tmp_path):
+    assert "Not measured in this revision." in idle_cells_section(tmp_path)
+    empty = {"prefill_0_512_ms": 35.0, "prefill_512_1024_ms": 50.0, "decode_step_ms": 1.25}
+    held = {"prefill_0_512_ms": 87.5, "prefill_512_1024_ms": 100.0, "decode_step_ms": 2.5}
+    (tmp_path / "idle_cells.json").write_text(json.dumps({
+        "model": "/m/synth.gguf", "n_gpu_layers": 999, "threads": 8, "idle_cells": 12000, "empty": empty,
+        "with_idle_cells": held, "slowdown": {k: held[k] / empty[k] for k in empty}}))
+    text = "\n".join(idle_cells_section(tmp_path))
+    assert "`synth.gguf`, --n-gpu-layers 999, 12000 idle cells" in text
+    assert "| one decode step (ms) | 1.2 | 2.5 | 2.00x |" in text
+    assert "| prefill, tokens 0-512 (ms) | 35.0 | 87.5 | 2.50x |" in text
+
+
+def test_run_all_section_shows_the_command_that_produced_it(tmp_path):
+    (tmp_path / "run_all").mkdir()
+    (tmp_path / "run_all" / "index.json").write_text(json.dumps({
+        "started": "2026-12-01 06:00:00", "concurrency": 4, "model": "/m/synth.gguf",
+        "command": "python -m bench.run_all --large --same-prompts", "runs": []}))
+    text = "\n".join(run_all_section(tmp_path, "run_all"))
+    assert "Command: `python -m bench.run_all --large --same-prompts`" in text
+    assert "model `synth.gguf`" in text
