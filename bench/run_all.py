@@ -82,6 +82,8 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
         # write-back in one go when a slot is taken, instead of a bounded piece per step
         ("arbor A,S,H write-back at once", arbor_common + ["--cache-tiers", "A,S,H", "--cache-write-back-step", "0"]),
         ("arbor A,S,H,D", arbor_common + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
+        # idle slots written back and freed while others run (kept cells slow every step: bench/idle_cells.py)
+        ("arbor A,S,H idle-cells 0", arbor_common + ["--cache-tiers", "A,S,H", "--cache-idle-cells", "0"]),
     ]
     binary = find_llama_server()
     if binary:

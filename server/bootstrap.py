@@ -105,7 +105,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),
         tiers=tiers, tree=tree, host=host, disk=disk, resident=resident, registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
-        write_back_step_bytes=settings.cache_write_back_step * 1024,
+        write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
     )
 
 

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
     a("--cache-write-back-step", type=int, help="KiB of a parked slot's KV written back to host per engine step "
                                                 "(default 4096; 0: write a slot back at once when it is reused)")
+    a("--cache-idle-cells", type=int, help="KV cells idle slots may keep while other requests run; beyond it "
+                                           "the least recently used one is written back and freed (default: no limit)")
     a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")
     a("--embeddings", action="store_true", default=None, help="serve /v1/embeddings (a second, small context)")
     a("--pooling", choices=["model", "mean", "cls", "last"], help="embedding pooling (default: the model's)")

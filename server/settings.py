@@ -57,6 +57,10 @@ class ServerSettings(BaseSettings):
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
     cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
                                        "engine step; 0: write back at once (stalls decoding for the whole copy)")
+    cache_idle_cells: int | None = Field(
+        None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
+        "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
+        "kept cell slows every running request's steps: bench/idle_cells.py). Default: no limit")
     cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
                                           "'*' for any); default: localhost origins only")
     embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
@@ -113,6 +117,9 @@ class ServerSettings(BaseSettings):
                 raise ValueError(f"--cache-dir {self.cache_dir} is given but --cache-tiers "
                                  f"{','.join(self.cache_tiers)} leaves out D; add D or drop --cache-dir")
             self.cache_tiers = (*self.cache_tiers, "D")  # the default tiers plus the disk asked for
+        if self.cache_idle_cells is not None and not (self.tier_enabled("H") or self.tier_enabled("D")):
+            raise ValueError("--cache-idle-cells writes idle slots back to host or disk: it needs tier H or D "
+                             f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
         return self
 
     @property

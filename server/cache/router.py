@@ -67,7 +67,7 @@ class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tiers: set[str], tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None,
                  resident: ResidentOwners | None, registry: SessionRegistry, min_tokens: int, route: str = "cost",
-                 write_back_step_bytes: int = 0):
+                 write_back_step_bytes: int = 0, idle_cells: int | None = None):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime = runtime
@@ -89,6 +89,8 @@ class CacheRouter:
         self._overhead: weakref.WeakKeyDictionary[Sequence, float] = weakref.WeakKeyDictionary()
         self._slot_hints: dict[int, object] = {}  # slot index -> the cache hint of its last request
         self.write_backs = 0
+        self.idle_cells = idle_cells  # cells idle slots may keep while requests run (None: no limit)
+        self.idle_offloads = 0  # idle slots written back and freed for that limit
         self.engine_ms = 0.0  # engine-thread time spent in the cache (routing, restores, write-back)
         self.write_back_ms = 0.0
         if resident is not None:
@@ -344,8 +346,10 @@ class CacheRouter:
         tag(self._timed_store(slot.seq_id, tokens))
 
     def background(self, idle: bool) -> None:
-        """Once per engine step: store the next piece of parked copies (all of them when the
-        engine is idle)."""
+        """Once per engine step: free idle slots beyond the idle-cell limit while requests run,
+        then store the next piece of parked copies (all of them when the engine is idle)."""
+        if not idle and self.idle_cells is not None:
+            self._offload_idle_slots()
         if self.parked is None or not self.parked.queue:
             return
         t0 = time.perf_counter()
@@ -357,6 +361,32 @@ class CacheRouter:
             self.write_back_ms += ms
             if not idle:
                 self.max_step_cache_ms = max(self.max_step_cache_ms, ms)
+
+    def _offload_idle_slots(self) -> None:
+        """While requests run, idle slots keep at most `idle_cells` cells: under unified KV
+        every kept cell is read (and masked out) by every running request's attention at every
+        step, so a prefix nobody uses now costs all of them. The least recently used idle slots
+        beyond the limit are written back (parked: stored piece by piece over the next steps)
+        and freed; their next request restores from host instead of finding them in place."""
+        holding = [s for s in self.slots.idle if s.tokens]
+        kept = sum(len(s.tokens) for s in holding)
+        if kept <= self.idle_cells:
+            return
+        t0 = time.perf_counter()
+        try:
+            for slot in sorted(holding, key=lambda s: s.last_used):
+                if kept <= self.idle_cells:
+                    break
+                kept -= len(slot.tokens)
+                self._write_back(slot, exclude=slot, park=True)
+                self.runtime.seq_rm(slot.seq_id, -1, -1)
+                slot.tokens = []
+                self._slot_hints.pop(slot.index, None)
+                self.idle_offloads += 1
+        finally:
+            ms = (time.perf_counter() - t0) * 1000.0
+            self.engine_ms += ms
+            self.max_step_cache_ms = max(self.max_step_cache_ms, ms)
 
     def _write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
         """A resident owner is being evicted (its cells may be freed)."""

@@ -30,7 +30,9 @@ def _stats(model, measure: bool) -> dict:
         "deferrals": r.deferrals if r else 0,
         "tiers": {
             "A": {"enabled": r is None or "A" in r.tiers, "slots": len(s.slots),
-                  "idle_tokens_kept": sum(len(t) for t in slot_tokens)},
+                  "idle_tokens_kept": sum(len(t) for t in slot_tokens),
+                  "idle_cells_limit": r.idle_cells if r else None,
+                  "idle_offloads": r.idle_offloads if r else 0},
             "S": r.resident.stats() if r and r.resident else {"enabled": False},
             "H": r.host.stats() if r and r.host else {"enabled": False},
             "D": r.disk.stats() if r and r.disk else {"enabled": False},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from server.engine.slots import common_prefix_len
 from tests.server.cache.engine_harness import (
     chat_tokens, fail_next_restore, generate, generate_many, kept_cells, reset_kv, used_cells,
 )
@@ -341,3 +342,45 @@ def test_a_request_needing_a_parked_copy_gets_it_whole():
         assert model.router.parked.step_pieces >= 1 and model.router.parked.dropped == 0
     finally:
         model.close()
+
+
+def _kept_in_place_answer(first: list[int], follow: list[int]) -> str:
+    """`follow` answered right after `first`, its KV kept in the slot: the same chunking of the
+    prompt as a restore of `first` gives (a cache-off engine computes it in other chunks, and
+    a greedy near tie may go the other way there)."""
+    model = load(None, parallel=2, cache_tiers=("A", "H"))
+    try:
+        generate(model, first, max_tokens=2)
+        got = generate(model, follow, max_tokens=6)
+        assert got.final.cache.source == "A"
+        return got.text
+    finally:
+        model.close()
+
+
+def test_idle_slots_beyond_the_idle_cell_limit_are_written_back_while_others_run():
+    """--cache-idle-cells 0: once another request runs, an idle slot's kept KV is parked, stored
+    to host piece by piece and freed (kept cells slow every running step under unified KV);
+    its next request restores it from host and answers as if the KV had stayed in place."""
+    model = load(None, parallel=2, cache_tiers=("A", "H"), cache_idle_cells=0)
+    try:
+        first = chat_tokens(model, SYSTEM, QUESTIONS[0])
+        follow = first + chat_tokens(model, "", QUESTIONS[2])[3:]
+        generate(model, first, max_tokens=2)
+        assert model.router.idle_offloads == 0  # nothing else ran: the slot keeps its KV
+        busy, _ = _busy(model)
+        while not model.engine.run_exclusive(lambda: model.router.idle_offloads):
+            time.sleep(0.01)
+        busy.join(300)
+        state = model.engine.run_exclusive(lambda: {
+            "kept": [list(s.tokens) for s in model.slots.slots if s.tokens],
+            "host_tokens": model.router.host.stats()["tokens"], "parked_ids": model.seq_ids.in_use("parked"),
+            "leak_free": model.runtime.used_cells() == kept_cells(model)})
+        assert state["host_tokens"] >= len(first) and state["parked_ids"] == 0 and state["leak_free"], state
+        assert all(common_prefix_len(k, first) < len(first) for k in state["kept"])  # first's slot was freed
+        got = generate(model, follow, max_tokens=6)
+        assert got.final.cache.source == "H" and got.final.cache.reused_tokens >= len(first), got.final.cache
+        _assert_no_leak(model)
+    finally:
+        model.close()
+    assert got.text == _kept_in_place_answer(first, follow)
