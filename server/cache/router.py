@@ -157,7 +157,10 @@ class CacheRouter:
     def plan(self, cands: list[Candidate], prompt_len: int) -> tuple[Candidate | None, Plan]:
         """The candidate to commit (None: compute everything) and the plan behind it."""
         a_len = next((c.length for c in cands if c.source == "A"), 0)
-        options = [PlanOption(c.source, c.length, c.length - min(a_len, c.length) if c.source in "HD" else 0)
+        s_len = next((c.length for c in cands if c.source == "S"), 0)
+        # H and D restore only what neither the slot (A) nor a shared device copy (S) holds
+        device = max(a_len, s_len)
+        options = [PlanOption(c.source, c.length, c.length - min(device, c.length) if c.source in "HD" else 0)
                    for c in cands if c.length > 0]
         plan = self.costs.choose(options, prompt_len, longest=self.route == "longest")
         chosen = next((c for c in cands if c.source == plan.option.source), None)
@@ -193,7 +196,7 @@ class CacheRouter:
             self.by_source["none"] += 1
             return CacheReport(est_ms=plan.est_ms)
         try:
-            report = self._commit(best, slot_seq, a_len)
+            report = self._commit(best, slot_seq, a_len, next((c for c in cands if c.source == "S"), None))
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", best.source, adm.seq.id, exc)
             self.runtime.seq_rm(slot_seq, -1, -1)
@@ -218,24 +221,24 @@ class CacheRouter:
             **({"probe": True} if plan.probe else {}),
         })
 
-    def _commit(self, c: Candidate, slot_seq: int, a_len: int) -> CacheReport:
+    def _commit(self, c: Candidate, slot_seq: int, a_len: int, shared: Candidate | None = None) -> CacheReport:
         if c.source == "A":
             if not self.runtime.seq_rm(slot_seq, c.length, -1):
                 raise RestoreError("could not trim the slot's KV")
             return CacheReport("A", c.length)
         if c.source == "S":
-            # Drop the slot's own copy entirely: attaching shares the other sequence's cells,
-            # so the slot's duplicates are freed (one physical copy of the prefix).
-            self.runtime.seq_rm(slot_seq, -1, -1)
-            self.runtime.seq_cp(c.src_seq, slot_seq, 0, c.length)
-            if self.runtime.seq_pos_max(slot_seq) != c.length - 1:
-                raise RestoreError("attaching the shared prefix did not give the expected cells")
-            if c.owner is not None:
-                self.resident.note_attach(c.owner)
+            self._attach(c, slot_seq, c.length)
             return CacheReport("S", c.length)
-        # H or D: keep what the slot already holds (A) and restore only the rest.
+        # H or D: keep what the slot already holds (A), or attach the longer part another device
+        # copy holds (S: the restored suffix then shares its prefix's cells instead of
+        # duplicating them), and restore only the rest.
         keep = min(a_len, c.length)
-        if not self.runtime.seq_rm(slot_seq, keep, -1):
+        if shared is not None and shared.src_seq is not None and min(shared.length, c.length) > keep:
+            keep = min(shared.length, c.length)
+            self._attach(shared, slot_seq, keep)
+            if keep == c.length:  # nothing left to restore (the plan prefers S then; kept for safety)
+                return CacheReport("S", keep)
+        elif not self.runtime.seq_rm(slot_seq, keep, -1):
             self.runtime.seq_rm(slot_seq, -1, -1)
             keep = 0
         t0 = time.perf_counter()
@@ -248,6 +251,17 @@ class CacheRouter:
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
+
+    def _attach(self, c: Candidate, slot_seq: int, length: int) -> None:
+        """Give the slot positions [0, length) of the S candidate's cells. The slot's own copy is
+        dropped entirely: attaching shares the other sequence's cells, so the slot's duplicates
+        are freed (one physical copy of the prefix)."""
+        self.runtime.seq_rm(slot_seq, -1, -1)
+        self.runtime.seq_cp(c.src_seq, slot_seq, 0, length)
+        if self.runtime.seq_pos_max(slot_seq) != length - 1:
+            raise RestoreError("attaching the shared prefix did not give the expected cells")
+        if c.owner is not None:
+            self.resident.note_attach(c.owner)
 
     def _restore_host(self, m: TierMatch, keep: int, length: int, slot_seq: int):
         """Restore from H holding a lock reference on the matched path, so no store or

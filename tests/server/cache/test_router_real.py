@@ -384,3 +384,27 @@ def test_idle_slots_beyond_the_idle_cell_limit_are_written_back_while_others_run
     finally:
         model.close()
     assert got.text == _kept_in_place_answer(first, follow)
+
+
+def test_a_host_restore_attaches_the_part_a_resident_owner_holds(cached, reference):
+    """A session's history comes back from H while a resident owner holds its system prompt:
+    the slot attaches the owner's cells for that part and restores only the rest, so the KV
+    holds the prefix once and fewer bytes are copied."""
+    reset_kv(cached)
+    long_system = SYSTEM + " " + " ".join(f"Rule {i}: log every reading of device {i % 4}." for i in range(12))
+    generate_many(cached, [chat_tokens(cached, long_system, q) for q in QUESTIONS[:4]], max_tokens=2)
+    owners = cached.engine.run_exclusive(lambda: [list(o.tokens) for o in cached.router.resident.owners])
+    assert owners, "four requests sharing a system prompt publish it"
+    history = chat_tokens(cached, long_system, QUESTIONS[4])
+    generate(cached, history, max_tokens=2)
+    cached.engine.run_exclusive(lambda: [cached.router.drop_idle_slot(s) for s in cached.slots.slots if not s.busy])
+    shared = max(common_prefix_len(o, history) for o in owners)
+    follow = history + chat_tokens(cached, "", QUESTIONS[5])[3:]
+    got = generate(cached, follow, max_tokens=6)
+    c = got.final.cache
+    assert c.source == "H" and c.reused_tokens >= len(history), c
+    per_token = cached.router.host.bytes_per_token
+    # the restored state is the unshared tokens' KV plus llama.cpp's header (less than a token's KV)
+    assert c.restored_bytes < (c.reused_tokens - shared + 1) * per_token, (c, shared, per_token)
+    assert got.text == generate(reference, follow, max_tokens=6).text
+    _assert_no_leak(cached)  # cells in use == the union of what slots and owners hold: one copy
