@@ -79,7 +79,7 @@ step engine_throughput "$PY" -m bench.engine_throughput --model "$MODEL" --n-gpu
   --max-tokens 256 --llama-server "$LLAMA_SERVER" --out "$R/engine_throughput.json"
 step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions,shared_prefix \
   --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
-  --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' \
+  --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' 'arbor A,S,H idle-cells 0' \
   'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
 step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
   --out "$R/idle_cells.json"
