@@ -8,9 +8,11 @@
 # libggml-cann.so never lands there and libggml.so (RUNPATH $ORIGIN) cannot be loaded. Building
 # with CMake here and copying every library the build made does not depend on that list, whichever
 # release fixes it. The same recipe ran arbor-server on an H200 (../shared/device/build.sh).
+# The source is the pinned release with Arbor's llama.cpp patches applied (llama-cpp-source.sh, which
+# stops the build naming a patch that does not apply): no image is ever built unpatched.
 #
 # Usage: build-llama-cpp.sh [--dry-run] SPEC [CMAKE_ARG...]
-#   SPEC       pip requirement for llama-cpp-python, e.g. "llama-cpp-python>=0.3.36,<0.4"
+#   SPEC       pip requirement for llama-cpp-python: the exact pin, "llama-cpp-python==<patches/llama-cpp-python.version>"
 #   CMAKE_ARG  the backend's flags, e.g. -DGGML_CUDA=ON
 #   --dry-run  print the CMake configure arguments, one a line, and exit (used by the tests)
 # Environment: PIP_INDEX_URL (read by pip), TARGETARCH (set by BuildKit; `uname -m` otherwise),
@@ -46,21 +48,25 @@ configure=(
 )
 if [ "$dry_run" = 1 ]; then printf '%s\n' "${configure[@]}"; exit 0; fi
 
+here=$(cd "$(dirname "$0")" && pwd)
+source_script="$here/llama-cpp-source.sh"
+[ -f "$source_script" ] || source_script="$here/../scripts/llama-cpp-source.sh"
+pinned=$(PYTHON="$python" bash "$source_script" --spec)
+if [ "$spec" != "$pinned" ]; then
+  echo "build-llama-cpp: asked for '$spec' but the patches are for '$pinned' (patches/llama-cpp-python.version)" >&2
+  exit 1
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "build-llama-cpp: fetching the source of $spec"
-"$python" -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$work" "$spec"
-sdist=$(find "$work" -maxdepth 1 -name 'llama_cpp_python-*.tar.gz' -print -quit)
-[ -n "$sdist" ] || { echo "build-llama-cpp: pip fetched no llama-cpp-python source archive" >&2; exit 1; }
-tar xzf "$sdist" -C "$work"
-src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'llama_cpp_python-*' -print -quit)
+echo "build-llama-cpp: fetching and patching the source of $spec"
+src=$(PYTHON="$python" bash "$source_script" "$work")
 
 echo "build-llama-cpp: cmake ${configure[*]}"
 cmake -S "$src/vendor/llama.cpp" -B "$work/build" "${configure[@]}"
 cmake --build "$work/build" --parallel "${BUILD_JOBS:-$(nproc)}" --target llama
 
 # The bindings alone: LLAMA_BUILD=OFF makes the package's own CMake build nothing.
-CMAKE_ARGS=-DLLAMA_BUILD=OFF "$python" -m pip install --no-cache-dir "$sdist"
+CMAKE_ARGS=-DLLAMA_BUILD=OFF "$python" -m pip install --no-cache-dir "$src"
 pkg=$("$python" -c 'import importlib.util; print(importlib.util.find_spec("llama_cpp").submodule_search_locations[0])')
 mkdir -p "$pkg/lib"
 find "$work/build" -name 'lib*.so*' -not -path '*/CMakeFiles/*' \( -type f -o -type l \) -exec cp -P {} "$pkg/lib/" \;

