@@ -134,6 +134,8 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
             n_threads_batch=settings.threads,
             n_gpu_layers=settings.n_gpu_layers,
             flash_attn=flash,
+            paged_attn=settings.paged_attn,
+            page_size=settings.page_size,
         )
     )
     try:

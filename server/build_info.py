@@ -28,6 +28,14 @@ def build_string() -> str:
     return f"arbor-server {_version('arbor')} over llama-cpp-python {_version('llama_cpp_python')}"
 
 
+def version_text() -> str:
+    """What `arbor-server --version` prints: the build and whether paged attention is in it."""
+    from server.engine import paged_attention
+
+    paged = "compiled in" if paged_attention.compiled_in() else "not compiled in (an unpatched llama-cpp-python)"
+    return f"{build_string()}\npaged attention: {paged}"
+
+
 def system_fingerprint(model_path: Path) -> str:
     doc = f"{build_string()}\n{file_identity(model_path)}"
     return "fp_" + hashlib.sha256(doc.encode()).hexdigest()[:16]

@@ -16,6 +16,8 @@ from server.settings import ServerSettings
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arbor-server", description="Arbor's cache-optimized OpenAI-compatible server")
     a = p.add_argument
+    a("--version", action="store_true", default=None, help="print the build (llama-cpp-python release, whether "
+      "paged attention is compiled in) and exit")
     a("--model", "-m", type=Path, help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     a("--host", help="address to bind (default 127.0.0.1)")
     a("--port", type=int, help="port (default 8080)")
@@ -32,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-queue", type=int, help="requests that may wait for a slot before 503 (default 64)")
     a("--n-gpu-layers", "-ngl", type=int, help="layers to offload to a GPU build (default 0)")
     a("--flash-attn", choices=["auto", "on", "off"])
+    a("--paged-attn", nargs="?", const="on", choices=["auto", "on", "off"],
+      help="paged attention over the unified KV: each sequence reads only the pages of cells it owns "
+           "(default auto: on where the backend has the kernel; bare --paged-attn = on: refuse to start without it)")
+    a("--page-size", type=int, help="KV cells per page of paged attention (default 16)")
     a("--cache-tiers", help="prefix sources to use, comma separated among A,S,H,D (default A,S,H)")
     a("--cache-ram", type=int, help="host tier budget in MiB (default 1024)")
     a("--cache-dir", type=Path, help="directory of the disk tier (adds D to the default tiers; "
@@ -61,11 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(argv: list[str] | None = None) -> ServerSettings:
     args = build_parser().parse_args(argv)
-    given = {k: v for k, v in vars(args).items() if v is not None}
+    given = {k: v for k, v in vars(args).items() if v is not None and k != "version"}
     return ServerSettings(**given)
 
 
 def main(argv: list[str] | None = None) -> None:
+    if build_parser().parse_args(argv).version:
+        from server.build_info import version_text
+
+        print(version_text())
+        return
     try:
         settings = settings_from_args(argv)
     except ValidationError as exc:
@@ -73,6 +84,13 @@ def main(argv: list[str] | None = None) -> None:
             where = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-") if err["loc"] else "settings"
             print(f"arbor-server: {where}: {err['msg']}", file=sys.stderr)
         sys.exit(2)
+    if settings.paged_attn == "on":
+        from server.engine import paged_attention
+
+        if not paged_attention.compiled_in():
+            print("arbor-server: --paged-attn on: this llama-cpp-python build has no paged attention (it was not "
+                  "built from Arbor's patched source: run scripts/setup.sh)", file=sys.stderr)
+            sys.exit(2)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from server.api.app import create_app
 

@@ -46,6 +46,11 @@ class ServerSettings(BaseSettings):
     max_queue: int = Field(64, ge=0, description="requests that may wait for a slot before 503")
     n_gpu_layers: int = Field(0, ge=-1)
     flash_attn: Literal["auto", "on", "off"] = "auto"
+    paged_attn: Literal["auto", "on", "off"] = Field(
+        "auto", description="paged attention over the unified KV (each sequence reads only its own pages of cells; "
+        "our llama.cpp patch): auto turns it on where the backend has the kernel (the CPU), on refuses to start "
+        "without it, off uses llama.cpp's attention over every cell")
+    page_size: int = Field(16, ge=1, le=4096, description="KV cells per page of paged attention")
     # cache (server/cache)
     cache_tiers: tuple[str, ...] = Field(("A", "S", "H"), description="enabled prefix sources among A,S,H,D")
     cache_ram: int = Field(1024, ge=0, description="host tier budget, MiB")
@@ -117,6 +122,9 @@ class ServerSettings(BaseSettings):
                 raise ValueError(f"--cache-dir {self.cache_dir} is given but --cache-tiers "
                                  f"{','.join(self.cache_tiers)} leaves out D; add D or drop --cache-dir")
             self.cache_tiers = (*self.cache_tiers, "D")  # the default tiers plus the disk asked for
+        if self.paged_attn == "on" and self.flash_attn == "off":
+            raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
+                             "drop --flash-attn off or use --paged-attn auto|off")
         if self.cache_idle_cells is not None and not (self.tier_enabled("H") or self.tier_enabled("D")):
             raise ValueError("--cache-idle-cells writes idle slots back to host or disk: it needs tier H or D "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")

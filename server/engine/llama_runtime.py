@@ -17,10 +17,12 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import llama_cpp
 import numpy as np
 
+from server.engine import paged_attention
 from server.engine.kv_full import KVCacheFull
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class RuntimeConfig:
     n_gpu_layers: int = 0
     flash_attn: bool | None = None  # None: llama.cpp decides
     kv_unified: bool = True
+    # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
+    paged_attn: Literal["auto", "on", "off"] = "auto"
+    page_size: int = 16  # cells per page
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,15 @@ class LlamaRuntime:
             raise ModelLoadError(
                 f"could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}"
             )
+        try:
+            self.paged_attn = paged_attention.configure(self.ctx, config.paged_attn, config.page_size,
+                                                        offloaded=config.n_gpu_layers != 0)
+        except paged_attention.PagedAttentionUnavailable:
+            llama_cpp.llama_free(self.ctx)
+            llama_cpp.llama_model_free(self.model)
+            raise
+        if self.paged_attn.note and config.paged_attn == "auto":
+            log.warning("paged attention is off: %s", self.paged_attn.note)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)

@@ -63,6 +63,12 @@ async def props(state: StateDep, model: ModelDep):
             "cache_tiers": [t for t in s.cache_tiers if s.tier_enabled(t)],
             "cache_note": model.cache_note,
             "architecture": info.architecture,
+            "paged_attention": {
+                "compiled_in": model.runtime.paged_attn.compiled_in,
+                "enabled": model.runtime.paged_attn.enabled,
+                "page_size": model.runtime.paged_attn.page_size,
+                "note": model.runtime.paged_attn.note,
+            },
         },
     }
 

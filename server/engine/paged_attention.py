@@ -1,0 +1,104 @@
+"""Paged attention over the unified KV: the switch into our llama.cpp patch (patches/llama.cpp/).
+
+With one unified KV stream, stock llama.cpp's attention spans every cell up to the highest
+one in use and masks out other sequences' cells; every kept prefix, parked copy and idle
+slot costs every running sequence at every step. The patch keeps, per sequence, a count of
+its cells in each page of `page_size` cells, passes each ubatch token's page list to the
+flash-attention operator, and the CPU kernel visits only those pages (the mask still applies
+inside them, so shared pages and partly filled pages stay exact).
+
+Contract:
+- `compiled_in()` says whether the loaded llama.cpp library carries the patch (the C symbol
+  `llama_set_paged_attn` exists); it never raises.
+- `enable(ctx, page_size)` turns it on for one context, before its first decode, or raises
+  `PagedAttentionUnavailable` with the reason llama.cpp gave (flash attention off, not one
+  unified plain KV cache, KV on a backend without a paged kernel, page size too large).
+- `configure(ctx, mode, page_size, offloaded=...)` applies a `--paged-attn` mode: "on" must
+  succeed (else `PagedAttentionUnavailable`), "auto" turns it on where it was measured to pay
+  (the CPU backend: not with layers offloaded, where the CUDA kernel is compiled but not yet
+  measured) and says why not otherwise, "off" leaves llama.cpp's attention as it is. It
+  returns what is in force.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+import llama_cpp
+
+_REASONS = {
+    -1: "flash attention is off (--flash-attn off); the paged kernel is a flash-attention kernel",
+    -2: "the model's memory is not one plain unified KV cache (sliding-window, recurrent or hybrid models)",
+    -3: "the KV cache is on a backend without a paged-attention kernel (this build has one for the CPU and "
+        "CUDA; none for CANN or others: docs/paged-attention.md)",
+    -4: "--page-size is larger than the KV cache",
+}
+
+
+class PagedAttentionUnavailable(RuntimeError):
+    """--paged-attn was asked for but this build or this context cannot run it."""
+
+
+@cache
+def _functions():
+    lib = llama_cpp.llama_cpp._lib
+    try:
+        set_fn = lib.llama_set_paged_attn
+        get_fn = lib.llama_get_paged_attn
+    except AttributeError:
+        return None
+    set_fn.argtypes, set_fn.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.c_int32
+    get_fn.argtypes, get_fn.restype = [ctypes.c_void_p], ctypes.c_uint32
+    return set_fn, get_fn
+
+
+def compiled_in() -> bool:
+    return _functions() is not None
+
+
+def enable(ctx, page_size: int) -> None:
+    fns = _functions()
+    if fns is None:
+        raise PagedAttentionUnavailable(
+            "this llama-cpp-python build has no paged attention: it was not built from Arbor's patched "
+            "source (run scripts/setup.sh, which applies patches/llama.cpp/)")
+    code = fns[0](ctx, page_size)
+    if code != 0:
+        raise PagedAttentionUnavailable(_REASONS.get(code, f"llama_set_paged_attn returned {code}"))
+
+
+def page_size(ctx) -> int:
+    """The context's page size in cells, 0 when paged attention is off (or not compiled in)."""
+    fns = _functions()
+    return int(fns[1](ctx)) if fns is not None else 0
+
+
+@dataclass(frozen=True)
+class PagedAttentionStatus:
+    """What /props reports: whether the build has it, the page size in force (0: off), why off."""
+
+    compiled_in: bool
+    page_size: int
+    note: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.page_size > 0
+
+
+def configure(ctx, mode: Literal["auto", "on", "off"], page_size: int, *, offloaded: bool = False) -> PagedAttentionStatus:
+    if mode == "off":
+        return PagedAttentionStatus(compiled_in(), 0, "turned off (--paged-attn off)")
+    if mode == "auto" and offloaded:
+        return PagedAttentionStatus(compiled_in(), 0, "layers are offloaded to an accelerator, where paged attention "
+                                    "has not been measured yet: turn it on with --paged-attn on (CUDA)")
+    try:
+        enable(ctx, page_size)
+    except PagedAttentionUnavailable as exc:
+        if mode == "on":
+            raise
+        return PagedAttentionStatus(compiled_in(), 0, str(exc))
+    return PagedAttentionStatus(True, page_size)
