@@ -4,7 +4,8 @@
 # On a GPU host prepared as ../shared/device/README.md says, from the project root. Prepare with
 #     EXTRA_WHEELS="prometheus-client tqdm h11 anyio sniffio click httpx httpcore idna certifi" \
 #         bash ../shared/device/prepare.sh
-# (the server needs prometheus-client, the replay client tqdm; the rest is for hosts without them),
+# (the server needs prometheus-client, the replay client tqdm; the rest is for hosts without them)
+# and `bash bench/device_patch.sh` (our llama.cpp patches: paged attention, CUDA's kernel included),
 # then on the host run `bash .device/build.sh llama-1b q8_0` and:
 #     bash bench/device_suite.sh [OUT]          # OUT: default $OUT, else /tmp/device-suite
 # Elsewhere (to try the script on a CPU), name the parts:
@@ -17,7 +18,9 @@
 #      (split and unified KV), same flags (issue 11);
 #   3. the large agent and shared-prefix workloads, same prompts for every server, every cache
 #      configuration against --no-cache and llama-server (issue 10);
-#   4. what idle KV cells (kept prefixes) cost the running requests' steps on this backend;
+#   4. paged attention (issue 22): CUDA's paged kernel against the dense one (top-1 agreement on a
+#      scripted workload), then what idle KV cells (kept prefixes) cost the running requests'
+#      steps on this backend, unpaged and paged;
 #   5. host store and restore throughput with the model offloaded (issue 10).
 # Writes OUT/summary.md (bench.report over what finished), OUT/suite.log and OUT/results.tgz
 # (raw JSON and server logs): three files, within what a device run sends back.
@@ -80,9 +83,12 @@ step engine_throughput "$PY" -m bench.engine_throughput --model "$MODEL" --n-gpu
 step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions,shared_prefix \
   --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
   --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' 'arbor A,S,H idle-cells 0' \
+  'arbor A,S,H paged' \
   'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
+step paged_agreement "$PY" -m bench.paged_agreement --model "$MODEL" --n-gpu-layers "$NGL" \
+  --threads "$THREADS" --out "$R/paged_agreement.json"
 step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
-  --out "$R/idle_cells.json"
+  --page-size 0,16 --out "$R/idle_cells.json"
 step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
   --out "$R/cache_micro.json"
 

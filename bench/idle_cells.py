@@ -1,6 +1,6 @@
 """What idle KV cells cost the requests that run: a bare llama_decode loop, in one process.
 
-    python -m bench.idle_cells [--model M.gguf] [--n-gpu-layers 999] [--idle 12000]
+    python -m bench.idle_cells [--model M.gguf] [--n-gpu-layers 999] [--idle 12000] [--page-size 0,16]
 
 With unified KV every sequence's attention spans all cells up to the highest one in use, so
 cells that other sequences hold (an idle slot's kept prefix, a resident shared prefix, a
@@ -9,6 +9,10 @@ This measures one sequence's prefill (two 512-token batches) and single-token de
 the KV otherwise empty, then with `--idle` cells held by 12 other sequences; best of
 `--repeats` each. The cache keeps such cells on the device to save recomputation; this is
 the price per step that keeping them costs everyone else.
+
+`--page-size` lists the configurations, measured one after the other in one run: 0 is
+llama.cpp's attention over every cell, N > 0 paged attention with N-cell pages (our llama.cpp
+patch: each sequence reads only the pages it owns cells in).
 """
 
 from __future__ import annotations
@@ -44,21 +48,12 @@ def _best(runs: list[dict]) -> dict:
     return {k: min(r[k] for r in runs) for k in runs[0]}
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=None)
-    p.add_argument("--n-gpu-layers", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--idle", type=int, default=12000, help="cells held by other sequences")
-    p.add_argument("--decode-steps", type=int, default=20)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("bench/results/idle_cells.json"))
-    a = p.parse_args(argv)
-    model = a.model or embedded_model_path()
+def _measure(model: Path, a, page_size: int) -> dict:
     per_seq = a.idle // OTHERS
     rt = LlamaRuntime(RuntimeConfig(model, n_ctx=a.idle + 2048, n_batch=512, n_seq_max=OTHERS + 1,
                                     n_threads=a.threads, n_threads_batch=a.threads, kv_unified=True,
-                                    n_gpu_layers=a.n_gpu_layers))
+                                    n_gpu_layers=a.n_gpu_layers,
+                                    paged_attn="on" if page_size else "off", page_size=page_size or 16))
     try:
         text = "pump valve sensor drift alarm reading report shift " * (max(per_seq, 1100) // 4)
         toks = rt.tokenize(text, add_special=False, parse_special=False)
@@ -70,9 +65,29 @@ def main(argv: list[str] | None = None) -> None:
         held = _best([_one_request(rt, toks, a.decode_steps) for _ in range(a.repeats)])
     finally:
         rt.close()
-    out = {"model": str(model), "n_gpu_layers": a.n_gpu_layers, "threads": a.threads,
-           "idle_cells": per_seq * OTHERS, "empty": empty, "with_idle_cells": held,
-           "slowdown": {k: held[k] / empty[k] for k in empty}}
+    return {"page_size": page_size, "idle_cells": per_seq * OTHERS, "empty": empty, "with_idle_cells": held,
+            "slowdown": {k: held[k] / empty[k] for k in empty}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--n-gpu-layers", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--idle", type=int, default=12000, help="cells held by other sequences")
+    p.add_argument("--decode-steps", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--page-size", default="0", help="comma separated: 0 = unpaged, N = paged attention with "
+                   "N-cell pages (default 0)")
+    p.add_argument("--out", type=Path, default=Path("bench/results/idle_cells.json"))
+    a = p.parse_args(argv)
+    model = a.model or embedded_model_path()
+    runs = [_measure(model, a, int(ps)) for ps in a.page_size.split(",")]
+    out = {"model": str(model), "n_gpu_layers": a.n_gpu_layers, "threads": a.threads, "runs": runs}
+    if len(runs) > 1 and runs[0]["page_size"] == 0:
+        base = runs[0]["with_idle_cells"]
+        out["with_idle_cells_vs_unpaged"] = {r["page_size"]: {k: r["with_idle_cells"][k] / base[k] for k in base}
+                                             for r in runs[1:]}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))

@@ -85,9 +85,13 @@ def unified_section(res: Path) -> list[str]:
         return out + ["Not measured in this revision.", ""]
     b = data["best_tok_s"]
     out += ["| KV | decode tok/s |", "|---|---|", f"| unified | {_f(b['unified'], 1)} |",
-            f"| split | {_f(b['split'], 1)} |", "",
-            f"Unified / split = **{_f(data['unified_over_split'])}**.", ""]
-    return out
+            f"| split | {_f(b['split'], 1)} |"]
+    if "unified_paged" in b:
+        out += [f"| unified + paged attention ({data.get('page_size')}-cell pages) | {_f(b['unified_paged'], 1)} |"]
+    out += ["", f"Unified / split = **{_f(data['unified_over_split'])}**."]
+    if "unified_paged_over_split" in data:
+        out += [f"Unified + paged / split = **{_f(data['unified_paged_over_split'])}**."]
+    return out + [""]
 
 
 def cache_micro_section(res: Path) -> list[str]:
@@ -132,13 +136,17 @@ def idle_cells_section(res: Path) -> list[str]:
            "decode with the KV otherwise empty, then with other sequences holding idle cells; best of 3).", ""]
     if data is None:
         return out + ["Not measured in this revision.", ""]
-    e, h, x = data["empty"], data["with_idle_cells"], data["slowdown"]
-    out += [f"Model `{Path(data['model']).name}`, --n-gpu-layers {data['n_gpu_layers']}, {data['idle_cells']} idle "
-            "cells.", "", "| | KV otherwise empty | with the idle cells | slowdown |", "|---|---|---|---|"]
+    runs = data.get("runs") or [dict(data, page_size=0)]  # older files: one unpaged run
+    out += [f"Model `{Path(data['model']).name}`, --n-gpu-layers {data['n_gpu_layers']}, {runs[0]['idle_cells']} "
+            "idle cells.", "", "| attention | | KV otherwise empty | with the idle cells | slowdown |",
+            "|---|---|---|---|---|"]
     names = {"prefill_0_512_ms": "prefill, tokens 0-512 (ms)", "prefill_512_1024_ms": "prefill, tokens 512-1024 (ms)",
              "decode_step_ms": "one decode step (ms)"}
-    for k, label in names.items():
-        out.append(f"| {label} | {_f(e[k], 1)} | {_f(h[k], 1)} | {_f(x[k])}x |")
+    for run in runs:
+        kind = f"paged, {run['page_size']}-cell pages" if run["page_size"] else "every cell (unpaged)"
+        e, h, x = run["empty"], run["with_idle_cells"], run["slowdown"]
+        for k, label in names.items():
+            out.append(f"| {kind} | {label} | {_f(e[k], 1)} | {_f(h[k], 1)} | {_f(x[k])}x |")
     return out + [""]
 
 

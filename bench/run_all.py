@@ -84,6 +84,11 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
         ("arbor A,S,H,D", arbor_common + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
         # idle slots written back and freed while others run (kept cells slow every step: bench/idle_cells.py)
         ("arbor A,S,H idle-cells 0", arbor_common + ["--cache-tiers", "A,S,H", "--cache-idle-cells", "0"]),
+        # paged attention (docs/paged-attention.md): the default turns it on where the KV is on the CPU; these
+        # two pin it either way (on an accelerator, "paged" is the one that runs its paged kernel)
+        ("arbor A,S,H unpaged", arbor_common + ["--cache-tiers", "A,S,H", "--paged-attn", "off"]),
+        ("arbor A,S,H paged", arbor_common + ["--cache-tiers", "A,S,H", "--paged-attn", "on"]),
+        ("arbor --no-cache unpaged", arbor_common + ["--no-cache", "--paged-attn", "off"]),
     ]
     binary = find_llama_server()
     if binary:

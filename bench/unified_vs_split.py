@@ -5,7 +5,9 @@ streams, in one process, same model, same tokens.
 
 Each sequence first gets a prompt of --prompt tokens, then --tokens decode steps run with one
 token per sequence per batch. Resident sharing needs unified KV (seq_cp shares cells only
-within one stream), so its cost in decode speed is ours to know.
+within one stream), so its cost in decode speed is ours to know. Three configurations, in
+turns: split streams, unified KV with llama.cpp's attention over every cell, and unified KV
+with paged attention (`--page-size` cells a page; our llama.cpp patch).
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
 from server.model_file import embedded_model_path
 
 
-def decode_rate(model: Path, unified: bool, n_seqs: int, n_tokens: int, prompt_len: int, threads: int) -> float:
+CONFIGS = {"split": (False, "off"), "unified": (True, "off"), "unified_paged": (True, "on")}
+
+
+def decode_rate(model: Path, config: str, n_seqs: int, n_tokens: int, prompt_len: int, threads: int,
+                page_size: int = 16) -> float:
+    unified, paged = CONFIGS[config]
     rt = LlamaRuntime(RuntimeConfig(model, n_ctx=4096, n_batch=512, n_seq_max=n_seqs, n_threads=threads,
-                                    n_threads_batch=threads, kv_unified=unified))
+                                    n_threads_batch=threads, kv_unified=unified, paged_attn=paged,
+                                    page_size=page_size))
     try:
         prompt = rt.tokenize("The history of engineering " * 40, add_special=False, parse_special=False)[:prompt_len]
         for s in range(n_seqs):
@@ -42,16 +50,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--out", type=Path, default=Path("bench/results/unified_vs_split.json"))
     a = p.parse_args(argv)
     model = a.model or embedded_model_path()
-    rows = {"unified": [], "split": []}
-    for _ in range(a.repeats):  # interleaved, so drift on a shared machine hits both alike
-        rows["unified"].append(decode_rate(model, True, a.seqs, a.tokens, a.prompt, a.threads))
-        rows["split"].append(decode_rate(model, False, a.seqs, a.tokens, a.prompt, a.threads))
+    rows: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    for _ in range(a.repeats):  # interleaved, so drift on a shared machine hits all alike
+        for config in CONFIGS:
+            rows[config].append(decode_rate(model, config, a.seqs, a.tokens, a.prompt, a.threads, a.page_size))
     best = {k: max(v) for k, v in rows.items()}
-    out = {"model": str(model), "seqs": a.seqs, "tokens": a.tokens, "prompt": a.prompt, "tok_s": rows,
-           "best_tok_s": best, "unified_over_split": best["unified"] / best["split"]}
+    out = {"model": str(model), "seqs": a.seqs, "tokens": a.tokens, "prompt": a.prompt, "page_size": a.page_size,
+           "tok_s": rows, "best_tok_s": best, "unified_over_split": best["unified"] / best["split"],
+           "unified_paged_over_split": best["unified_paged"] / best["split"]}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))

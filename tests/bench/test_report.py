@@ -16,8 +16,19 @@ def test_idle_cells_section_renders_the_measured_slowdown(tmp_path):
         "with_idle_cells": held, "slowdown": {k: held[k] / empty[k] for k in empty}}))
     text = "\n".join(idle_cells_section(tmp_path))
     assert "`synth.gguf`, --n-gpu-layers 999, 12000 idle cells" in text
-    assert "| one decode step (ms) | 1.2 | 2.5 | 2.00x |" in text
-    assert "| prefill, tokens 0-512 (ms) | 35.0 | 87.5 | 2.50x |" in text
+    assert "| every cell (unpaged) | one decode step (ms) | 1.2 | 2.5 | 2.00x |" in text
+    assert "| every cell (unpaged) | prefill, tokens 0-512 (ms) | 35.0 | 87.5 | 2.50x |" in text
+
+
+def test_idle_cells_section_shows_paged_and_unpaged_runs(tmp_path):
+    empty = {"prefill_0_512_ms": 40.0, "prefill_512_1024_ms": 50.0, "decode_step_ms": 2.0}
+    runs = [{"page_size": ps, "idle_cells": 12000, "empty": empty, "with_idle_cells": held,
+             "slowdown": {k: held[k] / empty[k] for k in empty}}
+            for ps, held in ((0, {k: v * 1.5 for k, v in empty.items()}), (16, {k: v * 1.01 for k, v in empty.items()}))]
+    (tmp_path / "idle_cells.json").write_text(json.dumps({"model": "/m/e.gguf", "n_gpu_layers": 0, "runs": runs}))
+    text = "\n".join(idle_cells_section(tmp_path))
+    assert "| every cell (unpaged) | one decode step (ms) | 2.0 | 3.0 | 1.50x |" in text
+    assert "| paged, 16-cell pages | one decode step (ms) | 2.0 | 2.0 | 1.01x |" in text
 
 
 def test_run_all_section_shows_the_command_that_produced_it(tmp_path):

@@ -31,3 +31,25 @@ def test_the_idle_cell_limit_needs_a_tier_to_write_back_to():
         settings_from_args(["--cache-tiers", "A,S", "--cache-idle-cells", "0"])
     with pytest.raises(ValidationError, match="needs tier H or D"):
         settings_from_args(["--no-cache", "--cache-idle-cells", "1024"])
+
+
+def test_paged_attention_flags():
+    s = settings_from_args([])
+    assert (s.paged_attn, s.page_size) == ("auto", 16)
+    assert settings_from_args(["--paged-attn"]).paged_attn == "on"  # bare flag: required
+    assert settings_from_args(["--paged-attn", "off", "--page-size", "64"]).page_size == 64
+    with pytest.raises(ValidationError, match="needs flash attention"):
+        settings_from_args(["--paged-attn", "on", "--flash-attn", "off"])
+    with pytest.raises(ValidationError):
+        settings_from_args(["--page-size", "0"])
+
+
+def test_version_says_whether_paged_attention_is_compiled_in(capsys):
+    pytest.importorskip("llama_cpp")
+    from server.cli import main
+    from server.engine import paged_attention
+
+    main(["--version"])
+    out = capsys.readouterr().out
+    assert out.startswith("arbor-server ")
+    assert ("paged attention: compiled in" in out) == paged_attention.compiled_in()

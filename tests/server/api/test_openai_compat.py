@@ -209,6 +209,8 @@ def test_props_slots_metrics(arbor_server, client):
     # the KV is one pool: a request may use all 4096 cells, not 4096 / 2
     assert props["total_slots"] == 2 and props["n_ctx_slot"] == 4096
     assert props["default_generation_settings"]["n_ctx"] == 4096 and props["arbor"]["kv_cells"] == 4096
+    # the default (auto) turns paged attention on for a CPU KV with the patched build
+    assert props["arbor"]["paged_attention"] == {"compiled_in": True, "enabled": True, "page_size": 16, "note": None}
     idle_slots_consistent(b)
     text = httpx.get(b + "/metrics").text
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",

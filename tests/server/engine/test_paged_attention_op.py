@@ -1,0 +1,164 @@
+"""The paged flash-attention operator (our llama.cpp patch) against masked attention computed
+in numpy, on random data laid out as a unified KV: several sequences in one ubatch, ragged
+lengths, a prefix whose cells two sequences share, cells of a sequence outside the ubatch,
+pages cut at odd sizes; the prefill (tiled), multi-sequence decode and one-token split-KV
+paths of the CPU kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.server.engine import ggml_fa
+
+pytestmark = pytest.mark.skipif(not ggml_fa.has_paged_op(),
+                                reason="llama-cpp-python was built without Arbor's paged attention patch")
+
+DK = DV = 64
+N_HEAD, N_HEAD_KV = 6, 2
+
+
+class UnifiedKV:
+    """Cells of one unified KV: who owns each cell and at which position."""
+
+    def __init__(self, n_kv: int, rng: np.random.Generator):
+        self.n_kv = n_kv
+        self.rng = rng
+        self.free = list(rng.permutation(n_kv))  # scattered placement, as after evictions
+        self.owners: list[set[int]] = [set() for _ in range(n_kv)]
+        self.pos = np.full(n_kv, -1)
+        self.next_pos: dict[int, int] = {}
+
+    def append(self, seq: int, n: int, *, contiguous: bool = False) -> list[int]:
+        if contiguous:
+            self.free.sort()
+        cells = [int(self.free.pop(0)) for _ in range(n)]
+        for c in cells:
+            self.owners[c].add(seq)
+            self.pos[c] = self.next_pos.get(seq, 0)
+            self.next_pos[seq] = self.pos[c] + 1
+        return cells
+
+    def share(self, src: int, dst: int) -> None:
+        """seq_cp: dst attends to every cell of src, no copy."""
+        for c in range(self.n_kv):
+            if src in self.owners[c]:
+                self.owners[c].add(dst)
+        self.next_pos[dst] = self.next_pos[src]
+
+    def mask_row(self, seq: int, pos: int) -> np.ndarray:
+        row = np.full(self.n_kv, -np.inf)
+        for c in range(self.n_kv):
+            if seq in self.owners[c] and self.pos[c] <= pos:
+                row[c] = 0.0
+        return row
+
+    def pages(self, seq: int, page_size: int) -> list[int]:
+        return sorted({c // page_size for c in range(self.n_kv) if seq in self.owners[c]})
+
+
+def ubatch_inputs(kv: UnifiedKV, tokens: list[tuple[int, int]], page_size: int):
+    """The mask and the per-token page table for tokens [(seq, pos)], as llama.cpp fills them."""
+    mask = np.stack([kv.mask_row(s, p) for s, p in tokens])
+    n_pages_max = -(-kv.n_kv // page_size)
+    table = np.zeros((len(tokens), 1 + n_pages_max), dtype=np.int32)
+    for i, (s, _) in enumerate(tokens):
+        pg = kv.pages(s, page_size)
+        table[i, 0] = len(pg)
+        table[i, 1:1 + len(pg)] = pg
+    return mask, table
+
+
+def random_qkv(rng, n_tokens: int, n_kv: int):
+    q = rng.standard_normal((N_HEAD, n_tokens, DK)).astype(np.float32)
+    k = rng.standard_normal((N_HEAD_KV, n_kv, DK)).astype(np.float32)
+    v = rng.standard_normal((N_HEAD_KV, n_kv, DV)).astype(np.float32)
+    return q, k, v
+
+
+def shared_prefix_layout(rng, n_kv: int) -> UnifiedKV:
+    """seq 0: a 200-cell prefix; seq 1 attaches it and adds 90; seq 2 has 150 of its own;
+    seq 7 (an idle slot, not in the ubatch) holds 300 cells spread over the pool."""
+    kv = UnifiedKV(n_kv, rng)
+    kv.append(0, 200)
+    kv.share(0, 1)
+    kv.append(1, 90)
+    kv.append(2, 150)
+    kv.append(7, 300)
+    return kv
+
+
+SCALE = 1.0 / np.sqrt(DK)
+
+
+def check(kv: UnifiedKV, tokens, page_size: int, rng, n_threads: int = 2):
+    mask, table = ubatch_inputs(kv, tokens, page_size)
+    q, k, v = random_qkv(rng, len(tokens), kv.n_kv)
+    ref = ggml_fa.reference(q, k, v, mask, scale=SCALE)
+    paged = ggml_fa.flash_attn(q, k, v, mask, scale=SCALE, pages=table, page_size=page_size, n_threads=n_threads)
+    unpaged = ggml_fa.flash_attn(q, k, v, mask, scale=SCALE, n_threads=n_threads)
+    np.testing.assert_allclose(paged, ref, atol=4e-3, rtol=0)
+    np.testing.assert_allclose(paged, unpaged, atol=4e-3, rtol=0)
+    return q, k, v, mask, table
+
+
+@pytest.mark.parametrize("page_size", [16, 7, 64])
+def test_prefill_ubatch_of_several_sequences(page_size):
+    """80 new tokens (the tiled path: at least 64 query rows): 70 of seq 1 over the shared
+    prefix, 10 of seq 2; a Q tile spans both sequences."""
+    rng = np.random.default_rng(page_size)
+    kv = shared_prefix_layout(rng, 1000)
+    tokens = [(1, p) for p in range(290 - 70, 290)]
+    tokens += [(2, p) for p in range(140, 150)]
+    check(kv, tokens, page_size, rng)
+
+
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_decode_several_sequences(page_size):
+    """One token each for seqs 0, 1, 2 (the per-row path); seq 0 and 1 share the prefix pages."""
+    rng = np.random.default_rng(100 + page_size)
+    kv = shared_prefix_layout(rng, 900)
+    for s in (0, 1, 2):
+        kv.append(s, 1)
+    tokens = [(0, kv.next_pos[0] - 1), (1, kv.next_pos[1] - 1), (2, kv.next_pos[2] - 1)]
+    check(kv, tokens, page_size, rng)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_decode_one_token_split_kv(n_threads):
+    """One query row over at least 512 cells: the threads split the page list (split-KV path),
+    with a last page cut short by the end of the KV."""
+    rng = np.random.default_rng(7 + n_threads)
+    kv = shared_prefix_layout(rng, 1003)
+    kv.append(1, 1)
+    check(kv, [(1, kv.next_pos[1] - 1)], 32, rng, n_threads=n_threads)
+
+
+def test_page_boundaries_contiguous_cells():
+    """A sequence laid out contiguously from an odd cell: its first and last pages are partly
+    other sequences' cells, which the mask still drops inside the page."""
+    rng = np.random.default_rng(3)
+    kv = UnifiedKV(700, rng)
+    kv.append(9, 37, contiguous=True)
+    kv.append(4, 300, contiguous=True)
+    kv.append(9, 20, contiguous=True)
+    tokens = [(4, p) for p in range(230, 300)]
+    check(kv, tokens, 16, rng)
+
+
+def test_missing_page_changes_the_result():
+    """The kernel really reads only the listed pages: dropping a page that holds visible cells
+    changes the answer (and keeping it gives the reference)."""
+    rng = np.random.default_rng(11)
+    kv = shared_prefix_layout(rng, 800)
+    kv.append(1, 1)
+    tokens = [(1, kv.next_pos[1] - 1)]
+    q, k, v, mask, table = check(kv, tokens, 16, rng)
+    n = table[0, 0]
+    assert n >= 2
+    dropped = table.copy()
+    dropped[0, 0] = n - 1
+    dropped[0, 1:n] = table[0, 2:n + 1]  # drop the first page
+    out = ggml_fa.flash_attn(q, k, v, mask, scale=SCALE, pages=dropped, page_size=16)
+    ref = ggml_fa.reference(q, k, v, mask, scale=SCALE)
+    assert np.abs(out - ref).max() > 1e-2
