@@ -150,6 +150,64 @@ def idle_cells_section(res: Path) -> list[str]:
     return out + [""]
 
 
+SEED_SHAPE_FILES = {"seed_shape_synth.json": "compute-light synthetic model", "seed_shape_embedded.json": "embedded model"}
+
+
+def paged_section(res: Path) -> list[str]:
+    """Paged attention (issue 22): the seed's shape scaled to this machine, the synthetic model's idle-cell
+    and unified/split figures (the embedded model's are in the sections above), the paged/unpaged agreement."""
+    out = ["## Paged attention against unpaged and stock llama-server", "",
+           "Design and patch files: `docs/paged-attention.md`. The embedded model's idle-cell and unified/split "
+           "figures are in the two sections above.", ""]
+    found = False
+    for name, label in SEED_SHAPE_FILES.items():
+        data = _load(res / name)
+        if data is None:
+            continue
+        found = True
+        st = data["settings"]
+        out += [f"**Seed 002's shape, {label}** (`python -m bench.engine_throughput --parallel {st['parallel']} "
+                f"--ctx-size {st['ctx_size']} --streams {st['streams']} --prompt-tokens {st['prompt_tokens']} "
+                f"--max-tokens {st['max_tokens']} --repeat {st['repeat']} --arbor-unpaged`, model "
+                f"`{Path(data['model']).name}`: concurrent requests with unique prompts, medians):", "",
+                "| server | streams | prompt tokens | TTFT mean s | decode tok/s |", "|---|---|---|---|---|"]
+        for run in data["runs"]:
+            for lv in run["levels"]:
+                out.append(f"| {run['name']} | {lv['concurrency']} | {_f(lv.get('prompt_tokens_mean'), 0)} | "
+                           f"{_f(lv['ttft_mean_s'])} | {_f(lv['decode_tok_s'], 1)} |")
+        out.append("")
+    synth = _load(res / "idle_cells_synth.json")
+    if synth is not None:
+        found = True
+        out += [f"**Idle cells, synthetic model** (`python -m bench.idle_cells --model {Path(synth['model']).name} "
+                "--page-size 0,16`): slowdown of one request with 12,000 cells held by other sequences.", "",
+                "| attention | prefill 0-512 | prefill 512-1024 | decode step |", "|---|---|---|---|"]
+        for run in synth["runs"]:
+            x = run["slowdown"]
+            kind = f"paged ({run['page_size']}-cell pages)" if run["page_size"] else "unpaged"
+            out.append(f"| {kind} | {_f(x['prefill_0_512_ms'])}x | {_f(x['prefill_512_1024_ms'])}x | "
+                       f"{_f(x['decode_step_ms'])}x |")
+        out.append("")
+    uvs = _load(res / "unified_vs_split_synth.json")
+    if uvs is not None and "unified_paged" in uvs["best_tok_s"]:
+        found = True
+        b = uvs["best_tok_s"]
+        out += [f"**Unified against split, synthetic model** (`python -m bench.unified_vs_split --model "
+                f"{Path(uvs['model']).name} --tokens {uvs['tokens']} --prompt {uvs['prompt']}`, {uvs['seqs']} "
+                f"sequences): split {_f(b['split'], 0)} tok/s, unified {_f(b['unified'], 0)} "
+                f"({_f(uvs['unified_over_split'])}x), unified + paged {_f(b['unified_paged'], 0)} "
+                f"(**{_f(uvs['unified_paged_over_split'])}x**).", ""]
+    agree = _load(res / "paged_agreement.json")
+    if agree is not None:
+        found = True
+        out += [f"**Agreement** (`python -m bench.paged_agreement`, --n-gpu-layers {agree['n_gpu_layers']}): "
+                f"{agree['predictions']} teacher-forced top-1 predictions, paged = unpaged for "
+                f"**{_f(100 * agree['agreement'], 2)}%**.", ""]
+    if not found:
+        out.append("Not measured in this revision.")
+    return out + [""]
+
+
 RUN_ALL_DIRS = {
     "run_all": ("Workloads: every configuration side by side",
                 "python -m bench.run_all --quick"),
@@ -306,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
              f"Machine: {machine()}. Model: the embedded SmolLM2-135M-Instruct Q4_1 unless a section names "
              "another.", ""]
     old = _old_sections(a.out)
-    for section in (engine_section, unified_section, idle_cells_section, cache_micro_section):
+    for section in (engine_section, unified_section, idle_cells_section, paged_section, cache_micro_section):
         lines += _or_carried(section(a.results), old)
     for dirname in RUN_ALL_DIRS:
         lines += _or_carried(run_all_section(a.results, dirname), old)

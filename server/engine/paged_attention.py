@@ -43,37 +43,29 @@ class PagedAttentionUnavailable(RuntimeError):
 
 
 @cache
-def _functions():
+def _set_paged_attn():
     lib = llama_cpp.llama_cpp._lib
     try:
         set_fn = lib.llama_set_paged_attn
-        get_fn = lib.llama_get_paged_attn
     except AttributeError:
         return None
     set_fn.argtypes, set_fn.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.c_int32
-    get_fn.argtypes, get_fn.restype = [ctypes.c_void_p], ctypes.c_uint32
-    return set_fn, get_fn
+    return set_fn
 
 
 def compiled_in() -> bool:
-    return _functions() is not None
+    return _set_paged_attn() is not None
 
 
 def enable(ctx, page_size: int) -> None:
-    fns = _functions()
-    if fns is None:
+    set_paged_attn = _set_paged_attn()
+    if set_paged_attn is None:
         raise PagedAttentionUnavailable(
             "this llama-cpp-python build has no paged attention: it was not built from Arbor's patched "
             "source (run scripts/setup.sh, which applies patches/llama.cpp/)")
-    code = fns[0](ctx, page_size)
+    code = set_paged_attn(ctx, page_size)
     if code != 0:
         raise PagedAttentionUnavailable(_REASONS.get(code, f"llama_set_paged_attn returned {code}"))
-
-
-def page_size(ctx) -> int:
-    """The context's page size in cells, 0 when paged attention is off (or not compiled in)."""
-    fns = _functions()
-    return int(fns[1](ctx)) if fns is not None else 0
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,22 @@ def test_run_all_section_shows_the_command_that_produced_it(tmp_path):
     text = "\n".join(run_all_section(tmp_path, "run_all"))
     assert "Command: `python -m bench.run_all --large --same-prompts`" in text
     assert "model `synth.gguf`" in text
+
+
+def test_paged_section_renders_the_seed_shape_and_the_synthetic_figures(tmp_path):
+    from bench.report import paged_section
+
+    assert "Not measured in this revision." in paged_section(tmp_path)
+    level = {"concurrency": 8, "prompt_tokens_mean": 3050.0, "ttft_mean_s": 1.5, "decode_tok_s": 250.0}
+    (tmp_path / "seed_shape_synth.json").write_text(json.dumps({
+        "model": "/m/synth.gguf", "settings": {"parallel": 8, "ctx_size": 32768, "streams": "8", "prompt_tokens": 3000,
+                                               "max_tokens": 128, "repeat": 2},
+        "runs": [{"name": "arbor-server", "levels": [level]},
+                 {"name": "llama-server (split KV)", "levels": [dict(level, decode_tok_s=240.0)]}]}))
+    (tmp_path / "unified_vs_split_synth.json").write_text(json.dumps({
+        "model": "/m/synth.gguf", "tokens": 128, "prompt": 32, "seqs": 4, "unified_over_split": 0.9,
+        "unified_paged_over_split": 1.02, "best_tok_s": {"split": 2000.0, "unified": 1800.0, "unified_paged": 2040.0}}))
+    text = "\n".join(paged_section(tmp_path))
+    assert "| arbor-server | 8 | 3050 | 1.50 | 250.0 |" in text
+    assert "| llama-server (split KV) | 8 | 3050 | 1.50 | 240.0 |" in text
+    assert "unified + paged 2040 (**1.02x**)" in text

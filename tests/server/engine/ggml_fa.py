@@ -70,7 +70,8 @@ def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *,
                pages: np.ndarray | None = None, page_size: int = 0, n_threads: int = 2) -> np.ndarray:
     """Attention of q [n_head, n_tokens, DK] over k [n_head_kv, n_kv, DK], v [n_head_kv, n_kv, DV]
     with mask [n_tokens, n_kv] (0 or -inf), K/V/mask rounded to f16 as llama.cpp stores them.
-    pages: int32 [n_tokens, 1 + n_pages_max] rows {n, p_0..p_{n-1}}. Returns [n_tokens, n_head, DV]."""
+    pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (equal tags, equal lists).
+    Returns [n_tokens, n_head, DV]."""
     base, cpu = libs()
     n_head, n_tokens, dk = q.shape
     n_head_kv, n_kv, _ = k.shape

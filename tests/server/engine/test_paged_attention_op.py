@@ -61,11 +61,12 @@ def ubatch_inputs(kv: UnifiedKV, tokens: list[tuple[int, int]], page_size: int):
     """The mask and the per-token page table for tokens [(seq, pos)], as llama.cpp fills them."""
     mask = np.stack([kv.mask_row(s, p) for s, p in tokens])
     n_pages_max = -(-kv.n_kv // page_size)
-    table = np.zeros((len(tokens), 1 + n_pages_max), dtype=np.int32)
+    table = np.zeros((len(tokens), 2 + n_pages_max), dtype=np.int32)
     for i, (s, _) in enumerate(tokens):
         pg = kv.pages(s, page_size)
         table[i, 0] = len(pg)
-        table[i, 1:1 + len(pg)] = pg
+        table[i, 1] = s  # the tag: rows with one tag have one page list
+        table[i, 2:2 + len(pg)] = pg
     return mask, table
 
 
@@ -158,7 +159,38 @@ def test_missing_page_changes_the_result():
     assert n >= 2
     dropped = table.copy()
     dropped[0, 0] = n - 1
-    dropped[0, 1:n] = table[0, 2:n + 1]  # drop the first page
+    dropped[0, 2:n + 1] = table[0, 3:n + 2]  # drop the first page
     out = ggml_fa.flash_attn(q, k, v, mask, scale=SCALE, pages=dropped, page_size=16)
     ref = ggml_fa.reference(q, k, v, mask, scale=SCALE)
     assert np.abs(out - ref).max() > 1e-2
+
+
+@pytest.mark.parametrize("tokens_of", ["prefill", "decode", "one"])
+def test_the_cpu_kernel_never_reads_the_mask_outside_a_rows_pages(tokens_of):
+    """llama.cpp leaves the mask unwritten outside each token's pages when only the CPU kernel runs:
+    with every such entry set to 0 (visible), the paged result must still be the reference."""
+    rng = np.random.default_rng({"prefill": 21, "decode": 22, "one": 23}[tokens_of])
+    kv = shared_prefix_layout(rng, 1100)
+    for s in (0, 1, 2):
+        kv.append(s, 1)
+    if tokens_of == "prefill":  # the tiled path, two sequences in one Q tile
+        tokens = [(1, p) for p in range(kv.next_pos[1] - 60, kv.next_pos[1])]
+        tokens += [(2, p) for p in range(kv.next_pos[2] - 10, kv.next_pos[2])]
+    elif tokens_of == "decode":  # the per-row path
+        tokens = [(s, kv.next_pos[s] - 1) for s in (0, 1, 2)]
+    else:  # the split-KV path
+        tokens = [(1, kv.next_pos[1] - 1)]
+    page_size = 16
+    mask, table = ubatch_inputs(kv, tokens, page_size)
+    garbage = mask.copy()
+    for i, row in enumerate(table):
+        inside = np.zeros(kv.n_kv, dtype=bool)
+        for p in row[2:2 + row[0]]:
+            inside[p * page_size:(p + 1) * page_size] = True
+        garbage[i, ~inside] = 0.0
+    q, k, v = random_qkv(rng, len(tokens), kv.n_kv)
+    ref = ggml_fa.reference(q, k, v, mask, scale=SCALE)
+    paged = ggml_fa.flash_attn(q, k, v, garbage, scale=SCALE, pages=table, page_size=page_size)
+    np.testing.assert_allclose(paged, ref, atol=4e-3, rtol=0)
+    unpaged = ggml_fa.flash_attn(q, k, v, garbage, scale=SCALE)  # without the table the garbage shows
+    assert np.abs(unpaged - ref).max() > 1e-2

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Compile-only check of the CUDA side of our llama.cpp patches on a machine without a GPU: the
+# paged kernel (ggml-cuda/fattn-paged.cu) and the flash-attention dispatch that calls it (fattn.cu),
+# built by llama.cpp's own CMake from the patched source scripts/llama-cpp-source.sh prepares.
+# Needs nvcc (e.g. the PyPI packages nvidia-cuda-nvcc, nvidia-cuda-cccl, nvidia-cuda-runtime,
+# nvidia-cuda-crt, nvidia-nvvm unpacked as a toolkit: NVCC, default `nvcc` on PATH); cuBLAS comes
+# from the PyPI package nvidia-cublas, and a stub libcuda.so stands in for the driver (nothing is
+# linked or run).
+#     bash bench/cuda_compile_check.sh [ARCHS]     # default "75;80;86;89;90" (CUDA 13 has no 70)
+set -euo pipefail
+archs=${1:-75;80;86;89;90}
+nvcc_bin=$(readlink -f "$(command -v "${NVCC:-nvcc}")") || { echo "cuda_compile_check: no nvcc" >&2; exit 1; }
+# a wrapper script (`exec /usr/local/cuda-X/bin/nvcc`) points at the real one
+if head -c 2 "$nvcc_bin" | grep -q '#!'; then nvcc_bin=$(grep -o '/[^ ]*/bin/nvcc' "$nvcc_bin" | head -1); fi
+toolkit=$(dirname "$(dirname "$nvcc_bin")")
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+src=$(scripts/llama-cpp-source.sh "$work/src")/vendor/llama.cpp
+python3 -m pip download --quiet --no-deps -d "$work/whl" "nvidia-cublas>=13,<14"
+python3 - "$work" <<'PY'
+import pathlib, sys, zipfile
+work = pathlib.Path(sys.argv[1])
+with zipfile.ZipFile(next((work / "whl").glob("*.whl"))) as z:
+    z.extractall(work / "cublas", members=[n for n in z.namelist() if "/include/" in n or "/lib/" in n])
+PY
+cublas=$(dirname "$(dirname "$(find "$work/cublas" -name cublas_v2.h -print -quit)")")
+root="$work/cuda"  # the toolkit with cuBLAS and a driver stub merged in
+mkdir -p "$root/include" "$root/lib64/stubs"
+ln -s "$toolkit/bin" "$root/bin"; ln -s "$toolkit/nvvm" "$root/nvvm"
+[ -d "$toolkit/targets" ] && ln -s "$toolkit/targets" "$root/targets"
+for f in "$toolkit"/include/* "$cublas"/include/*; do ln -sf "$f" "$root/include/"; done
+for f in "$toolkit"/lib64/* "$cublas"/lib/*; do ln -sf "$f" "$root/lib64/"; done
+for lib in "$root"/lib64/libcublas*.so.*; do ln -sf "$lib" "${lib%.so.*}.so"; done
+echo "" | cc -shared -o "$root/lib64/stubs/libcuda.so" -x c -
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" \
+  -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" -DCUDAToolkit_ROOT="$root" -DGGML_NATIVE=OFF -DGGML_CUDA_NCCL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_CURL=OFF > "$work/cmake.log" || { tail -30 "$work/cmake.log"; exit 1; }
+echo "cuda_compile_check: fattn-paged.cu and fattn.cu for $archs"
+make -C "$work/build/ggml/src/ggml-cuda" fattn-paged.cu.o fattn.cu.o
+echo "cuda_compile_check: ok ($("$root/bin/nvcc" --version | tail -1))"
