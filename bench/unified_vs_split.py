@@ -27,13 +27,16 @@ CONFIGS = {"split": (False, "off"), "unified": (True, "off"), "unified_paged": (
 def decode_rate(model: Path, config: str, n_seqs: int, n_tokens: int, prompt_len: int, threads: int,
                 page_size: int = 16) -> float:
     unified, paged = CONFIGS[config]
-    rt = LlamaRuntime(RuntimeConfig(model, n_ctx=4096, n_batch=512, n_seq_max=n_seqs, n_threads=threads,
+    n_ctx = max(4096, n_seqs * (prompt_len + n_tokens + 64))
+    rt = LlamaRuntime(RuntimeConfig(model, n_ctx=n_ctx, n_batch=512, n_seq_max=n_seqs, n_threads=threads,
                                     n_threads_batch=threads, kv_unified=unified, paged_attn=paged,
                                     page_size=page_size))
     try:
-        prompt = rt.tokenize("The history of engineering " * 40, add_special=False, parse_special=False)[:prompt_len]
+        text = "The history of engineering " * max(40, prompt_len // 3)
+        prompt = rt.tokenize(text, add_special=False, parse_special=False)[:prompt_len]
         for s in range(n_seqs):
-            rt.decode([BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)])
+            for c in range(0, len(prompt), 512):
+                rt.decode([BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt[c:c + 512], start=c)])
         t0 = time.perf_counter()
         for step in range(n_tokens):
             rt.decode([BatchEntry(100 + step, len(prompt) + step, s, True) for s in range(n_seqs)])
