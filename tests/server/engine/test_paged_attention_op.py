@@ -194,3 +194,15 @@ def test_the_cpu_kernel_never_reads_the_mask_outside_a_rows_pages(tokens_of):
     np.testing.assert_allclose(paged, ref, atol=4e-3, rtol=0)
     unpaged = ggml_fa.flash_attn(q, k, v, garbage, scale=SCALE)  # without the table the garbage shows
     assert np.abs(unpaged - ref).max() > 1e-2
+
+
+def test_decode_rows_beside_a_prefill_chunk():
+    """The scheduler's mixed ubatch: one decode token of two sequences, then 70 prompt tokens of a
+    third. The decode rows go through the per-row path, the chunk through tiles of its own pages."""
+    rng = np.random.default_rng(31)
+    kv = shared_prefix_layout(rng, 1200)
+    kv.append(0, 1)
+    kv.append(2, 1)
+    kv.append(4, 70)  # the prompt chunk's cells, written before attention runs
+    tokens = [(0, kv.next_pos[0] - 1), (2, kv.next_pos[2] - 1)] + [(4, p) for p in range(70)]
+    check(kv, tokens, 16, rng)
