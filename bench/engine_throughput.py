@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -49,8 +50,6 @@ WORDS = ("valve pump sensor drift alarm reading report shift seal pressure line 
 
 def long_prompt(i: int, n_tokens: int) -> str:
     """About n_tokens of words in an order no other request shares (its first words differ)."""
-    import random
-
     rng = random.Random(i)
     words = [f"Request {i}:"] + [rng.choice(WORDS) for _ in range(int(n_tokens / 1.05))]
     return " ".join(words) + ". Summarise."
