@@ -98,7 +98,8 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         info = runtime.info
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
-        disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy)
+        disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
+                        queue_bytes=settings.cache_disk_queue * 1024 * 1024)
     resident = (ResidentOwners(tree, runtime, seq_ids, settings.resident_cells, registry)
                 if "S" in tiers and seq_ids.layout.owners else None)
     return CacheRouter(

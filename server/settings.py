@@ -56,6 +56,8 @@ class ServerSettings(BaseSettings):
     cache_ram: int = Field(1024, ge=0, description="host tier budget, MiB")
     cache_dir: Path | None = None
     cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
+    cache_disk_queue: int = Field(64, ge=1, description="MiB of KV waiting for the disk writer; a store beyond "
+                                  "it is dropped and counted (queued KV is held outside every budget)")
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
     cache_route: Literal["cost", "longest"] = Field(
         "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")

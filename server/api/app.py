@@ -97,7 +97,8 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
     for tier, name in ((r.host, "host"), (r.disk, "disk")):
         if tier is not None:
             st = tier.stats()
-            for key in ("entries", "files", "tokens", "bytes", "hits", "evictions"):
+            for key in ("entries", "files", "tokens", "bytes", "held_bytes", "hits", "evictions", "declined",
+                        "pending_bytes", "dropped_writes"):
                 if key in st:
                     out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", st[key])
     if r.disk is not None:

@@ -26,7 +26,9 @@ The index is the "D" values of the radix tree shared with tier H (server/cache/
 radix_tree.py): a node's D value is a `DiskSegment`, a token range of one file; splitting
 a node (by either tier) splits the range (no I/O) and a file is deleted when no node
 refers to it any more. Evicting D values never drops a node's H value, and the D budget
-counts D values only. Files are written by a writer thread, so storing never waits on the
+counts the files D values use, each whole (a file stays until its last range goes); a
+write that the budget cannot make room for (pinned or locked files) is refused, and the
+writer's queue is bounded in bytes (a full queue drops the store, counted). Files are written by a writer thread, so storing never waits on the
 disk, and the tree lock is never held during file I/O: the writer decides what is missing
 under the lock, writes the file without it, then indexes it under the lock.
 """
@@ -46,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.cache.eviction import EvictionPolicy
+from server.cache.eviction import BudgetResult, ByteBudget, EvictionPolicy, enforce_budget
 from server.cache.host_tier import TierMatch
 from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
 from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree
@@ -59,6 +61,7 @@ FAMILY = b"ARBORKV"  # any version of the format: an older one is foreign, not c
 VERSION = 3
 SUFFIX = ".kvseg"
 _DIGEST = 32  # SHA-256 bytes after the header
+DEFAULT_QUEUE_BYTES = 64 << 20  # KV waiting for the writer: past it, stores are dropped
 _MAX_HEADER = 64 << 20  # a longer header length is garbage (a path of 8M tokens is far beyond any context)
 
 
@@ -85,6 +88,11 @@ class SegmentFile:
     header_sha256: str = ""  # the header indexed: a read of another file under this name fails
     refs: int = 0
 
+    @property
+    def nbytes(self) -> int:
+        """What the file holds on disk while any node uses a range of it (the D budget's unit)."""
+        return self.size
+
 
 @dataclass(eq=False)
 class DiskSegment:
@@ -103,6 +111,10 @@ class DiskSegment:
     def nbytes(self) -> int:
         return self.file.size * self.n_tokens // self.file.n
 
+    @property
+    def memory(self) -> SegmentFile:
+        return self.file
+
     def split(self, offset: int) -> tuple[DiskSegment, DiskSegment]:
         """Two ranges of the same file (no I/O): the file now has one more user."""
         self.file.refs += 1
@@ -119,10 +131,24 @@ def _layout_from_json(d: dict) -> KVLayout:
                                                                    "v_row_bytes", "v_el_bytes")))
 
 
-def write_segment_file(directory: Path, fingerprint: str, path_tokens: list[int], seg: KVSegment) -> SegmentFile:
-    """Write `seg` (the KV of path_tokens[seg.pos0:]) atomically: to a temp file, fsynced,
-    then renamed. The arrays go to the file from their own memory (a transposed-V slice is
-    made contiguous first)."""
+@dataclass(frozen=True)
+class EncodedSegment:
+    """A segment file's bytes before it is written: its size is known without any I/O."""
+
+    head: bytes  # magic, header length, header, header checksum
+    arrays: list[np.ndarray]
+    start: int
+    n: int
+    header_sha256: str
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + sum(a.nbytes for a in self.arrays)
+
+
+def encode_segment(fingerprint: str, path_tokens: list[int], seg: KVSegment) -> EncodedSegment:
+    """The file for `seg` (the KV of path_tokens[seg.pos0:]): the arrays are kept as they
+    are (a transposed-V slice is made contiguous) and checksummed, not copied."""
     arrays = [np.ascontiguousarray(a) for a in seg.arrays()]
     digest = hashlib.sha256()
     for a in arrays:
@@ -132,16 +158,23 @@ def write_segment_file(directory: Path, fingerprint: str, path_tokens: list[int]
         "n": seg.n_tokens, "layout": _layout_to_json(seg.layout), "sha256": digest.hexdigest(),
     }).encode()
     header_digest = hashlib.sha256(header).digest()
+    head = MAGIC + struct.pack("<I", len(header)) + header + header_digest
+    return EncodedSegment(head, arrays, seg.pos0, seg.n_tokens, header_digest.hex())
+
+
+def write_segment_file(directory: Path, encoded: EncodedSegment) -> SegmentFile:
+    """Write a file atomically: to a temp file, fsynced, then renamed. The arrays go to the
+    file from their own memory."""
     final = directory / f"{uuid.uuid4().hex}{SUFFIX}"
     tmp = final.with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<I", len(header)) + header + header_digest)
-        for a in arrays:
+        f.write(encoded.head)
+        for a in encoded.arrays:
             f.write(a.data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
-    return SegmentFile(final, seg.pos0, seg.n_tokens, final.stat().st_size, header_digest.hex())
+    return SegmentFile(final, encoded.start, encoded.n, final.stat().st_size, encoded.header_sha256)
 
 
 def read_header(path: Path) -> tuple[dict, int, str]:
@@ -253,7 +286,7 @@ class DiskTier:
     name = TIER
 
     def __init__(self, tree: RadixTree, directory: Path, budget_bytes: int, fingerprint: str,
-                 policy: EvictionPolicy):
+                 policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.budget_bytes = budget_bytes
@@ -263,6 +296,11 @@ class DiskTier:
         self._lock = tree.mutex  # shared with tier H: every use of the tree holds it
         self._doomed: list[Path] = []  # files no node uses any more; unlinked outside the lock
         self._queue: queue.Queue = queue.Queue()
+        self.queue_bytes = queue_bytes  # KV the writer's queue may hold (see store)
+        self._queued_bytes = 0
+        self._queue_guard = threading.Lock()
+        self.dropped_writes = 0  # stores dropped because the queue was full
+        self.declined = 0  # writes refused because pinned or locked files filled the budget
         self.hits = 0
         self.evictions = 0
         self.skipped_files = 0  # files not indexed at start (corrupt or foreign)
@@ -330,7 +368,7 @@ class DiskTier:
                     self.tree.insert(tokens[: file.start])  # a hole until its parent's file is placed
                 self._place(tokens, file)
             # over budget when started with a smaller budget than the files were written under
-            self._evict(self.tree.tier(TIER).total_bytes - self.budget_bytes)
+            self._make_room(0)
         self._unlink_doomed()
         if entries or self.skipped_files:
             log.info("disk cache: indexed %d segment files from %s (%d skipped: %d corrupt, %d foreign)",
@@ -342,12 +380,14 @@ class DiskTier:
         elif isinstance(exc, CorruptSegmentFile):
             self.corrupt_files += 1
 
-    def _evict(self, over: int) -> None:
-        """Free `over` bytes of D values (caller holds the lock); their files go when unused."""
-        if over > 0:
-            self._released(self.tree.evict(over, TIER, self.policy))
+    def _make_room(self, incoming: int) -> bool:
+        """Evict D values until the files they use, plus `incoming` bytes, fit the budget
+        (caller holds the lock); False when locked or pinned files leave no room."""
+        res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming)
+        self._released(res)
+        return res.satisfied
 
-    def _released(self, res: EvictResult) -> None:
+    def _released(self, res: EvictResult | BudgetResult) -> None:
         self.evictions += len(res.freed)
         for _, seg in res.freed:
             self._release(seg)
@@ -413,15 +453,23 @@ class DiskTier:
         """Take every unlocked range of a bad file out of the index (a range another
         request holds locked goes at its own failed read or at eviction)."""
         with self._lock:
-            for node in [n for n in self.tree.nodes() if TIER in n.values and n.values[TIER].file is file]:
-                if node.lock_ref == 0:
-                    self._release(self.tree.remove_value(node, TIER))
+            self._unplace(file)
 
     # ------------------------------------------------------------------ store
-    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
+    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> bool:
         """Queue the path `tokens` for writing; `ranges` are (start, segment) pairs covering
-        as much of it as the caller holds. Only what the tree holds no D value for is written."""
-        self._queue.put((list(tokens), ranges))
+        as much of it as the caller holds. Only what the tree holds no D value for is written.
+        Never waits: when the queue already holds `queue_bytes` of KV (the disk is slower
+        than the stores), the write is dropped (counted) and False returned, since queued
+        ranges keep host memory alive outside every budget."""
+        nbytes = sum(seg.nbytes for _, seg in ranges)
+        with self._queue_guard:
+            if self._queued_bytes and self._queued_bytes + nbytes > self.queue_bytes:
+                self.dropped_writes += 1
+                return False
+            self._queued_bytes += nbytes
+        self._queue.put((list(tokens), ranges, nbytes))
+        return True
 
     def _write_loop(self) -> None:
         while True:
@@ -429,27 +477,46 @@ class DiskTier:
             if item is None:
                 self._queue.task_done()
                 return
-            tokens, ranges = item
+            tokens, ranges, nbytes = item
             try:
                 self._write(tokens, ranges)
             except Exception:
                 self.write_errors += 1
                 log.exception("disk cache: writing segments failed")
             finally:
+                with self._queue_guard:
+                    self._queued_bytes -= nbytes
                 self._queue.task_done()
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Write one file for the part of `tokens` past what the disk holds, if `ranges`
-        cover it: decide under the lock, write without it, index under it."""
+        cover it and the budget can make room for the whole file: decide under the lock,
+        write without it, index under it."""
         have = self.held(tokens)
         seg = _cover(ranges, have, len(tokens)) if have < len(tokens) else None
         if seg is None:
             return
-        file = write_segment_file(self.dir, self.fingerprint, tokens, seg)
+        encoded = encode_segment(self.fingerprint, tokens, seg)
+        with self._lock:
+            room = self._make_room(encoded.size)
+        if not room:  # pinned or locked files fill the budget: the disk keeps what it has
+            self.declined += 1
+            self._unlink_doomed()
+            return
+        file = write_segment_file(self.dir, encoded)
         with self._lock:
             self._place(tokens, file)
-            self._evict(self.tree.tier(TIER).total_bytes - self.budget_bytes)
+            if not self._make_room(0):  # room taken meanwhile (a restore locked what was to go)
+                self._unplace(file)
+                self.declined += 1
         self._unlink_doomed()
+
+    def _unplace(self, file: SegmentFile) -> None:
+        """Take the unlocked ranges of a just-written file back out of the index (caller
+        holds the lock); the file goes when no node uses it."""
+        for node in [n for n in self.tree.nodes() if TIER in n.values and n.values[TIER].file is file]:
+            if node.lock_ref == 0:
+                self._release(self.tree.remove_value(node, TIER))
 
     def wait_idle(self) -> None:
         """Block until every queued segment is written (tests, benchmarks, shutdown)."""
@@ -472,9 +539,11 @@ class DiskTier:
             c = self.tree.tier(TIER)
             # nodes split from one write share its file, so files <= entries; every file the
             # index uses should exist on disk, and no other file should
-            files = len({n.values[TIER].file.path for n in self.tree.nodes() if TIER in n.values})
+            files = len(c.memory)  # the files D values use (a file is their allocation)
         return {"entries": c.n_payloads, "files": files, "tokens": c.payload_tokens, "bytes": c.total_bytes,
-                "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
+                "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "declined": self.declined,
+                "pending_bytes": self._queued_bytes, "queue_bytes": self.queue_bytes,
+                "dropped_writes": self.dropped_writes, "hits": self.hits, "evictions": self.evictions,
                 "skipped_files": self.skipped_files, "corrupt_files": self.corrupt_files,
                 "foreign_files": self.foreign_files, "write_errors": self.write_errors,
                 "pending_writes": self._queue.qsize()}

@@ -81,6 +81,19 @@ def _take(a: np.ndarray, axis: int, start: int, end: int) -> np.ndarray:
     return a[start:end] if axis == 0 else a[:, start:end]
 
 
+class MemoryBlock:
+    """One allocation that segments view: it lives while any of them does, so a budget
+    charges it once, whole, however many segments (or how small a slice of it) still use it."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+
+    def __repr__(self) -> str:
+        return f"MemoryBlock({self.nbytes})"
+
+
 @dataclass
 class KVSegment:
     """K and V of positions [pos0, pos0 + n) as numpy views, in llama.cpp's own row layout.
@@ -88,7 +101,8 @@ class KVSegment:
     `k[i]` is (n, k_row_bytes); `v[i]` is (n, v_row_bytes), or (n_embd_v, n, v_el_bytes)
     when V is transposed. Splitting and slicing make views (no copy). `blob`, when set, is
     the sequence state the views were parsed from, whole and in position order, so a
-    restore can hand it to llama.cpp as it is.
+    restore can hand it to llama.cpp as it is. `memory` is the allocation the views keep
+    alive (a slice keeps its parent's); a segment made from its own arrays owns them.
     """
 
     layout: KVLayout
@@ -96,6 +110,11 @@ class KVSegment:
     k: list[np.ndarray]
     v: list[np.ndarray]
     blob: memoryview | None = None
+    memory: MemoryBlock | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory is None:
+            self.memory = MemoryBlock(self.nbytes)
 
     @property
     def n_tokens(self) -> int:
@@ -114,7 +133,12 @@ class KVSegment:
         """Tokens [start, end) of this segment (offsets relative to pos0), as views."""
         va = _token_axis(self.layout, True)
         return KVSegment(self.layout, self.pos0 + start, [a[start:end] for a in self.k],
-                         [_take(a, va, start, end) for a in self.v])
+                         [_take(a, va, start, end) for a in self.v], memory=self.memory)
+
+    def compact(self) -> KVSegment:
+        """The same KV in an allocation of its own (one copy per array): a small slice that
+        should not keep a large buffer alive."""
+        return KVSegment(self.layout, self.pos0, [np.array(a) for a in self.k], [np.array(a) for a in self.v])
 
     @staticmethod
     def join(segments: list[KVSegment]) -> KVSegment:
@@ -206,7 +230,8 @@ def segment_from_arrays(layout: KVLayout, pos0: int, n: int, buf, offset: int = 
         a = _rows_view(buf, offset, n, layout, is_v, i)
         arrays.append(a)
         offset += a.nbytes
-    return KVSegment(layout, pos0, arrays[:layout.n_layer], arrays[layout.n_layer:])
+    return KVSegment(layout, pos0, arrays[:layout.n_layer], arrays[layout.n_layer:],
+                     memory=MemoryBlock(memoryview(buf).nbytes))
 
 
 def parse_seq_state(blob) -> KVSegment:
@@ -265,7 +290,7 @@ def parse_seq_state(blob) -> KVSegment:
         ks = [a[order] for a in ks]
         vs = [a[:, order] if v_trans else a[order] for a in vs]
         return KVSegment(layout, pos0, ks, vs)
-    return KVSegment(layout, pos0, ks, vs, blob=r.buf)
+    return KVSegment(layout, pos0, ks, vs, blob=r.buf, memory=MemoryBlock(r.buf.nbytes))
 
 
 def count_state_cells(blob) -> int:

@@ -163,7 +163,7 @@ def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
 
 
 def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
-    from server.cache.disk_tier import read_header, read_segment_file, write_segment_file
+    from server.cache.disk_tier import encode_segment, read_header, read_segment_file, write_segment_file
 
     kv = tmp_path / "kv"
     model = load(tmp_path)
@@ -175,7 +175,7 @@ def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
     original = sorted(kv.glob("*.kvseg"))[0]
     header, _, _ = read_header(original)
     # a sound file of another model over the same tokens: it must never be restored here
-    write_segment_file(kv, "x" + fingerprint, header["tokens"], read_segment_file(original, fingerprint))
+    write_segment_file(kv, encode_segment("x" + fingerprint, header["tokens"], read_segment_file(original, fingerprint)))
     (kv / "garbage.kvseg").write_bytes(b"not a segment")
     model = load(tmp_path)
     try:
