@@ -88,7 +88,7 @@ def unsupported_cache_reason(info) -> str | None:
 
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
                   scheduler: Scheduler, path: Path) -> CacheRouter:
-    registry = SessionRegistry()
+    registry = SessionRegistry(max_sessions=settings.cache_sessions, idle_seconds=settings.cache_session_idle)
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D

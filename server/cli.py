@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-dir", type=Path, help="directory of the disk tier (adds D to the default tiers; "
                                          "with --cache-tiers, list D there)")
     a("--cache-disk", type=int, help="disk tier budget in MiB (default 4096)")
+    a("--cache-disk-queue", type=int, help="MiB of KV waiting for the disk writer; a store beyond it is dropped "
+                                           "and counted (default 64)")
+    a("--cache-sessions", type=int, help="sessions whose lifecycle hints the cache remembers (default 4096)")
+    a("--cache-session-idle", type=float, help="seconds after its last hint that a session is forgotten "
+                                               "(default 3600)")
     a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
     a("--cache-route", choices=["cost", "longest"],
       help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")

@@ -59,6 +59,10 @@ class ServerSettings(BaseSettings):
     cache_disk_queue: int = Field(64, ge=1, description="MiB of KV waiting for the disk writer; a store beyond "
                                   "it is dropped and counted (queued KV is held outside every budget)")
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
+    cache_sessions: int = Field(4096, ge=1, description="sessions whose lifecycle hints the cache remembers; "
+                                "past it the least recently seen is forgotten")
+    cache_session_idle: float = Field(3600.0, gt=0, description="seconds after its last hint that a session "
+                                      "(pinned or not) is forgotten")
     cache_route: Literal["cost", "longest"] = Field(
         "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")

@@ -92,6 +92,11 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
         "arbor:cache_fallbacks": ("Restores that failed and fell back to computing.", r.fallbacks),
         "arbor:cache_deferrals": ("Requests deferred (at least once) to share an in-flight prefix.", r.deferrals),
     }
+    sessions = r.registry.summary()
+    out["arbor:cache_sessions"] = ("Sessions whose lifecycle hints the cache remembers (bounded by "
+                                   "--cache-sessions).", sessions["sessions"])
+    out["arbor:cache_sessions_aged_out_total"] = ("Sessions forgotten: idle, finished long ago, or past the bound.",
+                                                  sessions["aged_out"])
     if r.tree is not None:
         out["arbor:cache_tree_nodes"] = ("Nodes of the radix tree that indexes S owners, H and D.", r.tree.n_nodes)
     for tier, name in ((r.host, "host"), (r.disk, "disk")):
