@@ -50,7 +50,7 @@ import numpy as np
 
 from server.cache.eviction import BudgetResult, ByteBudget, EvictionPolicy, enforce_budget
 from server.cache.host_tier import TierMatch
-from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
+from server.cache.kv_format import EmptyStateBlob, KVLayout, KVSegment, segment_from_arrays
 from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree
 
 log = logging.getLogger(__name__)
@@ -245,14 +245,51 @@ def read_segment_file(path: Path, fingerprint: str, header_sha256: str | None = 
     return segment_from_arrays(layout, header["start"], header["n"], body)
 
 
-def read_segment(seg: DiskSegment, fingerprint: str) -> KVSegment:
-    """The KV of a node's range (a slice of its file's segment)."""
-    kv = read_segment_file(seg.file.path, fingerprint, seg.file.header_sha256 or None)
-    if kv.pos0 != seg.file.start or kv.n_tokens != seg.file.n:
-        raise CorruptSegmentFile(f"{seg.file.path.name}: holds other positions than indexed")
-    if (seg.start, seg.end) == (seg.file.start, seg.file.start + seg.file.n):
-        return kv
-    return kv.slice(seg.start - kv.pos0, seg.end - kv.pos0)
+def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str) -> KVSegment:
+    """The KV of consecutive path ranges, each (file, start, end) in path positions, as one
+    sequence state ready for llama.cpp. Each file is read once and checked (the header it was
+    indexed under, its size, the body checksum). A range that is a whole file goes from the
+    file straight into the state's rows (one copy; V not transposed); a part of a file is
+    read whole (to check it), then its rows are copied."""
+    blob: EmptyStateBlob | None = None
+    first, total = ranges[0][1], sum(e - s for _, s, e in ranges)
+    for file, a, b in ranges:
+        path = file.path
+        try:
+            header, offset, digest = read_header(path)
+            if file.header_sha256 and digest != file.header_sha256:
+                raise CorruptSegmentFile(f"{path.name}: not the file that was indexed under this name")
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                _, layout = _check_header(path, header, fingerprint, size, offset)
+                if (header["start"], header["n"]) != (file.start, file.n):
+                    raise CorruptSegmentFile(f"{path.name}: holds other positions than indexed")
+                if blob is None:
+                    blob = EmptyStateBlob(layout, first, total)
+                elif layout != blob.layout:
+                    raise CorruptSegmentFile(f"{path.name}: another KV layout than the files before it")
+                f.seek(offset)
+                digest = hashlib.sha256()
+                if (a, b) == (file.start, file.start + file.n) and not layout.v_trans:
+                    for li in range(2 * layout.n_layer):
+                        dst = memoryview(blob.rows(li, a - first, b - first)).cast("B")
+                        if f.readinto(dst) != dst.nbytes:
+                            raise CorruptSegmentFile(f"{path.name}: the body ends early (truncated)")
+                        digest.update(dst)
+                else:
+                    body = bytearray(size - offset)
+                    if f.readinto(body) != len(body):
+                        raise CorruptSegmentFile(f"{path.name}: the body ends early (truncated)")
+                    digest.update(body)
+                    part = segment_from_arrays(layout, file.start, file.n, body).slice(a - file.start, b - file.start)
+                    for li, src in enumerate(part.arrays()):
+                        blob.rows(li, a - first, b - first)[...] = src
+        except OSError as exc:
+            raise DiskSegmentError(f"{path.name}: {exc}") from exc
+        if digest.hexdigest() != header.get("sha256"):
+            raise CorruptSegmentFile(f"{path.name}: body checksum mismatch (corrupt file)")
+    assert blob is not None
+    return blob.segment()
 
 
 def _cover(ranges: list[tuple[int, KVSegment]], s: int, e: int) -> KVSegment | None:
@@ -412,13 +449,15 @@ class DiskTier:
     def held(self, tokens: list[int]) -> int:
         return self.match(tokens).length
 
-    def load(self, match: DiskMatch) -> TierMatch:
-        """Read and check the files of a match, holding a lock reference on its path so the
-        writer cannot evict it meanwhile; every range must start where the previous ended
-        (a split or a stale match is refused, never restored at the wrong position). A bad
-        file is dropped from the index."""
-        if match.node is None:
-            return TierMatch(0, [], None)
+    def load(self, match: DiskMatch, start: int = 0) -> TierMatch:
+        """Read and check the files of a match from path position `start` on (what a slot
+        does not hold already), as one segment ready for llama.cpp; each file is read once.
+        Holds a lock reference on the path meanwhile so the writer cannot evict it; every
+        range must start where the previous ended (a split or a stale match is refused,
+        never restored at the wrong position). A bad file is dropped from the index.
+        Safe on any thread (the I/O thread reads ahead of the engine)."""
+        if match.node is None or start >= match.length:
+            return TierMatch(match.length, [], match.node)
         with self._lock:
             # Evicting D values leaves a node attached while it holds H: check the values.
             if not match.node.attached or any(TIER not in n.values for n in match.node.iter_up()):
@@ -426,28 +465,45 @@ class DiskTier:
             self.tree.lock(match.node)
         bad: SegmentFile | None = None
         try:
-            segments, pos = [], 0
-            for seg, n in match.parts:
-                if seg.start != pos or n > seg.n_tokens:
-                    raise DiskSegmentError(f"segment range [{seg.start}, {seg.end}) does not continue at {pos}")
-                try:
-                    kv = read_segment(seg, self.fingerprint)
-                except DiskSegmentError as exc:
-                    log.warning("disk cache: %s; dropped, the prompt is computed instead", exc)
-                    self._count(exc)
-                    bad = seg.file
-                    raise
-                if kv.pos0 != pos:
-                    raise DiskSegmentError(f"{seg.file.path.name}: starts at {kv.pos0}, expected {pos}")
-                segments.append(kv if n == kv.n_tokens else kv.slice(0, n))
-                pos += n
+            ranges = self._ranges(match, start)
+            try:
+                kv = read_ranges(ranges, self.fingerprint)
+            except DiskSegmentError as exc:
+                bad = self._culprit(ranges, exc)
+                log.warning("disk cache: %s; dropped, the prompt is computed instead", exc)
+                self._count(exc)
+                raise
         finally:
             with self._lock:
                 self.tree.unlock(match.node)
             if bad is not None:
                 self._drop_file(bad)
             self._unlink_doomed()
-        return TierMatch(pos, segments, match.node)
+        return TierMatch(match.length, [kv], match.node)
+
+    @staticmethod
+    def _ranges(match: DiskMatch, start: int) -> list[tuple[SegmentFile, int, int]]:
+        """The (file, start, end) path ranges to read for [start, match.length): consecutive
+        parts of one file merge, parts before `start` are not read at all."""
+        ranges: list[tuple[SegmentFile, int, int]] = []
+        pos = 0
+        for seg, n in match.parts:
+            if seg.start != pos or n > seg.n_tokens:
+                raise DiskSegmentError(f"segment range [{seg.start}, {seg.end}) does not continue at {pos}")
+            a, b = max(pos, start), pos + n
+            pos = b
+            if a >= b:
+                continue
+            if ranges and ranges[-1][0] is seg.file and ranges[-1][2] == a:
+                ranges[-1] = (seg.file, ranges[-1][1], b)
+            else:
+                ranges.append((seg.file, a, b))
+        return ranges
+
+    @staticmethod
+    def _culprit(ranges: list[tuple[SegmentFile, int, int]], exc: DiskSegmentError) -> SegmentFile | None:
+        """The file a read error names (messages start with the file's name)."""
+        return next((f for f, _, _ in ranges if str(exc).startswith(f.path.name)), None)
 
     def _drop_file(self, file: SegmentFile) -> None:
         """Take every unlocked range of a bad file out of the index (a range another
@@ -535,15 +591,13 @@ class DiskTier:
         self._writer.join(timeout=30)
 
     def stats(self) -> dict:
-        with self._lock:
-            c = self.tree.tier(TIER)
-            # nodes split from one write share its file, so files <= entries; every file the
-            # index uses should exist on disk, and no other file should
-            files = len(c.memory)  # the files D values use (a file is their allocation)
-        return {"entries": c.n_payloads, "files": files, "tokens": c.payload_tokens, "bytes": c.total_bytes,
+        """Counters, read without the tree's lock (a scrape never waits for the cache)."""
+        c = self.tree.counters(TIER)
+        return {"entries": c.n_payloads, "files": len(c.memory), "tokens": c.payload_tokens, "bytes": c.total_bytes,
                 "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "declined": self.declined,
                 "pending_bytes": self._queued_bytes, "queue_bytes": self.queue_bytes,
-                "dropped_writes": self.dropped_writes, "hits": self.hits, "evictions": self.evictions,
+                "dropped_writes": self.dropped_writes,
+                "hits": self.hits, "evictions": self.evictions,
                 "skipped_files": self.skipped_files, "corrupt_files": self.corrupt_files,
                 "foreign_files": self.foreign_files, "write_errors": self.write_errors,
                 "pending_writes": self._queue.qsize()}

@@ -115,8 +115,10 @@ class HostTier:
         return res.freed_bytes
 
     def stats(self) -> dict:
-        with self.tree.mutex:
-            c = self.tree.tier(TIER)
-            return {"entries": c.n_payloads, "tokens": c.payload_tokens, "bytes": c.total_bytes,
-                    "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "copied_out": self.copied_out, "hits": self.hits, "evictions": self.evictions,
-                    "evicted_bytes": self.evicted_bytes, "declined": self.declined}
+        """Counters, read without `tree.mutex` (which the engine holds while it extracts KV):
+        a scrape never waits for the cache."""
+        c = self.tree.counters(TIER)
+        return {"entries": c.n_payloads, "tokens": c.payload_tokens, "bytes": c.total_bytes,
+                "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "copied_out": self.copied_out,
+                "hits": self.hits, "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
+                "declined": self.declined}

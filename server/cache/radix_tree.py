@@ -388,6 +388,11 @@ class RadixTree:
             counters = self._tiers[name] = TierCounters()
         return counters
 
+    def counters(self, name: str) -> TierCounters:
+        """Tier ``name``'s counters for reading without ``mutex`` (metrics, stats): the live
+        object, whose integers may be one update apart, or zeros; never creates an entry."""
+        return self._tiers.get(name) or TierCounters()
+
     # ------------------------------------------------------------------ match
 
     def match_prefix(self, tokens: Sequence[int], *, touch: bool = True) -> MatchResult:

@@ -246,7 +246,7 @@ class CacheRouter:
             result = self._restore_host(c.host, keep, c.length, slot_seq)
             self.host.hits += 1
         else:
-            result = self.kv.restore(_cut(self.disk.load(c.disk).segments, keep, c.length), slot_seq)
+            result = self.kv.restore(self.disk.load(c.disk, keep).segments, slot_seq)
             self.disk.hits += 1
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
@@ -496,12 +496,37 @@ class CacheRouter:
             return True
         return self.resident is not None and self.resident.evict_one()
 
-    def tree_stats(self) -> dict | None:
-        """The shared tree's size: nodes, tokens on them, and tokens some owner holds."""
-        if self.tree is None:
-            return None
-        with self.tree.mutex:
-            return {"nodes": self.tree.n_nodes, "tokens": self.tree.n_tokens, "held_tokens": self.tree.held_tokens}
+    def stats(self) -> dict:
+        """Everything the cache reports (/cache/stats, /metrics), from counters read without
+        any lock the engine thread holds: a scrape never waits for a store or a restore."""
+        tree = self.tree
+        return {
+            "route": self.route,
+            "costs": self.costs.stats(),
+            "plans": {"by_plan": dict(self.by_plan), "shorter_than_longest": self.shorter_than_longest,
+                      "recent": list(self.recent_plans)},
+            "requests_by_source": dict(self.by_source),
+            "reused_tokens_by_source": dict(self.reused_tokens),
+            "fallbacks": self.fallbacks,
+            "deferrals": self.deferrals,
+            "tiers": {
+                "A": {"enabled": "A" in self.tiers, "slots": len(self.slots.slots),
+                      "idle_tokens_kept": sum(len(x.tokens) for x in tuple(self.slots.slots) if not x.busy),
+                      "idle_cells_limit": self.idle_cells, "idle_offloads": self.idle_offloads},
+                "S": self.resident.stats() if self.resident else {"enabled": False},
+                "H": self.host.stats() if self.host else {"enabled": False},
+                "D": self.disk.stats() if self.disk else {"enabled": False},
+            },
+            # the shared tree's size: nodes, tokens on them, and tokens some owner holds
+            "tree": None if tree is None else {"nodes": tree.n_nodes, "tokens": tree.n_tokens,
+                                               "held_tokens": tree.held_tokens},
+            "parked_cells": self.parked.cells() if self.parked else 0,
+            "write_back": self.parked.stats() if self.parked else {"enabled": False},
+            "lifecycle": self.registry.summary(),
+            "engine_thread": {"cache_ms": round(self.engine_ms, 3), "write_backs": self.write_backs,
+                              "write_back_ms": round(self.write_back_ms, 3),
+                              "max_step_cache_ms": round(self.max_step_cache_ms, 3)},
+        }
 
     def flush(self) -> dict:
         freed = {}

@@ -205,8 +205,7 @@ class Engine:
         for seq in cancelled:
             self._finish(seq, "cancelled")
         while True:
-            with self._lock:
-                adm = self.scheduler.admit_one()
+            adm = self.scheduler.admit_one(self._lock)  # decides without the lock (see admit_one)
             if adm is None:
                 break
             adm.seq.t_prefill_start = time.perf_counter()
