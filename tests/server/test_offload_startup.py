@@ -45,7 +45,7 @@ def test_cpu_fallback_on_purpose_starts_and_reports_it(tmp_path):
         stop_server(server)
     offload = arbor["offload"]
     assert [d["kind"] for d in arbor["devices"]] == ["cpu"]
-    assert offload["cpu_fallback"] is True and offload["layers_offloaded"] == 0 and offload["devices"] == []
+    assert offload["cpu_fallback"] is True and offload["layers_offloaded"] == 0 and offload["offload_devices"] == []
     assert offload["n_gpu_layers"] == 99 and offload["layers_total"] == 31  # SmolLM2: 30 blocks + output
     # every matmul weight of the embedded Q4_1 model (tied embeddings: the Q8_0 token embedding too)
     assert offload["cpu_weight_types"] == offload["weight_types"] == {"Q4_1": 210, "Q8_0": 1}

@@ -83,7 +83,7 @@ def _offload(report: OffloadReport) -> dict:
         "n_gpu_layers": report.n_gpu_layers,
         "layers_offloaded": report.offloaded,
         "layers_total": report.offloadable,
-        "devices": list(report.devices),
+        "offload_devices": list(report.devices),
         "backend": report.backend,
         "soc": report.soc,
         "cpu_fallback": report.cpu_fallback,
