@@ -25,8 +25,9 @@ def offload_props(asked: int = 0, offloaded: int = 0, *, fallback: bool = False,
     return {"model_alias": "local", "arbor": {
         "devices": [{"index": 0, "name": "CPU", "kind": "cpu"}],
         "offload": {"n_gpu_layers": asked, "layers_offloaded": offloaded, "layers_total": 37,
-                    "offload_devices": list(devices), "backend": None, "cpu_fallback": fallback,
-                    "weight_types": {"Q4_K": 200}, "cpu_weight_types": cpu_types or {}, "warnings": []}}}
+                    "offload_devices": list(devices), "backend": None, "soc": None, "cpu_fallback": fallback,
+                    "weight_types": {"Q4_K": 200}, "cpu_weight_types": cpu_types or {}, "needed_weight_types": [],
+                    "warnings": []}}}
 
 
 class HealthServer:
