@@ -17,6 +17,8 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 # The exact llama-cpp-python pin: pyproject.toml and patches/llama-cpp-python.version (kept equal by a test).
 ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python==0.3.36"
 ARG CPU_CMAKE_ARGS=
+# Parallel compile jobs; empty: every core (lower it when the build runs out of memory).
+ARG BUILD_JOBS=
 ARG CANN_ENV=/usr/local/Ascend/ascend-toolkit/set_env.sh
 ARG SOC_TYPE=Ascend910B3
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -48,7 +50,7 @@ RUN . "$CANN_ENV" \
 RUN . "$CANN_ENV" \
  && case "$SOC_TYPE" in *310[Pp]*) acl_graph=OFF ;; *) acl_graph=ON ;; esac \
  && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/opt/arbor/build-stubs" \
-    TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" \
+    TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
     bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" -DGGML_CANN=ON "-DSOC_TYPE=$SOC_TYPE" "-DUSE_ACL_GRAPH=$acl_graph"
 # hadolint ignore=SC1090
 RUN . "$CANN_ENV" && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cann --stubs /opt/arbor/build-stubs
@@ -65,6 +67,7 @@ RUN pip install --no-cache-dir --no-deps -e /app
 # the host (compose mounts it).
 FROM ${CANN_BASE_IMAGE} AS server
 ARG CANN_ENV=/usr/local/Ascend/ascend-toolkit/set_env.sh
+ARG SOC_TYPE=Ascend910B3
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
 COPY docker/check-llama-cpp.sh /opt/arbor/check-llama-cpp.sh
@@ -78,8 +81,10 @@ COPY --from=build /app /app
 COPY --from=build /opt/arbor/build-stubs /opt/arbor/build-stubs
 # ARBOR_ENV_SCRIPT: the entrypoint sources set_env.sh, as the CANN image's own entrypoint
 # (replaced here) did. CANN writes its process logs under ASCEND_PROCESS_LOG_PATH.
+# ARBOR_CANN_SOC_TYPE: the SoC the backend was compiled for, whose weight types arbor-server
+# checks the model against at start (server/engine/matmul_support.py).
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    ARBOR_ENV_SCRIPT=${CANN_ENV} \
+    ARBOR_ENV_SCRIPT=${CANN_ENV} ARBOR_CANN_SOC_TYPE=${SOC_TYPE} \
     ASCEND_PROCESS_LOG_PATH=/var/log/arbor/ascend
 WORKDIR /app
 # hadolint ignore=SC1090
