@@ -4,7 +4,8 @@
 # Atlas 300I Duo (310P), e.g.:
 #   docker build -f docker/server-cann.Dockerfile -t arbor-server:cann \
 #     --build-arg CANN_BASE_IMAGE=quay.io/ascend/cann:8.5.0-310p-ubuntu22.04-py3.11 --build-arg SOC_TYPE=Ascend310P3 .
-# Names only the CANN image, so an offline Ascend host needs nothing else (docs/deploy.md).
+# Names only the CANN image: building this server image needs no other base image (the workbench
+# image needs python:3.11-slim-bookworm; docs/deploy.md, "Offline host: every image it needs").
 
 ARG CANN_BASE_IMAGE=quay.io/ascend/cann:8.5.0-910b-ubuntu22.04-py3.11
 

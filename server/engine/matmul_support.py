@@ -10,7 +10,7 @@ GGML_OP_MUL_MAT_ID:
   MUL_MAT, BF16.
 - ggml/src/ggml-cuda/ggml-cuda.cu, ggml_backend_cuda_device_supports_op: every type GGUF files
   commonly hold.
-A new llama.cpp release must be read again here (docs/paged-attention.md lists what to re-read).
+A new llama.cpp release must be read again here (docs/paged-attention.md, "A new release").
 
 Contract: `unsupported(backend, soc, weights)` returns type -> tensor count of the weights that
 backend does not multiply (empty: all run on it), or None when this table does not know the
