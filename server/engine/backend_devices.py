@@ -1,9 +1,8 @@
 """The backends and devices llama.cpp sees (ggml's backend registry), read through ctypes.
 
 llama-cpp-python 0.3.36 binds none of ggml's backend-registry functions, so they are declared
-here on the libllama that llama_cpp already loaded: dlsym on that handle also searches the
-libraries it links (libggml, libggml-base), so this reads the very registry llama.cpp picks its
-devices from, wherever LLAMA_CPP_LIB_PATH pointed the bindings.
+here on the libllama that llama_cpp already loaded (`llama_backend.c_functions`): this reads the
+very registry llama.cpp picks its devices from, wherever LLAMA_CPP_LIB_PATH pointed the bindings.
 
 Contract:
 - `inventory()` returns every registered backend (its name and how many devices it found) and
@@ -24,9 +23,7 @@ import ctypes
 from dataclasses import dataclass
 from functools import cache
 
-import llama_cpp
-
-from server.engine.llama_backend import init_once
+from server.engine.llama_backend import MissingSymbol, c_functions, init_once
 
 # enum ggml_backend_dev_type (ggml/include/ggml-backend.h, in this order)
 _DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
@@ -92,31 +89,28 @@ class Inventory:
         return out
 
 
+_SIGNATURES = {
+    "ggml_backend_reg_count": ([], ctypes.c_size_t),
+    "ggml_backend_reg_get": ([ctypes.c_size_t], ctypes.c_void_p),
+    "ggml_backend_reg_name": ([ctypes.c_void_p], ctypes.c_char_p),
+    "ggml_backend_reg_dev_count": ([ctypes.c_void_p], ctypes.c_size_t),
+    "ggml_backend_dev_count": ([], ctypes.c_size_t),
+    "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
+    "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
+    "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
+    "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
+    "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
+    "ggml_backend_dev_memory": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+                                None),
+}
+
+
 @cache
 def _lib():
-    lib = llama_cpp.llama_cpp._lib
-    sigs = {
-        "ggml_backend_reg_count": ([], ctypes.c_size_t),
-        "ggml_backend_reg_get": ([ctypes.c_size_t], ctypes.c_void_p),
-        "ggml_backend_reg_name": ([ctypes.c_void_p], ctypes.c_char_p),
-        "ggml_backend_reg_dev_count": ([ctypes.c_void_p], ctypes.c_size_t),
-        "ggml_backend_dev_count": ([], ctypes.c_size_t),
-        "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
-        "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
-        "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
-        "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
-        "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
-        "ggml_backend_dev_memory": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                     ctypes.POINTER(ctypes.c_size_t)], None),
-    }
-    for name, (argtypes, restype) in sigs.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError as exc:
-            raise BackendProbeError(f"the loaded llama.cpp library has no {name}: it is older than ggml's backend "
-                                    "registry, or not the library llama-cpp-python 0.3.36 vendors") from exc
-        fn.argtypes, fn.restype = argtypes, restype
-    return lib
+    try:
+        return c_functions(_SIGNATURES)
+    except MissingSymbol as exc:
+        raise BackendProbeError(f"{exc} (ggml's backend registry)") from exc
 
 
 def _text(ptr: bytes | None) -> str:
@@ -137,7 +131,8 @@ def inventory() -> Inventory:
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         kind = lib.ggml_backend_dev_type(dev)
         devices.append(BackendDevice(
-            index=i, name=_text(lib.ggml_backend_dev_name(dev)), description=_text(lib.ggml_backend_dev_description(dev)),
+            index=i, name=_text(lib.ggml_backend_dev_name(dev)),
+            description=_text(lib.ggml_backend_dev_description(dev)),
             kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else "unknown",
             backend=_text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev))),
             memory_free=int(free.value), memory_total=int(total.value),

@@ -10,13 +10,20 @@ Contract: `init_once()` may be called from any thread, any number of times; the 
 installs the log callback (llama.cpp's warnings and errors go to stderr as llama.cpp wrote
 them; every level when this module's logger is at DEBUG) and calls `llama_backend_init`.
 Anything that makes ggml open its backends (a device probe, a model load) calls it first.
+
+`c_functions(signatures)` declares C functions the bindings do not (ggml's backend registry,
+its GGUF reader) on the libllama llama_cpp loaded: dlsym on that handle also finds the symbols
+of the ggml libraries it links, so they are the very ones llama.cpp runs with. It raises
+`MissingSymbol` naming the first function the library lacks.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import sys
 import threading
+from typing import Any
 
 import llama_cpp
 
@@ -51,3 +58,20 @@ def init_once() -> None:
             llama_cpp.llama_log_set(_log_callback, None)
             llama_cpp.llama_backend_init()
             _ready = True
+
+
+class MissingSymbol(RuntimeError):
+    """The loaded llama.cpp library does not export a C function arbor-server declares."""
+
+
+def c_functions(signatures: dict[str, tuple[list[Any], Any]]) -> ctypes.CDLL:
+    """libllama with each `name: (argtypes, restype)` declared."""
+    lib = llama_cpp.llama_cpp._lib
+    for name, (argtypes, restype) in signatures.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError as exc:
+            raise MissingSymbol(f"the loaded llama.cpp library has no {name}: not the library llama-cpp-python "
+                                f"{llama_cpp.__version__} vendors") from exc
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib

@@ -23,8 +23,8 @@ import llama_cpp
 import numpy as np
 
 from server.engine import backend_devices, offload, paged_attention
-from server.engine.llama_backend import init_once as _init_backend_once
 from server.engine.kv_full import KVCacheFull
+from server.engine.llama_backend import init_once as _init_backend_once
 from server.engine.model_weights import matmul_weights, read_tensor_types
 
 log = logging.getLogger(__name__)

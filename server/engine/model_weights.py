@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import llama_cpp
+from server.engine.llama_backend import c_functions
 
 # Parameters that are never a matmul's weight, by the names llama.cpp's GGUF tensors use.
 _NOT_MATMUL = ("norm", ".bias", "rope_freqs", "position_embd", "token_types", "scale")
@@ -53,14 +53,14 @@ class _GgufInitParams(ctypes.Structure):
 
 @cache
 def _lib():
-    lib = llama_cpp.llama_cpp._lib
-    lib.gguf_init_from_file.argtypes, lib.gguf_init_from_file.restype = [ctypes.c_char_p, _GgufInitParams], ctypes.c_void_p
-    lib.gguf_get_n_tensors.argtypes, lib.gguf_get_n_tensors.restype = [ctypes.c_void_p], ctypes.c_int64
-    lib.gguf_get_tensor_name.argtypes, lib.gguf_get_tensor_name.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_char_p
-    lib.gguf_get_tensor_type.argtypes, lib.gguf_get_tensor_type.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_int
-    lib.ggml_type_name.argtypes, lib.ggml_type_name.restype = [ctypes.c_int], ctypes.c_char_p
-    lib.gguf_free.argtypes, lib.gguf_free.restype = [ctypes.c_void_p], None
-    return lib
+    return c_functions({
+        "gguf_init_from_file": ([ctypes.c_char_p, _GgufInitParams], ctypes.c_void_p),
+        "gguf_get_n_tensors": ([ctypes.c_void_p], ctypes.c_int64),
+        "gguf_get_tensor_name": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_char_p),
+        "gguf_get_tensor_type": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
+        "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
+        "gguf_free": ([ctypes.c_void_p], None),
+    })
 
 
 def read_tensor_types(path: Path) -> list[WeightTensor]:

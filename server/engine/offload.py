@@ -33,13 +33,14 @@ class NoAcceleratorError(RuntimeError):
 
 def _no_device_reason(n_gpu_layers: int, inventory: Inventory) -> str:
     asked = "all layers" if n_gpu_layers < 0 else f"{n_gpu_layers} layers"
-    head = f"--n-gpu-layers {n_gpu_layers} asks for {asked} on an accelerator, but llama.cpp sees no GPU or NPU device. "
+    head = (f"--n-gpu-layers {n_gpu_layers} asks for {asked} on an accelerator, but llama.cpp sees no GPU or NPU "
+            "device. ")
     backends = inventory.accelerator_backends
     if backends:
         names = ", ".join(f"{b.name} ({b.n_devices} devices)" for b in backends)
-        why = (f"This build has the {names} backend but it opened no device: the driver or the device could not be "
-               "opened (llama.cpp's error is logged above: a driver older than the image's toolkit, a device not passed "
-               "into the container, a wrong device group id, a device held by another process).")
+        why = (f"This build has the {names} backend but it opened no device: the driver or the device could not "
+               "be opened (llama.cpp's error is logged above: a driver older than the image's toolkit, a device "
+               "not passed into the container, a wrong device group id, a device held by another process).")
     else:
         why = ("This llama.cpp build has no accelerator backend (only "
                f"{', '.join(b.name for b in inventory.backends) or 'nothing'}): build the CUDA or CANN server image.")

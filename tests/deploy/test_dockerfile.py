@@ -159,7 +159,8 @@ def test_cuda_runtime_owns_the_jit_cache_directory_of_the_overlay():
     """A named volume copies the ownership of its mount point from the image: uid 10001 must own it."""
     cache = load_compose("compose.cuda.yaml")["services"]["server"]["environment"]["CUDA_CACHE_PATH"]
     runs = PARSED["server-cuda"][1]["server"].text("RUN")
-    assert re.search(rf"mkdir -p [^\n]*{re.escape(cache)}", runs) and re.search(rf"chown arbor:arbor [^\n]*{re.escape(cache)}", runs)
+    assert re.search(rf"mkdir -p [^\n]*{re.escape(cache)}", runs)
+    assert re.search(rf"chown arbor:arbor [^\n]*{re.escape(cache)}", runs)
 
 
 def test_cann_runtime_records_the_soc_it_was_built_for():

@@ -13,17 +13,14 @@ BACKEND_ROW = {"cpu": "CPU", "cuda": "NVIDIA", "cann": "Ascend", "cann-2npu": "A
 
 
 def dockerfiles_of(variant: str) -> set[str]:
-    """Every Dockerfile compose builds for the variant (server and workbench images)."""
-    names = set()
+    """The Dockerfile of each service compose builds for the variant (a later file overrides)."""
+    by_service: dict[str, str] = {}
     for file in VARIANTS[variant]:
-        for service in (load_compose(file).get("services") or {}).values():
+        for name, service in (load_compose(file).get("services") or {}).items():
             dockerfile = (service.get("build") or {}).get("dockerfile")
             if dockerfile:
-                names.add(dockerfile)
-    # an overlay replaces the server's Dockerfile: keep the last one compose would use
-    server = [(load_compose(f)["services"].get("server") or {}).get("build", {}).get("dockerfile") for f in VARIANTS[variant]]
-    server_file = [d for d in server if d][-1]
-    return {d for d in names if not d.startswith("docker/server-")} | {server_file}
+                by_service[name] = dockerfile
+    return set(by_service.values())
 
 
 def test_every_base_image_of_every_backend_is_listed_for_an_offline_host():

@@ -22,3 +22,10 @@ def test_the_last_line_names_the_accelerators_or_says_there_are_none():
     inv = inventory()
     names = ", ".join(d.name for d in inv.accelerators)
     assert inv.lines()[-1] == f"accelerators: {names}" if names else inv.lines()[-1].startswith("accelerators: none")
+
+
+def test_a_function_the_library_lacks_is_named():
+    from server.engine.llama_backend import MissingSymbol, c_functions
+
+    with pytest.raises(MissingSymbol, match="has no ggml_backend_does_not_exist"):
+        c_functions({"ggml_backend_does_not_exist": ([], None)})
