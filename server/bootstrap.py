@@ -57,8 +57,8 @@ class LoadedModel:
 
     def close(self) -> None:
         self.engine.stop()
-        if self.router is not None and self.router.disk is not None:
-            self.router.disk.close()
+        if self.router is not None:
+            self.router.close()
         if self.embedder is not None:
             self.embedder.close()
         self.runtime.close()
