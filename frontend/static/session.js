@@ -27,7 +27,7 @@ const els = {
 
 // liveTurnId: the turn whose events this page streams now (Stop cancels it); rejoined: the
 // running turns this page load has already rejoined (tried once each, so a refusal cannot loop).
-const state = { detail: null, history: null, spans: [], scenario: null, streaming: false, reportedBranch: null,
+const state = { detail: null, spans: [], scenario: null, streaming: false, reportedBranch: null,
   liveTurnId: null, rejoined: new Set() };
 
 // -- small helpers ------------------------------------------------------------------------
@@ -91,12 +91,12 @@ async function load() {
     const detail = await api(base);
     state.detail = detail;
     reportOpenBranch(detail.active_branch_id);
-    const [history, trace, scenario] = await Promise.all([
-      detail.active_branch_id ? api(`${base}/branches/${encodeURIComponent(detail.active_branch_id)}`) : null,
-      api(`${base}/trace`).catch(() => ({ spans: [] })),
+    // What the page shows, nothing more: the branch's turns are in the session detail (its path
+    // is walked here), and spans come without their request bodies (GET /api/spans/{id} has one).
+    const [trace, scenario] = await Promise.all([
+      api(`${base}/trace?bodies=false`).catch(() => ({ spans: [] })),
       state.scenario ? state.scenario : api(`/api/scenarios/${encodeURIComponent(detail.scenario)}`).catch(() => null),
     ]);
-    state.history = history;
     state.spans = trace.spans || [];
     state.scenario = scenario;
     showError("");
@@ -141,7 +141,8 @@ function setComposer(enabled, note) {
 }
 
 function renderConversation() {
-  const turns = [...(state.history?.turns || []), ...pendingTurns()];
+  const byId = turnsById();
+  const turns = [...pathTo(activeBranch()?.head_turn_id, byId).map((id) => byId.get(id)), ...pendingTurns()];
   const items = turns.map((turn) => renderTurn(turn));
   const cut = cutTurn();
   if (cut && !pendingTurns().length) {
