@@ -20,9 +20,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-PHASES = ("starting", "graph", "finishing")
-
-
 @dataclass
 class TurnHandle:
     """A running (or resumed) turn: its ids, its event log and its task."""
@@ -32,7 +29,7 @@ class TurnHandle:
     log: list[dict] = field(default_factory=list)
     closed: bool = False
     task: asyncio.Task | None = None
-    phase: str = "starting"
+    phase: str = "starting"  # then "graph" (running the agent), then "finishing" (recording how it ended)
     cancel_requested: bool = False
     _wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -65,12 +62,12 @@ class TurnHandle:
     async def collect(self) -> list[dict]:
         return [event async for event in self.events()]
 
-    def request_cancel(self) -> bool:
-        """Ask the turn to stop; True when its task was cancelled in the graph (the model request
-        is closed, the turn ends `cancelled`), False when it was already finishing."""
+    def request_cancel(self) -> None:
+        """Ask the turn to stop: in the graph its task is cancelled (the model request is closed,
+        the turn ends `cancelled`); before it, the task stops as it gets there; once finishing,
+        nothing changes (the turn ends as it was going to)."""
         if self.phase == "finishing" or self.task is None or self.task.done():
-            return False
+            return
         self.cancel_requested = True
         if self.phase == "graph":
             self.task.cancel()
-        return True

@@ -414,7 +414,7 @@ async function runStream(path, body, live) {
   }
   if (refused) {
     await load();
-    showError(`Not sent: ${refused}`);
+    showError(body === undefined ? `Could not follow the running turn: ${refused}` : `Not sent: ${refused}`);
     return false;
   }
   announce({ final: "The agent answered.", approval_request: "The agent proposes an action that needs your approval.",
