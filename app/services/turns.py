@@ -335,8 +335,8 @@ class TurnService:
         with self._record_lock, Session(self.engine) as db:
             turn = sessions_service.get_turn(db, turn_id)
             if turn.status == "running":
-                raise Conflict(f"turn {turn_id!r} is running in another workbench process; stop it there",
-                               "turn_elsewhere")
+                raise Conflict(f"turn {turn_id!r} is running where this process cannot stop it (another "
+                               "workbench process, or it is just starting); try again in a moment", "turn_elsewhere")
             if turn.status != "awaiting_approval":
                 raise Conflict(f"turn {turn_id!r} is {turn.status}; only a running turn can be stopped",
                                "turn_not_running")
@@ -433,6 +433,8 @@ class TurnService:
         except asyncio.CancelledError:
             if handle.cancel_requested and handle.phase == "graph":
                 # The user stopped it (cancel_turn): the graph and its model request are closed.
+                # Handled here, so the awaits that follow (the record, the done hint) run normally.
+                asyncio.current_task().uncancel()
                 emit(await asyncio.to_thread(self._cancelled, context))
                 return True
             # synchronously: the workbench is stopping, and an await here could be cancelled too

@@ -97,6 +97,7 @@ def test_cancel_closes_the_model_request_and_the_branch_goes_on_from_its_last_tu
     while fake.aborted < 1:  # the model server saw its client leave mid-stream
         assert time.monotonic() < deadline, "the model request was not closed"
         time.sleep(0.05)
+    assert fake.hints[-1]["state"] == "done"  # and then heard that the branch is done with
 
     detail = api.get(f"/api/sessions/{sid}").json()
     main = next(b for b in detail["branches"] if b["id"] == detail["active_branch_id"])
