@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from server import bootstrap
 from server.api.aliases import UnprefixedAliases
+from server.api.chat_template import ChatTemplate
 from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
 from server.api.generation import LoopDelivery
@@ -34,7 +35,15 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
         async def load():
             try:
-                state.loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
+                loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
+                info = loaded.runtime.info
+                try:
+                    loaded.template = ChatTemplate(loaded.template_source, bos_token=info.bos_token,
+                                                   eos_token=info.eos_token)
+                except Exception:
+                    await asyncio.to_thread(loaded.close)
+                    raise
+                state.loaded = loaded
                 state.metrics.add_live_gauges(lambda: _live_gauges(state))
             except Exception as exc:  # reported by /health and every route
                 log.error("model failed to load: %s", exc)

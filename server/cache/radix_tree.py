@@ -45,7 +45,6 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -165,11 +164,6 @@ class RadixNode:
         """Number of tokens on the path before this node's own key."""
         return sum(len(n.key) for n in self.iter_up()) - len(self.key)
 
-    def token_path(self) -> Tokens:
-        """All tokens from the root through the end of this node's key."""
-        parts = [n.key for n in self.iter_up()]
-        return tuple(itertools.chain.from_iterable(reversed(parts)))
-
     def __repr__(self) -> str:
         head = ",".join(map(str, self.key[:4])) + ("..." if len(self.key) > 4 else "")
         return (
@@ -263,10 +257,6 @@ class InsertResult:
     last_node: RadixNode
     path: tuple[RadixNode, ...]
 
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(n.key) for n in self.new_nodes)
-
 
 @dataclass(frozen=True)
 class EvictResult:
@@ -283,10 +273,6 @@ class EvictResult:
     freed: tuple[tuple[RadixNode, SegmentPayload], ...]
     freed_bytes: int
     freed_tokens: int
-
-    @property
-    def freed_nodes(self) -> tuple[RadixNode, ...]:
-        return tuple(node for node, _ in self.freed)
 
     @property
     def satisfied(self) -> bool:
@@ -503,17 +489,6 @@ class RadixTree:
             node = leaf
         return InsertResult(prefix_len, new_nodes, tuple(filled), node, tuple(path))
 
-    def split_node(self, node: RadixNode, offset: int) -> RadixNode:
-        """Split ``node``'s edge after ``offset`` tokens; return the new upper node.
-
-        ``node`` keeps its identity and becomes the lower part (so references
-        to a path tip stay valid); every value is split with it.
-        """
-        self._require_attached(node)
-        if node.is_root or not 0 < offset < len(node.key):
-            raise ValueError(f"cannot split {node!r} at offset {offset}")
-        return self._split(node, offset)
-
     def _split(self, child: RadixNode, offset: int) -> RadixNode:
         halves: dict[str, tuple[SegmentPayload, SegmentPayload]] = {}
         for tier, value in child.values.items():
@@ -682,15 +657,6 @@ class RadixTree:
                     c = self.tier(tier)
                     c.protected_bytes -= value.nbytes
                     c.evictable_bytes += value.nbytes
-
-    @contextmanager
-    def locked(self, node: RadixNode) -> Iterator[RadixNode]:
-        """``with tree.locked(span.tip): ...`` locks for the block."""
-        self.lock(node)
-        try:
-            yield node
-        finally:
-            self.unlock(node)
 
     # --------------------------------------------------------------- eviction
 
