@@ -307,11 +307,13 @@ def soak_section(res: Path) -> list[str]:
     r = _load(res / "soak.json")
     out = ["## Soak: mixed traffic for a long time", "",
            "Command: `python -m bench.soak --duration-s 1800` (2 slots, 4 clients, agent sessions with hints and "
-           "branches + shared-prefix + unique prompts, 10% of streams cut by the client, tiers A,S,H,D on "
-           "16 MiB host / 32 MiB disk / 512 resident cells). Targets: 0 5xx, KV at rest within budgets and as "
-           "llama.cpp reports it, disk files = index, RSS growth < 5% after warm-up (the KV buffer's pages "
-           "and the host tier fill during the first part of a run; growth over the second half is what a leak "
-           "would show).", ""]
+           "branches + shared-prefix + unique prompts; 10% of the clients give up, half of them mid-stream, "
+           "half before a whole answer comes; tiers A,S,H,D on 16 MiB host / 32 MiB disk / 512 resident cells, "
+           "sessions forgotten after 5 idle minutes). Targets: 0 5xx, every tier within its budget at every "
+           "sample (the host tier's buffers, the disk tier's files as the file system sees them), KV at rest as "
+           "llama.cpp reports it, disk files = index, RSS and session-registry growth < 5% over the second half "
+           "(the KV buffer's pages and the host tier fill during the first part of a run; growth over the second "
+           "half is what a leak would show), no slot busy once every client has gone.", ""]
     if r is None:
         return out + ["Not measured in this revision.", ""]
     growth = (r["rss_end_mib"] / r["rss_start_mib"] - 1) * 100 if r["rss_start_mib"] else None
@@ -329,7 +331,61 @@ def soak_section(res: Path) -> list[str]:
             ("disk files / files the index uses / index ranges",
              f"{r['disk_files']} / {r.get('disk_index_files', '–')} / {r['disk_index_entries']}"),
             ("cache fallbacks", _f(r["fallbacks"], 0)), ("server alive at the end", r["server_alive"])]
-    return out + ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+    if "samples" in r:
+        rows[7:7] = [("whole answers abandoned by their client", r["answers_abandoned"]),
+                     ("generations the server stopped because the client left", _f(r["requests_abandoned"], 0)),
+                     ("slots busy once every client had gone", r["busy_slots_after_clients_left"]),
+                     ("samples over a budget", f"{r['budget_violations']} of {len(r['samples'])}")]
+        rows.insert(14, ("sessions remembered, half-way → end (growth)",
+                         f"{_f(r['registry_mid'], 0)} → {_f(r['registry_end'], 0)} "
+                         f"({_f(r['registry_growth_second_half_pct'], 1)}%)"))
+    out += ["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+    samples = r.get("samples") or []
+    if samples:
+        step = max(1, len(samples) // 10)
+        out += ["Over time (every sample's bytes within budget: host 16 MiB, disk 32 MiB):", "",
+                "| t (s) | RSS MiB | sessions | host held MiB | disk files MiB | disk queue MiB | abandoned |",
+                "|---|---|---|---|---|---|---|"]
+        for smp in samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else []):
+            out.append(f"| {_f(smp['t'], 0)} | {_f(smp['rss_mib'], 0)} | {_f(smp['sessions'], 0)} | "
+                       f"{_f(smp['host_held_bytes'] / 2**20, 1)} | {_f(smp['disk_files_bytes'] / 2**20, 1)} | "
+                       f"{_f(smp['disk_queue_bytes'] / 2**20, 1)} | {_f(smp['abandoned'], 0)} |")
+        out.append("")
+    return out
+
+
+def loop_latency_section(res: Path) -> list[str]:
+    data = _load(res / "loop_latency.json")
+    out = ["## /metrics and /health while the cache stores large KV", "",
+           "Command: `python -m bench.loop_latency --ref-tree <older checkout>` (2 slots, tiers A,S,H,D, "
+           "write-back at once; long prompts that each take a slot holding another long prefix, while a poller "
+           "asks GET /metrics and GET /health every 20 ms). Target: both answer within 50 ms while a store runs.",
+           ""]
+    if data is None:
+        return out + ["Not measured in this revision.", ""]
+    out += [f"{data['rounds']} prompts of {data['prompt_words']} words.", "",
+            "| server | endpoint | answers | p50 ms | p99 ms | max ms | over 50 ms | KV write-backs |",
+            "|---|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        for ep in ("metrics", "health"):
+            m = row[ep]
+            out.append(f"| {row['server']} | /{ep} | {m['n']} | {_f(m['p50_ms'])} | {_f(m['p99_ms'])} | "
+                       f"{_f(m['max_ms'])} | {m['over_50ms']} | {row['write_backs']} |")
+    return out + [""]
+
+
+def tree_evict_section(res: Path) -> list[str]:
+    rows = _load(res / "tree_evict.json")
+    out = ["## One budget eviction as the radix tree grows", "",
+           "Command: `python -m bench.tree_evict` (no model; each call evicts one value from a tree of "
+           "agent-like paths). `first` ranks the tier's bottoms (once per policy); later calls pop from the kept "
+           "eviction queue; `scan` is only a walk over every node.", ""]
+    if rows is None:
+        return out + ["Not measured in this revision.", ""]
+    out += ["| values | nodes | first eviction µs | later evictions µs | node walk µs |", "|---|---|---|---|---|"]
+    out += [f"| {r['values']} | {r['nodes']} | {_f(r['first_evict_us'], 0)} | {_f(r['evict_us'], 1)} | "
+            f"{_f(r['scan_us'], 0)} |" for r in rows]
+    return out + [""]
 
 
 def n_choices_section(res: Path) -> list[str]:
@@ -370,6 +426,8 @@ def main(argv: list[str] | None = None) -> None:
         lines += _or_carried(run_all_section(a.results, dirname), old)
     lines += _or_carried(n_choices_section(a.results), old)
     lines += _or_carried(soak_section(a.results), old)
+    lines += _or_carried(loop_latency_section(a.results), old)
+    lines += _or_carried(tree_evict_section(a.results), old)
     if a.notes.exists():
         lines += [a.notes.read_text().rstrip(), ""]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from tests.server.conftest import start_server, stop_server
+
 pytestmark = pytest.mark.model
 
 SHORT = [{"role": "user", "content": "Say hello."}]
@@ -63,15 +65,25 @@ def test_any_model_name_gets_the_served_model(client):
     assert {chunk.model for chunk in stream} == {"SmolLM2-135M-Instruct.Q4_1"}
 
 
-def test_greedy_fast_path_matches_llama_cpp_greedy_sampler(client):
-    """Plain greedy takes numpy's argmax; a zero logit bias forces llama.cpp's sampler chain."""
-    kw = dict(model="", messages=[{"role": "user", "content": "Name three rivers."}], max_tokens=16, temperature=0)
-    # the same KV for both: a first request leaves the prompt in the slot, both below reuse it
-    # (a prompt computed in another batch shape may round a near tie the other way)
-    client.chat.completions.create(**kw)
-    fast = client.chat.completions.create(**kw)
-    chain = client.chat.completions.create(**kw, logit_bias={"0": 0})
-    assert fast.choices[0].message.content == chain.choices[0].message.content
+def test_greedy_fast_path_matches_llama_cpp_greedy_sampler(tmp_path):
+    """Plain greedy takes numpy's argmax; a zero logit bias forces llama.cpp's sampler chain.
+
+    On a fresh one-slot server, so both answers see the same KV in the same cell order: a
+    first request leaves the prompt in the slot, both below reuse it and place their new
+    tokens after it. (On a server whose KV ring has wrapped, a new token may land in a cell
+    before the prompt's, and the attention's sums, taken in cell order, may round a near tie
+    the other way: a different order, not a different sampler.)"""
+    server = start_server(tmp_path, "--parallel", "1", "--ctx-size", "1024")
+    try:
+        client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+        kw = dict(model="", messages=[{"role": "user", "content": "Name three rivers."}], max_tokens=16,
+                  temperature=0)
+        client.chat.completions.create(**kw)
+        fast = client.chat.completions.create(**kw)
+        chain = client.chat.completions.create(**kw, logit_bias={"0": 0})
+        assert fast.choices[0].message.content == chain.choices[0].message.content
+    finally:
+        stop_server(server)
 
 
 def test_same_prompt_twice_reuses_the_slot_prefix(client):
