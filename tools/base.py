@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from langchain_core.tools import StructuredTool
 
-from tools.argument_validation import ArgumentProblems, validate_arguments
+from tools.argument_validation import ArgumentProblems, check_schema, validate_arguments
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,10 @@ class Tool:
         )
         if unknown_required:
             raise ValueError(f"tool {self.name}: required names unknown properties {sorted(unknown_required)}")
+        try:
+            check_schema(self.parameters)
+        except ValueError as exc:
+            raise ValueError(f"tool {self.name}: parameters are {exc}") from None
 
     def openai_schema(self) -> dict:
         """The entry for the `tools` list of an OpenAI Chat Completions request."""
