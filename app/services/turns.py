@@ -63,6 +63,7 @@ from app.scenario_catalog import ScenarioCatalog
 from app.services import branch_threads
 from app.services import sessions as sessions_service
 from app.services.traces import session_artifact_text
+from app.services.workspace import BranchWorkspace
 from app.settings import WorkbenchSettings
 from app.tracing import TraceRecorder
 from tools.base import ToolContext
@@ -121,8 +122,7 @@ class TurnService:
         # this keeps each one atomic against a concurrent request, as the event loop did.
         self._record_lock = threading.Lock()
         self.tool_context = ToolContext(incident_base_url=settings.incident_base_url,
-                                        http_timeout_s=settings.incident_timeout_s,
-                                        workspace_dir=settings.data_dir / "workspace")
+                                        http_timeout_s=settings.incident_timeout_s)
 
     # -- public operations ---------------------------------------------------------------------
     def validate_message(self, message: str) -> str:
@@ -346,6 +346,7 @@ class TurnService:
                            scenario=scenario, adapter=self.adapter, budget=self.budget, recorder=recorder,
                            tool_context=replace(self.tool_context, artifact_reader=partial(
                                session_artifact_text, self.engine, session.id),
+                               workspace=BranchWorkspace(self.engine, session.id, turn.branch_id, turn.id),
                                result_budget_chars=self.settings.tool_result_budget_chars),
                            tool_budget_chars=self.settings.tool_result_budget_chars, hints=self.hints,
                            force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"),

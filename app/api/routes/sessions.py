@@ -14,8 +14,10 @@ from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
 from app.api.deps import AgentSessionDep, CatalogDep, DbDep, TurnServiceDep, WorkbenchDep
 from app.db.models import AgentSession, Branch, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic
+from app.db.models import WorkspaceFilePublic
 from app.errors import WorkbenchError
 from app.services import sessions as sessions_service
+from app.services import workspace as workspace_service
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
@@ -98,11 +100,22 @@ async def branch_checkpoints(branch_id: str, session: AgentSessionDep, workbench
 
 @router.delete("/{session_id}/branches/{branch_id}", status_code=204)
 async def delete_branch(branch_id: str, session: AgentSessionDep, workbench: WorkbenchDep) -> Response:
-    """Delete the branch, its turns, traces, approvals and checkpoint thread; the inference server
+    """Delete the branch, its turns, traces, approvals, files and checkpoint thread; the inference server
     is told it is done. 409 for the main branch, a branch with a running turn, or one that other
     branches fork from."""
     await workbench.branches.delete(session.id, branch_id)
     return Response(status_code=204)
+
+
+@router.get("/{session_id}/branches/{branch_id}/files")
+async def branch_files(branch_id: str, session: AgentSessionDep, db: DbDep,
+                       content: bool = False) -> list[WorkspaceFilePublic]:
+    """The files the branch's tools wrote (approved story chapters, ...), in path order; their
+    text with `?content=true`. A fork has its parent's files at the fork point, then its own."""
+    def files() -> list[WorkspaceFilePublic]:
+        branch = sessions_service.get_branch(db, session, branch_id)
+        return workspace_service.list_files(db, branch.id, with_content=content)
+    return await asyncio.to_thread(files)
 
 
 @router.post("/{session_id}/branches/{branch_id}/open", status_code=204)
