@@ -54,6 +54,7 @@ from sqlmodel import Session, select
 from app.agent.cache_hints import CacheHints
 from app.agent.context import TurnContext
 from app.agent.context_budget import ContextBudget
+from app.agent.context_state import ContextState
 from app.agent.messages import from_openai
 from app.agent.model_client import ModelAdapter, ModelBackendError
 from app.db.checkpoints import branch_thread_id
@@ -275,12 +276,19 @@ class TurnService:
     async def conversation(self, session_id: str, branch_id: str | None) -> tuple[Branch, list[dict]]:
         """The branch (`branch_id`, or the session's active one) and the conversation its next
         turn starts from (OpenAI messages, no system prompt), read from its thread."""
+        branch, messages, _ = await self.next_start(session_id, branch_id)
+        return branch, messages
+
+    async def next_start(self, session_id: str, branch_id: str | None) -> tuple[Branch, list[dict], ContextState]:
+        """`conversation`, with the branch's context state there (its compaction level, its
+        estimate: what the next turn's first model call fits the context from)."""
         branch, start = await asyncio.to_thread(self._branch_start, session_id, branch_id)
         snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, start.checkpoint_id) \
             if start.checkpoint_id else None
         if snapshot is None:  # what its next turn would seed the thread with (see _open_start)
-            return branch, start.seed
-        return branch, branch_threads.openai_messages(snapshot.values.get("messages") or [])
+            return branch, start.seed, ContextState()
+        return (branch, branch_threads.openai_messages(snapshot.values.get("messages") or []),
+                ContextState.of(snapshot.values.get("context_fit")))
 
     def _branch_start(self, session_id: str, branch_id: str | None) -> tuple[Branch, TurnStart]:
         with Session(self.engine) as db:

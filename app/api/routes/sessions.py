@@ -144,7 +144,7 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
     """The exact body and headers the first model step of this message would send (nothing is sent)."""
     message = turns.validate_message(request.message)
     scenario = catalog.get(session.scenario)
-    branch, past = await turns.conversation(session.id, request.branch_id)
+    branch, past, context = await turns.next_start(session.id, request.branch_id)
     warnings = []
     try:
         model = await workbench.adapter.model_name()
@@ -154,7 +154,7 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
     try:
         body, fitted = await fitted_step_body(
             workbench.budget, workbench.adapter, scenario, model, [*past, {"role": "user", "content": message}],
-            len(past), step=1, max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
+            len(past), context, step=1, max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
             tool_choice=request.tool_choice, cache_session=hint_key(session.id, branch.id))
     except ModelBackendError as exc:  # the message alone does not fit the context
         raise WorkbenchError(str(exc), "context_exceeded", 422) from None
