@@ -18,6 +18,7 @@ only what belongs to the server (its limit, whether it counts tokens).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from app.agent.compaction import Compaction, compact
@@ -68,6 +69,7 @@ class ContextBudget:
         reserve = min(self.max_tokens, limit.n_ctx // 2)
         estimator = TokenEstimator(state.chars_per_token)
         exact_counts: list[bool] = []
+        counts: dict[str, int] = {}  # the server's counts in this fit, by request
 
         async with self.counter.session() as server_count:
             async def count(messages: list[dict], this_step: bool = False) -> int:
@@ -77,9 +79,13 @@ class ContextBudget:
                 the tools, whatever this step's tool_choice. Either way every step of a turn
                 compacts alike (a tool step and the answer step after it keep one prefix)."""
                 full = [system, *messages]
-                counted = await server_count(full, tools) if server_count else None
+                key = json.dumps(full, ensure_ascii=False, sort_keys=True)
+                counted = counts.get(key)  # the request finally sent was counted while compacting
+                if counted is None and server_count:
+                    counted = await server_count(full, tools)
                 exact_counts.append(counted is not None)
                 if counted is not None:
+                    counts[key] = counted
                     return counted
                 if this_step:
                     return estimator.tokens(full, prompt_tools(tools, tool_choice))

@@ -2,7 +2,7 @@
 later model call reuses the long prefix (system prompt = outline + characters + chapters).
 
 The first step is forced (tool_choice "required"); a chapter the model proposes is rejected,
-so the shipped data and the workspace stay as they are. Assertions are on structure and on
+so the shipped data and the branch's files stay as they are. Assertions are on structure and on
 the server's own `cached_tokens`, not on wording.
 """
 
@@ -32,9 +32,10 @@ def test_story_turn_reuses_the_manuscript_prefix(tmp_path):
 
             spans = client.get(f"/api/sessions/{session['id']}/trace").json()["spans"]
             model_spans = [s["attributes"] for s in spans if s["kind"] == "model"]
+            files = client.get(f"/api/sessions/{session['id']}/branches/{session['active_branch_id']}/files")
+            assert files.json() == []  # a rejected proposal writes nothing to the branch
     assert len(model_spans) >= 2
     later = model_spans[1]
     prompt, reused = later["gen_ai.usage.input_tokens"], later["gen_ai.usage.cache_read.input_tokens"]
     # the manuscript alone is ~1.5K tokens of a ~2K prompt: most of it must come from the cache
     assert prompt > 1500 and reused >= prompt // 2, (prompt, reused)
-    assert not (tmp_path / "var" / "workspace" / "story_writer").exists()
