@@ -241,9 +241,11 @@ async def compact(conversation: list[dict], history_len: int, count: Callable[[l
         else:
             if fitting is not None:
                 candidate, messages, after = fitting
-    if candidate == Level():
-        return Compaction(messages, after, after, n_turns)
+    if messages == conversation:  # level 0, or reduced turns that had nothing long to shorten
+        return Compaction(messages, after, after, n_turns, level=candidate, stepped=candidate != level)
     before = await count(conversation)
-    return Compaction(messages, before, after, n_turns, reduced_turns=len(split_turns(
-        past[candidate.dropped:candidate.reduced])), dropped_turns=len(split_turns(past[:candidate.dropped])),
-        level=candidate, stepped=candidate != level)
+    # a turn counts as reduced when reducing changed it (short turns stay as they were)
+    reduced = sum(1 for turn in split_turns(past[candidate.dropped:candidate.reduced]) if reduce_turn(turn) != turn)
+    return Compaction(messages, before, after, n_turns, reduced_turns=reduced,
+                      dropped_turns=len(split_turns(past[:candidate.dropped])), level=candidate,
+                      stepped=candidate != level)

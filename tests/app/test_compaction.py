@@ -171,3 +171,12 @@ def test_a_level_beyond_the_history_is_read_at_its_turn_boundaries():
 def test_split_turns_starts_a_turn_at_each_user_message():
     assert [len(t) for t in split_turns(history(3))] == [4, 4, 4]
     assert split_turns([]) == []
+
+
+def test_a_level_over_turns_with_nothing_to_shorten_sends_them_unchanged_and_says_so():
+    """Reducing short turns changes nothing: the request is not marked compacted (no span)."""
+    past = history(3, result_chars=10, answer_chars=10)
+    conversation = [*past, *current()]
+    done = compact(conversation, len(past), count, 1_000_000, 3000, Level(reduced=len(past)))
+    assert done.messages == conversation and not done.compacted and done.reduced_turns == 0
+    assert done.level == Level(reduced=len(past))
