@@ -42,13 +42,14 @@ is not thread-safe: every user holds ``tree.mutex``
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from server.cache.eviction_queue import EvictionQueue
 
 if TYPE_CHECKING:
     from server.cache.eviction import EvictionPolicy
@@ -73,6 +74,11 @@ class SegmentPayload(Protocol):
     def split(self, offset: int) -> tuple[SegmentPayload, SegmentPayload]:
         """Split into (first ``offset`` tokens, the rest); ``0 < offset < n_tokens``."""
         ...
+
+    # Optional: ``memory``, the allocation (an object with ``nbytes``) the payload keeps
+    # alive with others (views of one buffer, ranges of one file); the tier then charges
+    # that allocation once, whole (``TierCounters.held_bytes``). Without it a payload is
+    # its own allocation of ``nbytes``.
 
 
 PayloadFactory = Callable[[int, int], "SegmentPayload | None"]
@@ -123,6 +129,7 @@ class RadixNode:
         "lock_ref",
         "parent",
         "sessions",
+        "tier_children",
         "values",
     )
 
@@ -136,6 +143,7 @@ class RadixNode:
         self.last_access = last_access
         self.lock_ref = 0
         self.sessions: set[str] = set()
+        self.tier_children: dict[str, int] = {}  # per tier: children holding a value in it
         self.attached = True
 
     @property
@@ -285,18 +293,59 @@ class EvictResult:
         return self.requested_bytes is None or self.freed_bytes >= self.requested_bytes
 
 
+@dataclass(eq=False)
+class MemoryUse:
+    """The nodes whose values in one tier keep one allocation alive, and how many of its
+    bytes they still use (``live_bytes`` < ``memory.nbytes`` once parts were evicted)."""
+
+    memory: object
+    nodes: set = field(default_factory=set)
+    live_bytes: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, MemoryUse) and self.memory is other.memory and self.nodes == other.nodes
+                and self.live_bytes == other.live_bytes)
+
+
 @dataclass
 class TierCounters:
-    """One tier's totals, kept incrementally (for budgets, /cache/stats and metrics)."""
+    """One tier's totals, kept incrementally (for budgets, /cache/stats and metrics).
+
+    ``total_bytes`` counts the values' own sizes; ``held_bytes`` what they really keep
+    alive: each allocation they use, once and whole (a budget is on ``held_bytes``)."""
 
     n_payloads: int = 0
     payload_tokens: int = 0
     evictable_bytes: int = 0
     protected_bytes: int = 0
+    held_bytes: int = 0
+    memory: dict[int, MemoryUse] = field(default_factory=dict)  # id(allocation) -> its users
 
     @property
     def total_bytes(self) -> int:
         return self.evictable_bytes + self.protected_bytes
+
+    def use(self, node: RadixNode, payload: SegmentPayload, sign: int) -> None:
+        memory = getattr(payload, "memory", None) or payload
+        key = id(memory)
+        entry = self.memory.get(key)
+        if sign > 0:
+            if entry is None:
+                entry = self.memory[key] = MemoryUse(memory)
+                self.held_bytes += _allocation_bytes(memory, payload)
+            entry.nodes.add(node)
+            entry.live_bytes += payload.nbytes
+            return
+        assert entry is not None, "releasing a value that was never counted"
+        entry.nodes.discard(node)
+        entry.live_bytes -= payload.nbytes
+        if not entry.nodes:
+            del self.memory[key]
+            self.held_bytes -= _allocation_bytes(memory, payload)
+
+
+def _allocation_bytes(memory: object, payload: SegmentPayload) -> int:
+    return payload.nbytes if memory is payload else memory.nbytes
 
 
 def _bare(node: RadixNode) -> bool:
@@ -334,6 +383,14 @@ class RadixTree:
         self.n_tokens = 0
         self.held_tokens = 0
         self._tiers: dict[str, TierCounters] = {}
+        # Per tier, the nodes eviction may take a value from: those holding one that no child
+        # holds one under (the bottom of the tier's paths). Kept as values come and go, so
+        # eviction never walks the whole tree (as SGLang's radix cache keeps evictable leaves).
+        self._bottoms: dict[str, set[RadixNode]] = {}
+        # Leaves that may index nothing (inserted as structure only, or left bare under a
+        # lock): pruned at the next eviction if nothing came to hang on them.
+        self._maybe_bare: set[RadixNode] = set()
+        self._queues: dict[str, EvictionQueue] = {}  # per tier: its bottoms in eviction order
 
     def tier(self, name: str) -> TierCounters:
         """The counters of tier ``name`` (all zero for a tier that never held a value)."""
@@ -341,6 +398,11 @@ class RadixTree:
         if counters is None:
             counters = self._tiers[name] = TierCounters()
         return counters
+
+    def counters(self, name: str) -> TierCounters:
+        """Tier ``name``'s counters for reading without ``mutex`` (metrics, stats): the live
+        object, whose integers may be one update apart, or zeros; never creates an entry."""
+        return self._tiers.get(name) or TierCounters()
 
     # ------------------------------------------------------------------ match
 
@@ -434,6 +496,8 @@ class RadixTree:
             self.n_tokens += len(leaf.key)
             if payload is not None:
                 self._attach(leaf, tier, payload)
+            else:
+                self._maybe_bare.add(leaf)
             path.append(leaf)
             new_nodes = (leaf,)
             node = leaf
@@ -495,6 +559,16 @@ class RadixTree:
         self._prune_up(node)
         return old
 
+    def replace_value(self, node: RadixNode, tier: str, payload: SegmentPayload) -> SegmentPayload:
+        """Put ``payload`` (the same KV in another form, e.g. a compacted copy) in place of
+        ``node``'s value in ``tier``; returns the old value. Locks do not matter: the KV is
+        the same, and a reader keeps the old value it holds."""
+        self._require_attached(node)
+        self._check_size(payload, len(node.key))
+        old = self._detach_value(node, tier)
+        self._attach(node, tier, payload)
+        return old
+
     @staticmethod
     def _require_attached(node: RadixNode) -> None:
         if not node.attached:
@@ -504,11 +578,34 @@ class RadixTree:
         self._check_size(payload, len(node.key))
         node.values[tier] = payload
         self._account(node, tier, payload, +1)
+        self._count_child(node.parent, tier, +1)
+        self._place_bottom(node, tier)
 
     def _detach_value(self, node: RadixNode, tier: str) -> SegmentPayload:
         payload = node.values.pop(tier)
         self._account(node, tier, payload, -1)
+        self._count_child(node.parent, tier, -1)
+        self._place_bottom(node, tier)
         return payload
+
+    def _count_child(self, parent: RadixNode | None, tier: str, sign: int) -> None:
+        if parent is None:
+            return
+        parent.tier_children[tier] = parent.tier_children.get(tier, 0) + sign
+        self._place_bottom(parent, tier)
+
+    def _place_bottom(self, node: RadixNode, tier: str) -> None:
+        """Keep ``node`` in tier's bottoms exactly while it holds a value no child holds under
+        (and in the tier's eviction queue from the moment it becomes one)."""
+        bottoms = self._bottoms.setdefault(tier, set())
+        if node.attached and not node.is_root and tier in node.values and not node.tier_children.get(tier):
+            if node not in bottoms:
+                bottoms.add(node)
+                queue = self._queues.get(tier)
+                if queue is not None:
+                    queue.push(node)
+        else:
+            bottoms.discard(node)
 
     @staticmethod
     def _check_size(payload: SegmentPayload, n_tokens: int) -> None:
@@ -525,6 +622,7 @@ class RadixTree:
             c.evictable_bytes += sign * payload.nbytes
         c.n_payloads += sign
         c.payload_tokens += sign * payload.n_tokens
+        c.use(node, payload, sign)
 
     def _prune_up(self, node: RadixNode) -> None:
         """Detach ``node`` and its ancestors while each is a bare, unlocked leaf."""
@@ -554,6 +652,8 @@ class RadixTree:
                 if not n.holders:
                     self.held_tokens -= len(n.key)
         self._prune_up(node)
+        if node.attached and _bare(node):
+            self._maybe_bare.add(node)  # kept by a lock: pruned at an eviction once unlocked
 
     # ------------------------------------------------------------------ locks
 
@@ -623,34 +723,30 @@ class RadixTree:
         def priority(node: RadixNode) -> Hashable | None:
             return (node.last_access,) if policy is None else policy.priority(node)
 
-        heap: list[tuple[Hashable, int, RadixNode]] = []
-
-        def offer(node: RadixNode) -> None:
-            if node.is_root or not node.attached or node.lock_ref > 0:
-                return  # (a parent pruned with the bare chain its child's eviction left)
-            if _bare(node) and node.is_leaf:
-                self._prune_up(node)  # indexes nothing: not worth a place in any tier
-                return
-            if tier not in node.values or any(tier in c.values for c in node.children.values()):
-                return
-            key = priority(node)
-            if key is not None:  # None: the policy refuses to evict this node now
-                heapq.heappush(heap, (key, node.id, node))
-
-        for node in list(self.nodes()):
-            offer(node)
-        while heap and (limit is None or freed_bytes < limit):
-            _, _, node = heapq.heappop(heap)
-            if not node.attached or node.lock_ref > 0 or tier not in node.values:
-                continue  # defensive: state changed since it was offered
-            parent = node.parent
-            value = self._detach_value(node, tier)
-            freed.append((node, value))
-            freed_bytes += value.nbytes
-            freed_tokens += len(node.key)
-            self._prune_up(node)
-            if parent is not None:
-                offer(parent)
+        bare, self._maybe_bare = self._maybe_bare, set()
+        for node in bare:
+            if node.attached and node.lock_ref > 0:
+                self._maybe_bare.add(node)  # pruned at an eviction after its unlock, or it gets a value
+            elif node.attached:
+                self._prune_up(node)
+        bottoms = self._bottoms.setdefault(tier, set())
+        queue = self._queues.get(tier)
+        if queue is None or queue.policy is not policy:
+            queue = self._queues[tier] = EvictionQueue(policy, priority, bottoms)
+        else:
+            queue.compact(bottoms)
+        candidates = queue.pop_candidates(lambda n: n in bottoms)
+        try:
+            for node in candidates:  # each one is evicted: a parent becoming a bottom joins the queue
+                value = self._detach_value(node, tier)
+                freed.append((node, value))
+                freed_bytes += value.nbytes
+                freed_tokens += len(node.key)
+                self._prune_up(node)
+                if limit is not None and freed_bytes >= limit:
+                    break
+        finally:
+            candidates.close()
         return EvictResult(tier, limit, tuple(freed), freed_bytes, freed_tokens)
 
     def _detach_leaf(self, node: RadixNode) -> None:
@@ -658,6 +754,9 @@ class RadixTree:
         assert parent is not None and node.is_leaf and node.lock_ref == 0 and _bare(node)
         del parent.children[node.key[0]]
         node.attached = False
+        self._maybe_bare.discard(node)
+        for bottoms in self._bottoms.values():
+            bottoms.discard(node)
         self.n_nodes -= 1
         self.n_tokens -= len(node.key)
 
@@ -701,6 +800,7 @@ class RadixTree:
                     c = tiers.setdefault(tier, TierCounters())
                     c.n_payloads += 1
                     c.payload_tokens += value.n_tokens
+                    c.use(node, value, +1)
                     if node.lock_ref > 0:
                         c.protected_bytes += value.nbytes
                     else:
@@ -717,6 +817,14 @@ class RadixTree:
                 stack.append(child)
             if node is not self.root and node.lock_ref < child_locks:
                 fail(f"{node!r} has lock_ref below its children's sum {child_locks}")
+        for node in self.nodes():
+            for tier in set(node.tier_children) | {t for c in node.children.values() for t in c.values}:
+                if node.tier_children.get(tier, 0) != sum(tier in c.values for c in node.children.values()):
+                    fail(f"{node!r}: children holding {tier} miscounted")
+        for tier, bottoms in self._bottoms.items():
+            want = {n for n in self.nodes() if tier in n.values and not any(tier in c.values for c in n.children.values())}
+            if bottoms != want:
+                fail(f"tier {tier}: evictable bottoms {sorted(n.id for n in bottoms)} != {sorted(n.id for n in want)}")
         counted, kept_counts = (n_nodes, n_tokens, held_tokens), (self.n_nodes, self.n_tokens, self.held_tokens)
         if counted != kept_counts:
             fail(f"counted nodes/tokens/held tokens {counted}, kept {kept_counts}")
