@@ -13,8 +13,10 @@ from app.agent.cache_hints import hint_key
 from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
 from app.api.deps import AgentSessionDep, CatalogDep, DbDep, TurnServiceDep, WorkbenchDep
-from app.db.models import AgentSession, Branch, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic
-from app.db.models import WorkspaceFilePublic
+from app.db.models import (
+    AgentSession, Branch, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic,
+    WorkspaceFilePublic,
+)
 from app.errors import WorkbenchError
 from app.services import sessions as sessions_service
 from app.services import workspace as workspace_service
