@@ -84,7 +84,9 @@ def tool_span_attributes(name: str, call_id: str, *, branch_id: str, error_type:
 
 
 def compaction_span_attributes(fitted: FittedRequest, *, branch_id: str, step: int, retry: bool) -> dict:
-    """What a compaction did (token counts are the workbench's estimates, margin included)."""
+    """What a compaction did: its level (messages reduced / dropped at the front), whether this
+    call stepped it forward, and token counts (the server's when `arbor.compaction.exact`, else
+    the workbench's estimates, margin included)."""
     done, limit = fitted.compaction, fitted.limit
     return {
         "arbor.operation.name": "compact_context",
@@ -96,6 +98,10 @@ def compaction_span_attributes(fitted: FittedRequest, *, branch_id: str, step: i
         "arbor.compaction.reduced_turns": done.reduced_turns,
         "arbor.compaction.dropped_turns": done.dropped_turns,
         "arbor.compaction.retry": retry,
+        "arbor.compaction.stepped": done.stepped,
+        "arbor.compaction.exact": fitted.exact,
+        "arbor.compaction.level.reduced_messages": done.level.reduced,
+        "arbor.compaction.level.dropped_messages": done.level.dropped,
         "arbor.context.limit": limit.n_ctx,
         "arbor.context.limit_source": limit.source,
         "gen_ai.request.max_tokens": fitted.max_tokens,
@@ -154,7 +160,9 @@ class TraceRecorder:
             id=new_id(), session_id=self.session_id, branch_id=self.branch_id, turn_id=self.turn_id,
             run_id=self.run_id, kind="compaction", name="compacted", started_at=utcnow(), duration_ms=0.0,
             attributes=compaction_span_attributes(fitted, branch_id=self.branch_id, step=step, retry=retry),
-            response={"summary": f"{done.tokens_before} -> {done.tokens_after} tokens (estimated): "
+            response={"summary": f"{done.tokens_before} -> {done.tokens_after} tokens "
+                                 f"({'counted by the server' if fitted.exact else 'estimated'}"
+                                 f"{', stepped forward' if done.stepped else ''}): "
                                  f"{done.reduced_turns} turn(s) reduced, {done.dropped_turns} dropped of "
                                  f"{done.past_turns}"},
         )

@@ -1,20 +1,25 @@
-"""Validate tool-call arguments against the small JSON Schema subset our tools declare.
+"""Validate tool-call arguments with `jsonschema`, in the workbench's own words.
 
-Why our own: the tool schemas use only `type: object` with `properties`, `required`,
-`enum`, `minimum`/`maximum`, `minLength`/`maxLength` and `items`, and the workbench needs
-messages a small model (and its operator) can act on: every problem at once, in plain
-words, naming the accepted arguments. A full JSON Schema engine would add a dependency and
-produce path-heavy messages for a subset this small.
+The checking is the field's library (`jsonschema`, JSON Schema 2020-12): whatever keyword a
+tool's schema uses is enforced as the standard says. The *messages* are ours: a small model
+(and its operator) must be able to act on them, so every problem is reported at once, one
+plain sentence each, naming the argument (``'tags[1]' must be a string, got the number 1``)
+and, for an unknown key, the accepted ones. A keyword we have no sentence for falls back to
+the library's own message after the argument's name.
 
 Contract: `validate_arguments(schema, arguments)` returns a normalised copy (integral floats
 such as 5.0 become int 5 for `integer` fields, as JSON Schema counts them integers) or
 raises `ArgumentProblems` whose `problems` list holds one readable sentence per fault.
-Unknown keys are always rejected, whatever `additionalProperties` says.
+Unknown keys are always rejected, whatever `additionalProperties` says. `check_schema`
+rejects a tool definition whose schema is not valid JSON Schema.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError
+from jsonschema.exceptions import SchemaError
 
 _TYPE_NAMES = {
     "string": "a string",
@@ -35,86 +40,89 @@ class ArgumentProblems(ValueError):
         super().__init__("; ".join(problems))
 
 
+def check_schema(schema: dict) -> None:
+    """ValueError naming the fault when `schema` is not a valid JSON Schema."""
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+
+
 def validate_arguments(schema: dict, arguments: Any) -> dict:
     """Check `arguments` against an object `schema`; return the normalised arguments."""
     if not isinstance(arguments, dict):
         raise ArgumentProblems([f"arguments must be a JSON object, got {_describe(arguments)}"])
-    properties: dict = schema.get("properties", {})
+    strict = {**schema, "additionalProperties": False}  # unknown keys: always a problem
+    errors = sorted(Draft202012Validator(strict).iter_errors(arguments), key=lambda e: _order(e, arguments))
     problems: list[str] = []
-    normalised: dict = {}
-
-    for key in schema.get("required", []):
-        if key not in arguments:
-            problems.append(f"'{key}' is required")
-
-    for key, value in arguments.items():
-        if key not in properties:
-            accepted = ", ".join(properties) or "none"
-            problems.append(f"'{key}' is not an accepted argument (accepted: {accepted})")
-            continue
-        value, value_problems = _check_value(key, properties[key], value)
-        problems.extend(value_problems)
-        normalised[key] = value
-
+    for error in errors:
+        for problem in _sentences(error, schema, arguments):
+            if problem not in problems:
+                problems.append(problem)
     if problems:
         raise ArgumentProblems(problems)
-    return normalised
+    properties = schema.get("properties", {})
+    return {key: _normalise(properties[key], value) for key, value in arguments.items()}
 
 
-def _check_value(name: str, schema: dict, value: Any) -> tuple[Any, list[str]]:
-    expected = schema.get("type")
-    if expected is not None:
+def _order(error: ValidationError, arguments: dict) -> tuple:
+    """Missing keys first, then in the order the model gave the arguments."""
+    if not error.path:
+        return (0, 0, error.validator)
+    keys = list(arguments)
+    top = error.path[0]
+    return (1, keys.index(top) if top in keys else len(keys), [str(p) for p in error.path])
+
+
+def _name(path: Any) -> str:
+    name = ""
+    for part in path:
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else str(part))
+    return name
+
+
+def _sentences(error: ValidationError, schema: dict, arguments: dict) -> list[str]:
+    kind, expected, value = error.validator, error.validator_value, error.instance
+    if kind == "required" and not error.path:
+        return [f"'{key}' is required" for key in expected if key not in arguments]
+    if kind == "additionalProperties" and not error.path:
+        properties = schema.get("properties", {})
+        accepted = ", ".join(properties) or "none"
+        return [f"'{key}' is not an accepted argument (accepted: {accepted})"
+                for key in arguments if key not in properties]
+    name = _name(error.path) or "arguments"
+    if kind == "type":
         types = expected if isinstance(expected, list) else [expected]
-        matched = next((t for t in types if _is_type(value, t)), None)
-        if matched is None:
-            wanted = " or ".join(_TYPE_NAMES.get(t, t) for t in types)
-            return value, [f"'{name}' must be {wanted}, got {_describe(value)}"]
-        if matched == "integer" and isinstance(value, float):
-            value = int(value)
-
-    problems: list[str] = []
-    if "enum" in schema and value not in schema["enum"]:
-        choices = ", ".join(str(c) for c in schema["enum"])
-        problems.append(f"'{name}' must be one of {choices} (got {value!r})")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            problems.append(f"'{name}' must be at least {schema['minimum']} (got {value})")
-        if "maximum" in schema and value > schema["maximum"]:
-            problems.append(f"'{name}' must be at most {schema['maximum']} (got {value})")
-    if isinstance(value, str):
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            problems.append(f"'{name}' must have at least {schema['minLength']} characters")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            problems.append(f"'{name}' must have at most {schema['maxLength']} characters")
-    if isinstance(value, list) and "items" in schema:
-        checked = []
-        for index, item in enumerate(value):
-            item, item_problems = _check_value(f"{name}[{index}]", schema["items"], item)
-            problems.extend(item_problems)
-            checked.append(item)
-        value = checked
-    return value, problems
+        wanted = " or ".join(_TYPE_NAMES.get(t, t) for t in types)
+        return [f"'{name}' must be {wanted}, got {_describe(value)}"]
+    if kind == "enum":
+        return [f"'{name}' must be one of {', '.join(str(c) for c in expected)} (got {value!r})"]
+    if kind in ("minimum", "exclusiveMinimum"):
+        return [f"'{name}' must be {'at least' if kind == 'minimum' else 'more than'} {expected} (got {value})"]
+    if kind in ("maximum", "exclusiveMaximum"):
+        return [f"'{name}' must be {'at most' if kind == 'maximum' else 'less than'} {expected} (got {value})"]
+    if kind == "minLength":
+        return [f"'{name}' must have at least {expected} characters"]
+    if kind == "maxLength":
+        return [f"'{name}' must have at most {expected} characters"]
+    if kind == "minItems":
+        return [f"'{name}' must have at least {expected} items"]
+    if kind == "maxItems":
+        return [f"'{name}' must have at most {expected} items"]
+    if kind == "required":  # inside a nested object
+        return [f"'{name}.{key}' is required" for key in expected if isinstance(value, dict) and key not in value]
+    return [f"'{name}': {error.message}"]
 
 
-def _is_type(value: Any, type_name: str) -> bool:
-    # bool is a subclass of int in Python but not a number in JSON.
-    if type_name == "string":
-        return isinstance(value, str)
-    if type_name == "integer":
-        if isinstance(value, bool):
-            return False
-        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if type_name == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if type_name == "boolean":
-        return isinstance(value, bool)
-    if type_name == "array":
-        return isinstance(value, list)
-    if type_name == "object":
-        return isinstance(value, dict)
-    if type_name == "null":
-        return value is None
-    raise ValueError(f"unsupported schema type {type_name!r}")
+def _normalise(schema: dict, value: Any) -> Any:
+    """Integral floats of `integer` fields (and list items) as int; everything else as given."""
+    types = schema.get("type")
+    types = types if isinstance(types, list) else [types]
+    if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:
+        return int(value)
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_normalise(schema["items"], item) for item in value]
+    return value
 
 
 def _describe(value: Any) -> str:

@@ -18,12 +18,12 @@ import inspect
 import json
 from dataclasses import dataclass
 from functools import wraps
-from pathlib import Path
 from typing import Any, Callable
 
 from langchain_core.tools import StructuredTool
 
-from tools.argument_validation import ArgumentProblems, validate_arguments
+from tools.argument_validation import ArgumentProblems, check_schema, validate_arguments
+from tools.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ToolContext:
 
     incident_base_url: str = "http://127.0.0.1:8765"  # the simulated incident service
     http_timeout_s: float = 5.0
-    workspace_dir: Path | None = None  # where approved actions may write (story chapters); None: nowhere
+    workspace: Workspace | None = None  # the files of the turn's branch (tools/workspace.py); None: none
     artifact_reader: Callable[[str], str] | None = None  # artifact id -> full text (LookupError if unknown)
     result_budget_chars: int | None = None  # results longer than this enter the context trimmed
 
@@ -75,6 +75,10 @@ class Tool:
         )
         if unknown_required:
             raise ValueError(f"tool {self.name}: required names unknown properties {sorted(unknown_required)}")
+        try:
+            check_schema(self.parameters)
+        except ValueError as exc:
+            raise ValueError(f"tool {self.name}: parameters are {exc}") from None
 
     def openai_schema(self) -> dict:
         """The entry for the `tools` list of an OpenAI Chat Completions request."""

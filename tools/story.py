@@ -2,10 +2,13 @@
 
 A `StoryLibrary` is a folder holding `outline.md`, `characters.md`, `style_guide.md`,
 `continuity.md` and `chapters/NN.md` (the shipped manuscript). Chapters the operator approves
-are written to `ctx.workspace_dir/story_writer/chapters/` (never into the shipped folder), and
-the manuscript is the shipped chapters followed by those. `story_tools(library)` builds the
-tools for one library, so scenarios hand their data in and tools/ imports no scenario.
-Missing chapters, empty queries or a missing workspace raise `ToolError`.
+are files `story_writer/chapters/NN.md` of the branch's workspace (`ctx.workspace`,
+tools/workspace.py; never the shipped folder), so they belong to the branch the turn runs
+on: a fork sees its parent's chapters at the fork point, a sibling never sees them. The
+manuscript is the shipped chapters followed by those (`StoryLibrary.manuscript`, `save_chapter`:
+the functions every story tool reads and writes chapters through). `story_tools(library)`
+builds the tools for one library, so scenarios hand their data in and tools/ imports no
+scenario. Missing chapters, empty queries or a missing workspace raise `ToolError`.
 """
 
 from __future__ import annotations
@@ -41,32 +44,44 @@ class StoryLibrary:
         return _read_chapters(self.data_dir / "chapters")
 
     def manuscript(self, ctx: ToolContext) -> list[Chapter]:
-        """Shipped chapters, then the approved ones of the workspace, in chapter order."""
-        return self.shipped_chapters() + _read_chapters(_drafts_dir(ctx, create=False))
+        """Shipped chapters, then the approved ones of the branch's workspace, in chapter order."""
+        saved = ctx.workspace.files(CHAPTERS) if ctx.workspace is not None else {}
+        return self.shipped_chapters() + _chapters(
+            {path.removeprefix(CHAPTERS): text for path, text in saved.items()})
 
 
-def _drafts_dir(ctx: ToolContext, create: bool) -> Path | None:
-    if ctx.workspace_dir is None:
-        if create:
-            raise ToolError("no workspace folder is configured: approved chapters cannot be saved")
-        return None
-    folder = Path(ctx.workspace_dir) / "story_writer" / "chapters"
-    if create:
-        folder.mkdir(parents=True, exist_ok=True)
-    return folder
+CHAPTERS = "story_writer/chapters/"  # where approved chapters go in a branch's workspace
 
 
-def _read_chapters(folder: Path | None) -> list[Chapter]:
-    if folder is None or not folder.is_dir():
+def _read_chapters(folder: Path) -> list[Chapter]:
+    if not folder.is_dir():
         return []
+    return _chapters({path.name: path.read_text(encoding="utf-8") for path in folder.iterdir()})
+
+
+def _chapters(files: dict[str, str]) -> list[Chapter]:
+    """The chapters among `files` (file name -> text; names "NN.md"), in chapter order."""
     chapters = []
-    for path in sorted(folder.iterdir()):
-        match = _CHAPTER_FILE.match(path.name)
+    for name, text in files.items():
+        match = _CHAPTER_FILE.match(name)
         if match:
-            text = path.read_text(encoding="utf-8").strip()
+            text = text.strip()
             first_line = text.splitlines()[0] if text else ""
             chapters.append(Chapter(int(match.group(1)), first_line.lstrip("# ").strip(), text))
     return sorted(chapters, key=lambda c: c.number)
+
+
+def save_chapter(library: StoryLibrary, ctx: ToolContext, title: str, text: str) -> Chapter:
+    """Add the next chapter to the branch's workspace (numbered after the manuscript's last)."""
+    if ctx.workspace is None:
+        raise ToolError("no workspace is configured: approved chapters cannot be saved")
+    number = max((c.number for c in library.manuscript(ctx)), default=0) + 1
+    chapter = Chapter(number, title.strip(), f"# {title.strip()}\n\n{text.strip()}")
+    try:  # written once: two approvals racing for one number must not overwrite each other
+        ctx.workspace.create(f"{CHAPTERS}{number:02d}.md", chapter.text + "\n")
+    except FileExistsError:
+        raise ToolError(f"chapter {number} was just added by another approval; propose the chapter again") from None
+    return chapter
 
 
 def render_manuscript(chapters: list[Chapter]) -> str:
@@ -99,12 +114,8 @@ def _search(library: StoryLibrary, ctx: ToolContext, query: str, limit: int) -> 
 def _append(library: StoryLibrary, ctx: ToolContext, title: str, text: str) -> dict:
     if not title.strip() or not text.strip():
         raise ToolError("a chapter needs a non-empty title and text")
-    number = max((c.number for c in library.manuscript(ctx)), default=0) + 1
-    path = _drafts_dir(ctx, create=True) / f"{number:02d}.md"
-    # exclusive create: two approvals racing for one number must not overwrite each other
-    with path.open("x", encoding="utf-8") as handle:
-        handle.write(f"# {title.strip()}\n\n{text.strip()}\n")
-    return {"appended_chapter": number, "title": title.strip(), "chars": len(text.strip())}
+    chapter = save_chapter(library, ctx, title, text)
+    return {"appended_chapter": chapter.number, "title": chapter.title, "chars": len(text.strip())}
 
 
 def story_tools(library: StoryLibrary) -> tuple[Tool, ...]:

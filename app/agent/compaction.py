@@ -1,4 +1,5 @@
-"""History compaction (seed 003's tool-context compression, applied to whole turns).
+"""History compaction (seed 003's tool-context compression, applied to whole turns) that
+only ever moves forward within a branch.
 
 When a conversation no longer fits the model's context, older turns are made smaller, the
 oldest first, until the request fits:
@@ -9,26 +10,30 @@ oldest first, until the request fits:
 2. *dropped*: the turn leaves the request; one line per dropped turn (question -> start of
    the answer) goes into a note at the front of the first message kept.
 
-The system prompt and the current turn are never touched. Turns are compacted in *chunks*:
-the past turns are cut, from the oldest, into groups of about `chunk_chars` characters, and a
-chunk is reduced or dropped as a whole. The cut depends only on the history (not on the
-calibrated token estimate), and grows only at the end, so
+The system prompt and the current turn are never touched.
 
-- the compacted request keeps the prefix of the previous one up to the chunk that changed:
-  the server's prefix cache keeps reusing it, and compaction moves only every chunk's worth of
-  growth instead of on every call;
-- the same history compacts the same way every time, so a fork from turn T sends what the
-  original branch sent after T (and hits the same cache).
+A branch's *level* (`Level`: how many messages at the front of its conversation are reduced,
+how many of those dropped, always at turn boundaries) is kept in its thread's state
+(app/agent/context_state.py): each call starts at the branch's level and renders it first.
+Only when that does not fit does the level *step* forward, a chunk of about `chunk_chars`
+characters of whole turns at a time (reduce the next chunk of full turns, ..., all; then
+drop the next chunk of reduced turns, ...; the first that fits wins). It never goes back
+down, so
 
-The order of levels is: reduce chunks 1, 1-2, ..., all; then drop chunks 1, 1-2, ..., all
-(dropped chunks were reduced first). The first level that fits wins.
+- between two steps every request extends the previous one (the new turns come after the
+  part that is already compacted): the server's prefix cache reuses all of it, and the
+  cache is lost only in the call that steps;
+- a fork inherits the level in the checkpoint it was copied from, so its first request
+  sends what its parent sent at that point (and hits the same cache);
+- the chunks are cut from the level's own frontier and from the history only, so the same
+  history at the same level compacts the same way every time.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 STUB_CHARS = 200  # a reduced tool result keeps this much of its text
@@ -45,15 +50,31 @@ Turn = list[dict]
 
 
 @dataclass(frozen=True)
+class Level:
+    """How far a branch's history is compacted: its first `reduced` messages are sent reduced,
+    and the first `dropped` of those are left out (a note in their place). Both counts sit on
+    turn boundaries of the past turns; `dropped <= reduced`."""
+
+    reduced: int = 0
+    dropped: int = 0
+
+    def forward(self, other: Level) -> Level:
+        """The further of the two, component by component: a level never goes back down."""
+        return Level(max(self.reduced, other.reduced), max(self.dropped, other.dropped))
+
+
+@dataclass(frozen=True)
 class Compaction:
-    """The conversation to send and what compaction did to it (token counts are estimates)."""
+    """The conversation to send and what compaction did to it."""
 
     messages: list[dict]
-    tokens_before: int
+    tokens_before: int  # the uncompacted conversation (equal to tokens_after when nothing is compacted)
     tokens_after: int
     past_turns: int
     reduced_turns: int = 0  # reduced and still present
     dropped_turns: int = 0
+    level: Level = Level()  # the level sent (the branch's next calls start from it)
+    stepped: bool = False  # the level moved forward in this call (the cached prefix is lost once)
 
     @property
     def compacted(self) -> bool:
@@ -68,20 +89,6 @@ def split_turns(past: list[dict]) -> list[Turn]:
             turns.append([])
         turns[-1].append(message)
     return turns
-
-
-def chunk_turns(turns: list[Turn], chunk_chars: int) -> list[list[Turn]]:
-    """Greedy groups of whole turns, from the oldest, each about `chunk_chars` characters."""
-    chunks: list[list[Turn]] = []
-    size = chunk_chars
-    for turn in turns:
-        chars = len(json.dumps(turn, ensure_ascii=False))
-        if size >= chunk_chars:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(turn)
-        size += chars
-    return chunks
 
 
 def _flat(text: object) -> str:
@@ -154,34 +161,91 @@ def _with_note(messages: list[dict], note: str) -> list[dict]:
     return [{"role": "user", "content": note}, *messages]
 
 
-def render(chunks: list[list[Turn]], reduced: int, dropped: int, current: list[dict]) -> list[dict]:
-    """The conversation with chunks [0, dropped) left out and [dropped, reduced) reduced."""
-    messages: list[dict] = []
-    for index, chunk in enumerate(chunks[dropped:], start=dropped):
-        for turn in chunk:
-            messages.extend(reduce_turn(turn) if index < reduced else turn)
-    messages.extend(current)
-    if dropped and messages:
-        messages = _with_note(messages, drop_note([turn for chunk in chunks[:dropped] for turn in chunk]))
+def turn_ends(past: list[dict]) -> list[int]:
+    """The message offsets where the past turns end (each turn starts at a user message)."""
+    ends, offset = [], 0
+    for turn in split_turns(past):
+        offset += len(turn)
+        ends.append(offset)
+    return ends
+
+
+def render(past: list[dict], level: Level, current: list[dict]) -> list[dict]:
+    """The conversation at `level`: past[:dropped] left out (a note instead), past[dropped:reduced]
+    reduced, the rest of the past and the current turn as they are."""
+    messages = [*reduce_turn(past[level.dropped:level.reduced]), *past[level.reduced:], *current]
+    if level.dropped and messages:
+        messages = _with_note(messages, drop_note(split_turns(past[:level.dropped])))
     return messages
 
 
-def compact(conversation: list[dict], history_len: int, count: Callable[[list[dict]], int], budget: int,
-            chunk_chars: int) -> Compaction:
+def _chunk_end(past: list[dict], ends: list[int], start: int, chunk_chars: int) -> int:
+    """The end of the chunk of whole turns that starts at `start`: about `chunk_chars` characters."""
+    size, previous = 0, start
+    for end in ends:
+        if end <= start:
+            continue
+        size += len(json.dumps(past[previous:end], ensure_ascii=False))
+        previous = end
+        if size >= chunk_chars:
+            return end
+    return previous
+
+
+def steps_after(past: list[dict], level: Level, chunk_chars: int) -> list[Level]:
+    """The levels past `level`, in order: reduce the next chunk of full turns, ..., all; then
+    drop the next chunk of reduced turns, ..., all."""
+    ends = turn_ends(past)
+    levels: list[Level] = []
+    reduced, dropped = level.reduced, level.dropped
+    while reduced < len(past):
+        reduced = _chunk_end(past, ends, reduced, chunk_chars)
+        levels.append(Level(reduced, dropped))
+    while dropped < len(past):
+        dropped = _chunk_end(past, ends, dropped, chunk_chars)
+        levels.append(Level(reduced, dropped))
+    return levels
+
+
+def _on_boundaries(level: Level, past: list[dict]) -> Level:
+    """`level` within `past`, on its turn boundaries (a level from a longer or different history,
+    e.g. a thread seeded from the turn tree, is read as the nearest level not beyond it)."""
+    ends = [0, *turn_ends(past)]
+    reduced = max(e for e in ends if e <= level.reduced)
+    return Level(reduced, max(e for e in ends if e <= min(level.dropped, reduced)))
+
+
+async def compact(conversation: list[dict], history_len: int, count: Callable[[list[dict]], Awaitable[int]],
+                  budget: int, chunk_chars: int, level: Level = Level(), headroom: int = 0) -> Compaction:
     """Fit `conversation` (past turns = its first `history_len` messages, then the current turn)
-    into `budget` tokens as `count` measures a request; the most compact form when nothing fits."""
-    before = count(conversation)
+    into `budget` tokens as `count` measures a request, starting at the branch's `level` and
+    stepping forward only when that does not fit; the most compact form when nothing fits.
+
+    A step goes on until the request leaves `headroom` tokens free (where some level does):
+    the turns that follow then fit without stepping again at once, so the cache is lost once
+    per `headroom` of growth rather than on every call of a full context."""
     past, current = conversation[:history_len], conversation[history_len:]
-    chunks = chunk_turns(split_turns(past), chunk_chars)
-    n_turns = sum(len(c) for c in chunks)
-    if before <= budget or not chunks:
-        return Compaction(conversation, before, before, n_turns)
-    levels = [(r, 0) for r in range(1, len(chunks) + 1)] + [(len(chunks), d) for d in range(1, len(chunks) + 1)]
-    for reduced, dropped in levels:
-        messages = render(chunks, reduced, dropped, current)
-        after = count(messages)
-        if after <= budget or (reduced, dropped) == levels[-1]:
-            n_dropped = sum(len(c) for c in chunks[:dropped])
-            n_reduced = sum(len(c) for c in chunks[dropped:reduced])
-            return Compaction(messages, before, after, n_turns, n_reduced, n_dropped)
-    raise AssertionError("unreachable: the last level always returns")
+    level = _on_boundaries(level, past)
+    n_turns = len(split_turns(past))
+    candidate, messages = level, render(past, level, current)
+    after = await count(messages)
+    if after > budget:
+        fitting = None  # the first step that fits at all: taken when none leaves the headroom
+        for candidate in steps_after(past, level, chunk_chars):
+            messages = render(past, candidate, current)
+            after = await count(messages)
+            if after <= budget - headroom:
+                break
+            if after <= budget and fitting is None:
+                fitting = (candidate, messages, after)
+        else:
+            if fitting is not None:
+                candidate, messages, after = fitting
+    if messages == conversation:  # level 0, or reduced turns that had nothing long to shorten
+        return Compaction(messages, after, after, n_turns, level=candidate, stepped=candidate != level)
+    before = await count(conversation)
+    # a turn counts as reduced when reducing changed it (short turns stay as they were)
+    reduced = sum(1 for turn in split_turns(past[candidate.dropped:candidate.reduced]) if reduce_turn(turn) != turn)
+    return Compaction(messages, before, after, n_turns, reduced_turns=reduced,
+                      dropped_turns=len(split_turns(past[:candidate.dropped])), level=candidate,
+                      stepped=candidate != level)

@@ -1,22 +1,31 @@
 """The context budget of one model call: the request fits the server's context, or fails clearly.
 
-Per call: read the limit (once per workbench, see `context_limit`), estimate the prompt
-(`token_estimate`), compact the history when the prompt would not leave room for a full
-answer (`compaction`), and clamp ``max_tokens`` to what remains. With no limit known (the
-server reports none and ``LLM_CONTEXT_TOKENS`` is unset) the request goes out as it is.
+Per call: read the limit (once per workbench, see `context_limit`), count the prompt (exactly,
+by the server's template and tokenizer, where it offers them: `token_count`; else by the
+branch's own estimate: `token_estimate`), compact the history when the prompt would not leave
+room for a full answer (`compaction`, from the branch's level, forward only), and clamp
+``max_tokens`` to what remains. With no limit known (the server reports none and
+``LLM_CONTEXT_TOKENS`` is unset) the request goes out as it is.
 
 The room kept for the answer is ``LLM_MAX_TOKENS``, but never more than half the context:
 a large ``max_tokens`` setting must not squeeze the history out; the answer then gets what
 remains after the prompt instead.
+
+What a branch learns (its level, its estimate) comes in and goes out as a `ContextState`,
+which the graph keeps in the branch's thread (app/agent/context_state.py); this object holds
+only what belongs to the server (its limit, whether it counts tokens).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from app.agent.compaction import Compaction, compact
 from app.agent.context_limit import ContextLimit, ContextLimitReader
+from app.agent.context_state import ContextState
 from app.agent.model_client import ModelBackendError
+from app.agent.token_count import ServerTokenCounter
 from app.agent.token_estimate import TokenEstimator, prompt_tools
 from app.settings import WorkbenchSettings
 
@@ -25,12 +34,15 @@ MIN_ANSWER_TOKENS = 16  # below this the call is not worth making
 
 @dataclass(frozen=True)
 class FittedRequest:
-    """What one model call sends: the conversation (no system prompt) and max_tokens."""
+    """What one model call sends: the conversation (no system prompt) and max_tokens, and the
+    branch's context state after it (its level, moved forward if this call stepped)."""
 
     conversation: list[dict]
     max_tokens: int
     limit: ContextLimit | None = None
     compaction: Compaction | None = None  # None when no limit is known
+    context: ContextState = ContextState()
+    exact: bool = False  # the token counts are the server's, not estimates
 
     @property
     def compacted(self) -> bool:
@@ -38,48 +50,74 @@ class FittedRequest:
 
 
 class ContextBudget:
-    """One per workbench (the limit is the server's; the estimator learns from every call)."""
+    """One per workbench (the limit and the token counting are the server's)."""
 
     def __init__(self, settings: WorkbenchSettings) -> None:
         self.max_tokens = settings.llm_max_tokens
+        timeout_s = min(settings.llm_timeout_s, 10.0)
         self.reader = ContextLimitReader(settings.llm_base_url, settings.llm_api_key, settings.llm_context_tokens,
-                                         timeout_s=min(settings.llm_timeout_s, 10.0))
-        self.estimator = TokenEstimator()
+                                         timeout_s=timeout_s)
+        self.counter = ServerTokenCounter(settings.llm_base_url, settings.llm_api_key, timeout_s=timeout_s)
 
     async def fit(self, model: str, system: dict, conversation: list[dict], history_len: int,
-                  tools: list[dict] | None, tool_choice: object) -> FittedRequest:
+                  tools: list[dict] | None, tool_choice: object, state: ContextState = ContextState()) -> FittedRequest:
         """Fit `conversation` (its first `history_len` messages are past turns) after `system`,
-        for a request offering `tools` with `tool_choice`."""
+        for a request offering `tools` with `tool_choice`, on a branch whose context state is `state`."""
         limit = await self.reader.get(model)
         if limit is None:
-            return FittedRequest(conversation, self.max_tokens)
+            return FittedRequest(conversation, self.max_tokens, context=state)
         reserve = min(self.max_tokens, limit.n_ctx // 2)
+        estimator = TokenEstimator(state.chars_per_token)
+        exact_counts: list[bool] = []
+        counts: dict[str, int] = {}  # the server's counts in this fit, by request
 
-        def count(messages: list[dict]) -> int:
-            # The larger of the estimates with and without the tools in the prompt, whatever
-            # this step's tool_choice: every step of a turn then compacts alike (a tool step
-            # and the answer step after it keep one prefix), erring on the safe side.
-            full = [system, *messages]
-            return max(self.estimator.tokens(full, tools or None), self.estimator.tokens(full, None))
+        async with self.counter.session() as server_count:
+            async def count(messages: list[dict], this_step: bool = False) -> int:
+                """The prompt with `messages`: the server's count where it gives one (always with
+                the tools: arbor-server renders them even for tool_choice "none"), else the
+                estimate; for compaction (not `this_step`) the larger estimate with and without
+                the tools, whatever this step's tool_choice. Either way every step of a turn
+                compacts alike (a tool step and the answer step after it keep one prefix)."""
+                full = [system, *messages]
+                key = json.dumps(full, ensure_ascii=False, sort_keys=True)
+                counted = counts.get(key)  # the request finally sent was counted while compacting
+                if counted is None and server_count:
+                    counted = await server_count(full, tools)
+                exact_counts.append(counted is not None)
+                if counted is not None:
+                    counts[key] = counted
+                    return counted
+                if this_step:
+                    return estimator.tokens(full, prompt_tools(tools, tool_choice))
+                return max(estimator.tokens(full, tools or None), estimator.tokens(full, None))
 
-        # Chunks of about n_ctx characters (a quarter to a third of the context in tokens):
-        # compaction then moves a few times per context's worth of growth.
-        compaction = compact(conversation, history_len, count, limit.n_ctx - reserve, chunk_chars=limit.n_ctx)
-        prompt = self.estimator.tokens([system, *compaction.messages], prompt_tools(tools, tool_choice))
+            # Chunks of about n_ctx characters (a quarter to a third of the context in tokens),
+            # and a step leaves a quarter of the context free: compaction then steps a few
+            # times per context's worth of growth, not on every call once the context is full.
+            compaction = await compact(conversation, history_len, count, limit.n_ctx - reserve,
+                                       chunk_chars=limit.n_ctx, level=state.level, headroom=limit.n_ctx // 4)
+            prompt = await count(compaction.messages, this_step=True)
         room = limit.n_ctx - prompt
         if room < MIN_ANSWER_TOKENS:
             raise ModelBackendError(
                 f"the request needs about {prompt} tokens even with the history compacted, and the "
                 f"model's context holds {limit.n_ctx} (from {limit.source}): shorten the message, or lower "
                 "ARBOR_TOOL_RESULT_MAX_TOKENS so tool results take less room", "context_exceeded")
-        return FittedRequest(compaction.messages, min(self.max_tokens, room), limit, compaction)
+        context = ContextState(state.level.forward(compaction.level), state.chars_per_token)
+        return FittedRequest(compaction.messages, min(self.max_tokens, room), limit, compaction, context,
+                             exact=all(exact_counts))
 
-    def observe(self, body: dict, prompt_tokens: int | None) -> None:
-        """Calibrate the estimate with the server's count of an answered request."""
-        self.estimator.observe(body["messages"], prompt_tools(body.get("tools"), body.get("tool_choice")),
-                               prompt_tokens)
+    @staticmethod
+    def observe(body: dict, prompt_tokens: int | None, state: ContextState) -> ContextState:
+        """`state` with its estimate calibrated by the server's count of an answered request."""
+        estimator = TokenEstimator(state.chars_per_token)
+        estimator.observe(body["messages"], prompt_tools(body.get("tools"), body.get("tool_choice")), prompt_tokens)
+        return ContextState(state.level, estimator.ratios)
 
-    def tighten(self, body: dict, error_message: str) -> None:
-        """The server refused `body` as too long: estimate harder before the retry."""
-        self.estimator.tighten(body["messages"], prompt_tools(body.get("tools"), body.get("tool_choice")),
-                               error_message)
+    @staticmethod
+    def tighten(body: dict, error_message: str, state: ContextState) -> ContextState:
+        """The server refused `body` as too long: `state` with an estimate that counts harder."""
+        estimator = TokenEstimator(state.chars_per_token)
+        estimator.tighten(body["messages"], prompt_tools(body.get("tools"), body.get("tool_choice")),
+                          error_message)
+        return ContextState(state.level, estimator.ratios)

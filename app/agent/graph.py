@@ -6,8 +6,9 @@
                '---(tool calls, budget spent)-> budget_exhausted -> END
 
 Nodes return partial state updates; routing lives in app/agent/routers.py. Each model call
-is fitted to the server's context first (app/agent/context_budget.py); a compacted history
-is recorded as a "compacted" span. Events for the client (token, compacted, model_call,
+is fitted to the server's context first (app/agent/context_budget.py), from the branch's
+compaction level in the state (`context_fit`, which the call may only move forward); a
+compacted history is recorded as a "compacted" span. Events for the client (token, compacted, model_call,
 tool_call, tool_result) go out through LangGraph's custom stream
 (`runtime.stream_writer`); an approval is a LangGraph `interrupt` whose payload names the
 tool call, resumed with ``Command(resume={"approved": bool, "comment": str})``.
@@ -39,6 +40,7 @@ from langgraph.types import interrupt
 
 from app.agent.chat_model import call_result
 from app.agent.context import TurnContext
+from app.agent.context_state import ContextState
 from app.agent.messages import from_openai, openai_tool_calls, to_openai
 from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
@@ -55,16 +57,18 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
     step = state.get("steps", 0) + 1
     model = await ctx.adapter.model_name()
     conversation = to_openai(state["messages"])
+    context = ContextState.of(state.get("context_fit"))  # the branch's level and estimate
     for attempt in (1, 2):
         body, fitted = await fitted_step_body(
-            ctx.budget, ctx.adapter, ctx.scenario, model, conversation, ctx.history_len, step=step,
+            ctx.budget, ctx.adapter, ctx.scenario, model, conversation, ctx.history_len, context, step=step,
             max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
             cache_session=ctx.cache_session)
         if fitted.compacted:
             span_id = await ctx.recorder.compaction(step=step, fitted=fitted, retry=attempt > 1)
             write({"type": "compacted", "step": step, "span_id": span_id,
                    "tokens_before": fitted.compaction.tokens_before, "tokens_after": fitted.compaction.tokens_after,
-                   "reduced_turns": fitted.compaction.reduced_turns, "dropped_turns": fitted.compaction.dropped_turns})
+                   "reduced_turns": fitted.compaction.reduced_turns, "dropped_turns": fitted.compaction.dropped_turns,
+                   "stepped": fitted.compaction.stepped, "exact": fitted.exact})
         started_at, t0 = utcnow(), time.perf_counter()
         try:
             # The chat model rebuilds this same body from these messages and options (the
@@ -80,16 +84,16 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
             # Our estimate fell short of the server's count: compact harder, once.
             if attempt == 2 or not exc.context_exceeded or fitted.limit is None:
                 raise
-            ctx.budget.tighten(body, str(exc))
+            context = ctx.budget.tighten(body, str(exc), fitted.context)
     result = call_result(message)
-    ctx.budget.observe(body, result.prompt_tokens)
+    context = ctx.budget.observe(body, result.prompt_tokens, fitted.context)
     span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
                                       duration_ms=result.duration_ms, result=result)
     write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,
            "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
            "cache_source": (result.cache or {}).get("source"), "ttft_ms": result.ttft_ms,
            "duration_ms": result.duration_ms, "finish_reason": result.finish_reason})
-    update: dict = {"messages": [message], "steps": step, "awaiting": []}
+    update: dict = {"messages": [message], "steps": step, "awaiting": [], "context_fit": context.as_state()}
     for call in result.tool_calls:
         write({"type": "tool_call", "tool_call_id": call["id"], "name": call["function"]["name"],
                "arguments": call["function"]["arguments"], "step": step})

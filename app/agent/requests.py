@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.agent.context_budget import ContextBudget, FittedRequest
+from app.agent.context_state import ContextState
 from app.agent.model_client import ModelAdapter
 from app.agent.routers import tool_choice_for_step
 from app.agent.scenario_tools import openai_schema
@@ -20,15 +21,17 @@ def step_body(adapter: ModelAdapter, scenario: Any, model: str, conversation: li
 
 
 async def fitted_step_body(budget: ContextBudget, adapter: ModelAdapter, scenario: Any, model: str,
-                           conversation: list[dict], history_len: int, **step: Any) -> tuple[dict, FittedRequest]:
+                           conversation: list[dict], history_len: int, state: ContextState,
+                           **step: Any) -> tuple[dict, FittedRequest]:
     """`step_body` of the conversation fitted to the context (compacted, max_tokens clamped).
 
     `history_len`: how many messages of `conversation` belong to past turns (the rest is the
-    current turn, which compaction never touches). `step` takes step_body's keyword arguments.
+    current turn, which compaction never touches); `state`: the branch's context state (its
+    compaction level, its estimate). `step` takes step_body's keyword arguments.
     """
     choice = tool_choice_for_step(step["step"], step["max_steps"], step["force_tool"], step["tool_choice"])
     fitted = await budget.fit(model, system_message(scenario), conversation, history_len, scenario_tools(scenario),
-                              choice)
+                              choice, state)
     body = step_body(adapter, scenario, model, fitted.conversation, max_tokens=fitted.max_tokens, **step)
     return body, fitted
 

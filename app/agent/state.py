@@ -7,6 +7,8 @@ from typing import Annotated, TypedDict
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
 
+from app.agent.context_state import advance
+
 
 def merge_decisions(left: dict | None, right: dict | None) -> dict:
     """Reducer: operator decisions accumulate by tool-call id."""
@@ -24,3 +26,5 @@ class AgentState(TypedDict, total=False):
     decisions: Annotated[dict[str, dict], merge_decisions]  # tool-call id -> {"approved", "comment"}
     final_answer: str | None
     outcome: str | None  # answered | budget_exhausted
+    # the branch's compaction level (forward only) and token estimate: app/agent/context_state.py
+    context_fit: Annotated[dict, advance]

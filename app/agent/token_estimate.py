@@ -1,17 +1,18 @@
 """Prompt-token estimates without a tokenizer: characters per token, calibrated by the server.
 
-The workbench cannot tokenize for every backend (the chat template and vocabulary live in
-the server), so it measures a request by the characters of its JSON (messages, plus the tool
+Used where the server cannot count a prompt for the workbench (app/agent/token_count.py):
+the workbench then measures a request by the characters of its JSON (messages, plus the tool
 schemas when the prompt carries them) and converts with a ratio learned from the server's
 own count: after every answered call, ``usage.prompt_tokens`` of that request sets the ratio.
-A margin on top keeps the estimate on the safe side; when the server still rejects a request
+The ratios belong to one branch (they travel in its thread's state, app/agent/context_state.py):
+an English session and a Chinese story never share one. A margin on top keeps the estimate on the safe side; when the server still rejects a request
 as too long, `tighten` learns from the rejection (its token count when the message names
 one) before the retry.
 
 Requests with and without tools in the prompt are calibrated apart: templates render tool
-schemas much denser or looser than prose, and arbor-server leaves them out of the prompt
-when ``tool_choice`` is ``"none"`` (`prompt_tools`), so one ratio would swing between the two
-kinds by more than the margin. Until a kind has been counted its ratio is a conservative
+schemas much denser or looser than prose, and a server may leave them out of the prompt
+when ``tool_choice`` is ``"none"`` (`prompt_tools`; arbor-server and vLLM render them anyway),
+so one ratio would swing between the two kinds by more than the margin. Until a kind has been counted its ratio is a conservative
 3 characters per token (English and JSON run at 3.5-4.5 on common tokenizers).
 """
 
@@ -28,9 +29,9 @@ _PROMPT_COUNT = re.compile(r"prompt has (\d+) tokens|(\d+) (?:tokens )?in the me
 
 
 def prompt_tools(tools: list[dict] | None, tool_choice: object) -> list[dict] | None:
-    """The tools a request's prompt carries: none when tool_choice is "none" (arbor-server drops
-    them then; a server that renders them anyway only makes the estimate of that kind learn
-    more tokens per character, which errs on the safe side as the conversation grows)."""
+    """The tools a request's prompt may carry: none when tool_choice is "none" (some servers drop
+    them then; one that renders them anyway, as arbor-server does, only makes the estimate of
+    that kind learn more tokens per character, which errs on the safe side)."""
     if tool_choice == "none" or not tools:
         return None
     return tools
@@ -52,17 +53,23 @@ def prompt_tokens_in_error(message: str) -> int | None:
     return int(match.group(1) or match.group(2))
 
 
-class TokenEstimator:
-    """chars -> tokens; shared by all calls to one backend. `tools` arguments are the tools the
-    prompt carries (see `prompt_tools`); they also select the ratio (with or without tools)."""
+def _kind(tools: list[dict] | None) -> str:
+    return "tools" if tools else "plain"
 
-    def __init__(self, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN, margin: float = MARGIN) -> None:
+
+class TokenEstimator:
+    """chars -> tokens for the calls of one branch, from its `ratios` ("tools" / "plain" ->
+    characters per token; updated in place by `observe` and `tighten`). `tools` arguments are
+    the tools the prompt carries (see `prompt_tools`); they also select the ratio."""
+
+    def __init__(self, ratios: dict[str, float] | None = None, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
+                 margin: float = MARGIN) -> None:
         self.default = chars_per_token
         self.margin = margin
-        self.ratios: dict[bool, float] = {}  # has tools -> characters per token
+        self.ratios: dict[str, float] = dict(ratios or {})
 
     def chars_per_token(self, tools: list[dict] | None) -> float:
-        return self.ratios.get(bool(tools), self.default)
+        return self.ratios.get(_kind(tools), self.default)
 
     def tokens(self, messages: list[dict], tools: list[dict] | None) -> int:
         """Estimated prompt tokens of a request, margin included (never below the truth by design)."""
@@ -71,7 +78,7 @@ class TokenEstimator:
     def observe(self, messages: list[dict], tools: list[dict] | None, prompt_tokens: int | None) -> None:
         """Learn the ratio from a request the server counted."""
         if prompt_tokens and prompt_tokens > 0:
-            self.ratios[bool(tools)] = max(0.5, request_chars(messages, tools) / prompt_tokens)
+            self.ratios[_kind(tools)] = max(0.5, request_chars(messages, tools) / prompt_tokens)
 
     def tighten(self, messages: list[dict], tools: list[dict] | None, error_message: str) -> None:
         """The server refused the request as too long: estimate at least 25% more from now on,
@@ -80,4 +87,4 @@ class TokenEstimator:
         counted = prompt_tokens_in_error(error_message)
         if counted:
             harder = min(harder, request_chars(messages, tools) / counted)
-        self.ratios[bool(tools)] = max(0.5, harder)
+        self.ratios[_kind(tools)] = max(0.5, harder)

@@ -22,7 +22,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Column, Text
+from sqlalchemy import JSON, Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -244,6 +244,32 @@ class ArtifactPublic(SQLModel):
     chars: int
     context_chars: int
     created_at: datetime
+
+
+# -- branch workspaces ----------------------------------------------------------------------
+class WorkspaceFile(SQLModel, table=True):
+    """A file a tool wrote (an approved story chapter, ...), owned by one branch: a fork gets
+    copies of its parent's files at the fork point (app/services/workspace.py). Written once:
+    (branch, path) is unique."""
+    __tablename__ = "workspace_files"
+    __table_args__ = (UniqueConstraint("branch_id", "path"),)
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    branch_id: str = Field(foreign_key="branches.id", index=True)
+    path: str = Field(max_length=300)
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    # the turn that wrote it, kept by copies (a fork from turn T takes the files written on
+    # T's path); no foreign key: a copy names a turn of another branch
+    turn_id: str = Field(max_length=32)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class WorkspaceFilePublic(SQLModel):
+    path: str
+    chars: int
+    turn_id: str
+    created_at: datetime
+    content: str | None = None
 
 
 # -- approvals ------------------------------------------------------------------------------

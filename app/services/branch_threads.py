@@ -23,14 +23,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.agent.messages import from_openai, to_openai
+from langgraph.constants import END, START
 from langgraph.types import StateSnapshot
 
-# The node that, given as `as_node`, leaves a copied state with the same next node as the
-# checkpoint it was copied from (the edges of app/agent/graph.py: approval -> tools,
-# tools -> model, budget_exhausted -> END; model routes on the state, which is copied too).
-_WRITER_OF = {(): "budget_exhausted", ("tools",): "approval", ("model",): "tools",
-              ("approval",): "model", ("budget_exhausted",): "model"}
+from app.agent.graph import build_graph
+from app.agent.messages import from_openai, to_openai
+
+
+def writers_of(compiled: Any) -> dict[tuple[str, ...], str]:
+    """For each node a checkpoint can wait on (its `next`; () for the end), the node that, given
+    as `as_node`, leaves a copied state with that same next node: the source of a plain edge to
+    it (approval -> tools, tools -> model, budget_exhausted -> END), else of a conditional one
+    (model routes on the state, which is copied too). Read from the compiled graph's edges, so
+    a change to app/agent/graph.py cannot leave forks copying to the wrong next node."""
+    plain: dict[str, str] = {}
+    routed: dict[str, str] = {}
+    for edge in compiled.get_graph().edges:
+        if edge.source == START:
+            continue
+        (routed if edge.conditional else plain).setdefault(edge.target, edge.source)
+    targets = {**routed, **plain}  # a plain edge wins: it does not depend on the state
+    return {(() if target == END else (target,)): source for target, source in targets.items()}
+
+
+_WRITER_OF = writers_of(build_graph())
 
 
 def openai_messages(messages: list) -> list[dict]:

@@ -8,9 +8,10 @@ A fork is a new branch whose thread starts from a checkpoint of the parent's thr
   step: the tool again, then the model), as LangGraph replays from a checkpoint. A
   checkpoint with nothing pending is T's end, so that fork is the first kind.
 The state is copied into the new thread (app/services/branch_threads.py); the SQL rows keep
-the tree (`fork_turn_id`, `head_turn_id`, `fork_checkpoint_id`) and the name.
+the tree (`fork_turn_id`, `head_turn_id`, `fork_checkpoint_id`) and the name, and the
+branch gets copies of its parent's files at the fork point (app/services/workspace.py).
 
-Deleting a branch deletes its turns, runs, traces, artifacts and approvals, its checkpoint
+Deleting a branch deletes its turns, runs, traces, artifacts, approvals and files, its checkpoint
 thread, and tells the inference server the branch is done (a cache hint release). Refused:
 the session's first branch (main: the root its other branches fork from), a branch with a
 running turn (it writes to the thread), and a branch that other branches fork from (their
@@ -21,6 +22,7 @@ not block: nothing runs, and its pending approval goes with the branch.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -31,7 +33,7 @@ from app.agent.cache_hints import CacheHints, hint_key
 from app.db.checkpoints import branch_thread_id, delete_threads
 from app.db.models import AgentSession, Approval, Artifact, Branch, BranchCreate, Run, Span, Turn, new_id
 from app.errors import Conflict, NotFound, WorkbenchError
-from app.services import branch_threads
+from app.services import branch_threads, workspace
 from app.services import sessions as sessions_service
 
 
@@ -46,10 +48,12 @@ class BranchService:
         branch = Branch(id=new_id(), session_id=session_id, name=request.name or "",
                         fork_turn_id=turn.id if turn else None, head_turn_id=turn.id if turn else None)
         source = request.checkpoint_id or (turn.end_checkpoint_id if turn else None)
+        inside_before = None  # for a fork inside the turn: when its checkpoint was taken
         if source is not None:  # None: an empty branch, or a turn from before checkpoints (seeded later)
             snapshot = await self._fork_snapshot(turn, source, explicit=request.checkpoint_id is not None)
             if snapshot.next:  # inside the turn: the branch continues it
                 branch.head_turn_id = turn.parent_turn_id
+                inside_before = datetime.fromisoformat(snapshot.created_at)
             elif turn.status != "completed":
                 raise Conflict(f"turn {turn.id!r} is {turn.status}: its checkpoint {source!r} ends nothing to "
                                "continue from", "turn_not_completed")
@@ -57,7 +61,7 @@ class BranchService:
             branch.base_checkpoint_id = await branch_threads.copy_checkpoint(
                 self.graph, snapshot, branch_thread_id(branch.id))
         try:
-            return await asyncio.to_thread(self._record_fork, session_id, branch)
+            return await asyncio.to_thread(self._record_fork, session_id, branch, turn, inside_before)
         except BaseException:
             await delete_threads(self.checkpointer, [branch_thread_id(branch.id)])  # nothing points to it
             raise
@@ -87,9 +91,14 @@ class BranchService:
                                  "checkpoint_not_forkable", 422)
         return snapshot
 
-    def _record_fork(self, session_id: str, branch: Branch) -> Branch:
+    def _record_fork(self, session_id: str, branch: Branch, turn: Turn | None,
+                     inside_before: datetime | None) -> Branch:
         with Session(self.engine) as db:
-            return sessions_service.add_branch(db, sessions_service.get_session(db, session_id), branch)
+            session = sessions_service.get_session(db, session_id)
+            db.add(branch)
+            db.flush()
+            workspace.copy_at_fork(db, branch, turn, inside_before)  # committed with the branch
+            return sessions_service.add_branch(db, session, branch)
 
     # -- checkpoints -------------------------------------------------------------------------
     async def checkpoints(self, session_id: str, branch_id: str) -> list[dict]:
@@ -148,6 +157,7 @@ class BranchService:
                     db.delete(row)
             for row in db.exec(select(Artifact).where(col(Artifact.turn_id).in_(ids))).all():
                 db.delete(row)
+            workspace.delete_files(db, branch_id=branch.id)
             db.flush()
             for turn in turns:  # turns reference each other (parent): clear the pointers first
                 turn.parent_turn_id = None

@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 from app.db.checkpoints import branch_thread_id
 from app.db.models import (
     AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail, Span, Turn,
-    TurnPublic,
+    TurnPublic, WorkspaceFile,
 )
 from app.errors import Conflict, NotFound, WorkbenchError
 
@@ -104,7 +104,7 @@ def fork_source(db: Session, session: AgentSession, turn_id: str, completed: boo
 def add_branch(db: Session, session: AgentSession, branch: Branch) -> Branch:
     """Record the forked `branch` (named "branch-<n>" when unnamed) and make it active."""
     if not branch.name:
-        count = len(db.exec(select(Branch).where(Branch.session_id == session.id)).all())
+        count = len(db.exec(select(Branch).where(Branch.session_id == session.id, Branch.id != branch.id)).all())
         branch.name = f"branch-{count + 1}"
     db.add(branch)
     db.flush()
@@ -160,7 +160,7 @@ def _refuse_while_running(db: Session, session: AgentSession) -> None:
 def delete_session(db: Session, session: AgentSession) -> None:
     """Delete the rows of `session` (its checkpoints are the caller's: `Workbench.delete_session`)."""
     _refuse_while_running(db, session)
-    for model in (Span, Artifact, Approval, Run):
+    for model in (Span, Artifact, Approval, Run, WorkspaceFile):
         for row in db.exec(select(model).where(model.session_id == session.id)).all():
             db.delete(row)
     db.flush()

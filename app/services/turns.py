@@ -58,6 +58,7 @@ from sqlmodel import Session, select
 from app.agent.cache_hints import CacheHints, hint_key
 from app.agent.context import TurnContext
 from app.agent.context_budget import ContextBudget
+from app.agent.context_state import ContextState
 from app.agent.messages import from_openai
 from app.agent.model_client import ModelAdapter, ModelBackendError
 from app.db.checkpoints import branch_thread_id
@@ -69,6 +70,7 @@ from app.services import sessions as sessions_service
 from app.services.traces import session_artifact_text
 from app.services.turn_log import TurnHandle
 from app.services.turn_replay import recorded_events
+from app.services.workspace import BranchWorkspace
 from app.settings import WorkbenchSettings
 from app.tracing import TraceRecorder
 from tools.base import ToolContext
@@ -108,8 +110,7 @@ class TurnService:
         # this keeps each one atomic against a concurrent request, as the event loop did.
         self._record_lock = threading.Lock()
         self.tool_context = ToolContext(incident_base_url=settings.incident_base_url,
-                                        http_timeout_s=settings.incident_timeout_s,
-                                        workspace_dir=settings.data_dir / "workspace")
+                                        http_timeout_s=settings.incident_timeout_s)
 
     # -- public operations ---------------------------------------------------------------------
     def validate_message(self, message: str) -> str:
@@ -262,12 +263,19 @@ class TurnService:
     async def conversation(self, session_id: str, branch_id: str | None) -> tuple[Branch, list[dict]]:
         """The branch (`branch_id`, or the session's active one) and the conversation its next
         turn starts from (OpenAI messages, no system prompt), read from its thread."""
+        branch, messages, _ = await self.next_start(session_id, branch_id)
+        return branch, messages
+
+    async def next_start(self, session_id: str, branch_id: str | None) -> tuple[Branch, list[dict], ContextState]:
+        """`conversation`, with the branch's context state there (its compaction level, its
+        estimate: what the next turn's first model call fits the context from)."""
         branch, start = await asyncio.to_thread(self._branch_start, session_id, branch_id)
         snapshot = await branch_threads.snapshot_at(self.graph, start.thread_id, start.checkpoint_id) \
             if start.checkpoint_id else None
         if snapshot is None:  # what its next turn would seed the thread with (see _open_start)
-            return branch, start.seed
-        return branch, branch_threads.openai_messages(snapshot.values.get("messages") or [])
+            return branch, start.seed, ContextState()
+        return (branch, branch_threads.openai_messages(snapshot.values.get("messages") or []),
+                ContextState.of(snapshot.values.get("context_fit")))
 
     def _branch_start(self, session_id: str, branch_id: str | None) -> tuple[Branch, TurnStart]:
         with Session(self.engine) as db:
@@ -385,6 +393,7 @@ class TurnService:
                            scenario=scenario, adapter=self.adapter, budget=self.budget, recorder=recorder,
                            tool_context=replace(self.tool_context, artifact_reader=partial(
                                session_artifact_text, self.engine, session.id),
+                               workspace=BranchWorkspace(self.engine, session.id, turn.branch_id, turn.id),
                                result_budget_chars=self.settings.tool_result_budget_chars),
                            tool_budget_chars=self.settings.tool_result_budget_chars, hints=self.hints,
                            force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"),

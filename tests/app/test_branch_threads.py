@@ -180,3 +180,32 @@ def test_each_turn_on_a_thread_starts_with_no_decisions(tmp_path):
             request = post_turn(client, sid, message)[-1]
             assert request["type"] == "approval_request", request  # asked each time
             assert decide(client, request["approval_id"], True)[-1]["type"] == "final"
+
+
+def _state_waiting_on(target: tuple) -> dict:
+    """A state that, copied with the writer of `target`, must wait on `target` again."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    call = AIMessage("", tool_calls=[{"id": "c1", "name": "echo", "args": {"text": "x"}}])
+    base = {"messages": [HumanMessage("use the tool"), call], "steps": 1, "max_steps": 3, "awaiting": [],
+            "decisions": {}}
+    if target == ("approval",):
+        return {**base, "awaiting": ["c1"]}
+    if target == ("budget_exhausted",):
+        return {**base, "steps": 3}
+    return base
+
+
+async def test_the_writer_of_each_waiting_point_is_read_from_the_graph_and_restores_it():
+    """`_WRITER_OF` comes from app/agent/graph.py's edges; copying a state with each writer as
+    `as_node` leaves the copy waiting on the same node (the contract forks rely on)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from app.agent.graph import build_graph
+    from app.services.branch_threads import _WRITER_OF, thread_config, writers_of
+
+    graph = build_graph(checkpointer=InMemorySaver())
+    assert writers_of(graph) == _WRITER_OF
+    assert set(_WRITER_OF) == {(), ("model",), ("tools",), ("approval",), ("budget_exhausted",)}
+    for n, (target, writer) in enumerate(sorted(_WRITER_OF.items())):
+        config = await graph.aupdate_state(thread_config(f"t{n}"), _state_waiting_on(target), as_node=writer)
+        assert tuple((await graph.aget_state(config)).next) == target, (target, writer)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from app.agent.compaction import NOTE_HEAD, compact, split_turns, stub_tool_result
+from app.agent.compaction import NOTE_HEAD, Level, compact as compact_async, split_turns, stub_tool_result
 
 SYSTEM = {"role": "system", "content": "You are the lab assistant."}
 
@@ -12,6 +13,12 @@ SYSTEM = {"role": "system", "content": "You are the lab assistant."}
 def count(messages: list[dict]) -> int:
     """A deterministic stand-in for the estimator: 4 characters per token, system included."""
     return len(json.dumps([SYSTEM, *messages])) // 4
+
+
+def compact(conversation, history_len, count_fn, budget, chunk_chars, level=Level(), headroom=0):
+    async def acount(messages):
+        return count_fn(messages)
+    return asyncio.run(compact_async(conversation, history_len, acount, budget, chunk_chars, level, headroom))
 
 
 def turn(n: int, result_chars: int = 1200, answer_chars: int = 1500, artifact: bool = False) -> list[dict]:
@@ -97,32 +104,79 @@ def test_when_nothing_fits_the_most_compact_form_is_returned():
     assert done.messages[-1]["content"].endswith("q" * 20_000)
 
 
-def test_a_growing_session_keeps_its_prefix_between_the_moves_of_compaction():
-    """Request k+1 repeats request k (its whole conversation) except when compaction moves."""
-    budget, chunk = 2500, 6000
-    sent: list[list[dict]] = []
+def test_a_growing_session_extends_its_last_request_except_when_the_level_steps():
+    """Request k+1 repeats request k (its whole conversation) unless compaction stepped in
+    call k+1; the level never goes back down, and it steps far less often than it compacts."""
+    budget, chunk = 2500, 2500  # a turn is about a tenth of the budget, a chunk about three turns
+    sent: list = []
     past: list[dict] = []
-    for n in range(1, 13):
-        conversation = [*past, *current(f"question {n}")]
-        sent.append(compact(conversation, len(past), count, budget, chunk).messages)
-        past += turn(n)
-    compacted = [i for i, msgs in enumerate(sent) if msgs[0]["content"].startswith(NOTE_HEAD)
-                 or any("compacted by the workbench" in str(m.get("content")) for m in msgs)]
-    assert len(compacted) >= 6
-    kept = [i for i in range(1, len(sent)) if sent[i][:len(sent[i - 1])] == sent[i - 1]]
-    moves = [i for i in compacted if i not in kept]
-    assert kept, "no request ever extended the previous one"
-    assert len(moves) < len(compacted), f"compaction moved on every call: {moves}"
+    level = Level()
+    for n in range(1, 41):
+        done = compact([*past, *current(f"question {n}")], len(past), count, budget, chunk, level,
+                       headroom=budget // 4)
+        assert done.level.reduced >= level.reduced and done.level.dropped >= level.dropped
+        assert done.stepped == (done.level != level)
+        assert done.tokens_after <= budget
+        sent.append(done)
+        level = done.level
+        past += turn(n, result_chars=300, answer_chars=400)
+    compacted = [i for i, done in enumerate(sent) if done.compacted]
+    stepped = [i for i, done in enumerate(sent) if done.stepped]
+    assert len(compacted) >= 20 and 3 <= len(stepped) < len(compacted) // 3
+    assert any(done.dropped_turns for done in sent)
+    for i in range(1, len(sent)):
+        previous, now = sent[i - 1].messages, sent[i].messages
+        extends = now[:len(previous)] == previous
+        assert extends != (i in stepped), f"request {i + 1}: extends {extends}, stepped {i in stepped}"
 
 
-def test_the_same_history_compacts_the_same_way_so_a_fork_sends_what_the_original_sent():
+def test_a_step_leaves_the_headroom_free_where_a_level_does():
+    past = history(8, result_chars=300, answer_chars=400)
+    conversation = [*past, *current()]
+    full = count(conversation)
+    tight = compact(conversation, len(past), count, full - 50, 1000)
+    roomy = compact(conversation, len(past), count, full - 50, 1000, headroom=600)
+    assert tight.stepped and roomy.stepped
+    assert tight.tokens_after <= full - 50 < tight.tokens_after + 600
+    assert roomy.tokens_after <= full - 50 - 600 and roomy.level.reduced >= tight.level.reduced
+    hopeless = compact(conversation, len(past), count, full - 50, 1000, headroom=full)  # no level leaves it
+    assert hopeless.level == tight.level  # the first step that fits, not the most compact
+
+
+def test_a_level_once_reached_is_kept_even_when_less_would_fit():
+    """The branch's level is rendered first: a shorter message (or a retry) never un-compacts."""
+    past = history(6)
+    level = compact([*past, *current("q" * 4000)], len(past), count, 2500, 3000).level
+    assert level.reduced > 0
+    again = compact([*past, *current("short")], len(past), count, 1_000_000, 3000, level)
+    assert again.level == level and not again.stepped and again.compacted
+
+
+def test_the_same_history_at_the_same_level_compacts_the_same_way_so_a_fork_sends_what_the_original_sent():
     past = history(6)
     original = compact([*past, *current("question 7")], len(past), count, 2000, 3000)
-    fork = compact([*past, *current("another question 7")], len(past), count, 2000, 3000)
-    assert original.compacted
+    fork = compact([*past, *current("another question 7")], len(past), count, 2000, 3000, original.level)
+    assert original.compacted and not fork.stepped
     assert original.messages[:-1] == fork.messages[:-1]
+
+
+def test_a_level_beyond_the_history_is_read_at_its_turn_boundaries():
+    """A level from a longer history (a thread seeded again from the turn tree) never cuts a turn."""
+    past = history(3)
+    done = compact([*past, *current()], len(past), count, 1_000_000, 3000, Level(reduced=6, dropped=99))
+    assert done.level == Level(reduced=4, dropped=4)
+    assert done.messages[0]["content"].startswith(NOTE_HEAD)
 
 
 def test_split_turns_starts_a_turn_at_each_user_message():
     assert [len(t) for t in split_turns(history(3))] == [4, 4, 4]
     assert split_turns([]) == []
+
+
+def test_a_level_over_turns_with_nothing_to_shorten_sends_them_unchanged_and_says_so():
+    """Reducing short turns changes nothing: the request is not marked compacted (no span)."""
+    past = history(3, result_chars=10, answer_chars=10)
+    conversation = [*past, *current()]
+    done = compact(conversation, len(past), count, 1_000_000, 3000, Level(reduced=len(past)))
+    assert done.messages == conversation and not done.compacted and done.reduced_turns == 0
+    assert done.level == Level(reduced=len(past))

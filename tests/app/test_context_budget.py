@@ -166,17 +166,59 @@ def test_a_tool_step_and_the_answer_step_after_it_compact_alike(tmp_path):
     """The answer step (tool_choice "none": no tools in arbor-server's prompt) is estimated
     smaller than the tool step; it must still choose the same compaction, keeping one prefix."""
     from app.agent.context_budget import ContextBudget
+    from app.agent.context_state import ContextState
 
     tools = [{"type": "function", "function": {"name": "t", "parameters": {"x": "b" * 2000}}}]
     system = {"role": "system", "content": "sys"}
     past = [m for n in range(6) for m in ({"role": "user", "content": f"q{n} " + "u" * 800},
                                           {"role": "assistant", "content": "a" * 1600})]
     conversation = [*past, {"role": "user", "content": "now"}]
+    estimator = TokenEstimator()
+    estimator.observe([system], tools, request_chars([system], tools) // 2)  # tool prompts: dense
+    estimator.observe(conversation, None, request_chars(conversation, None) // 6)  # the others: loose
+    state = ContextState(chars_per_token=estimator.ratios)
     with _fake() as fake:
         budget = ContextBudget(make_settings(tmp_path, fake.base_url, llm_max_tokens=200, llm_context_tokens=2000))
-        budget.estimator.observe([system], tools, request_chars([system], tools) // 2)  # tool prompts: dense
-        budget.estimator.observe(conversation, None, request_chars(conversation, None) // 6)  # the others: loose
-        tool_step = asyncio.run(budget.fit("m", system, conversation, len(past), tools, "required"))
-        answer_step = asyncio.run(budget.fit("m", system, conversation, len(past), tools, "none"))
+        tool_step = asyncio.run(budget.fit("m", system, conversation, len(past), tools, "required", state))
+        answer_step = asyncio.run(budget.fit("m", system, conversation, len(past), tools, "none", state))
     assert tool_step.compacted
     assert tool_step.conversation == answer_step.conversation
+
+
+def _context_fit(client, branch_id: str, checkpoint_id: str | None = None) -> "ContextState":
+    from app.agent.context_state import ContextState
+    configurable = {"thread_id": f"branch-{branch_id}", **({"checkpoint_id": checkpoint_id} if checkpoint_id else {})}
+    snapshot = client.portal.call(client.app.state.workbench.graph.aget_state, {"configurable": configurable})
+    return ContextState.of(snapshot.values.get("context_fit"))
+
+
+@pytest.mark.usefixtures("workbench_database")
+def test_the_level_and_the_estimate_belong_to_the_branch_and_a_fork_inherits_them(tmp_path):
+    """The fake offers no /apply-template: the workbench estimates, per branch. The level only
+    rises along a branch; a fork starts at its parent's level and estimate at the fork point;
+    a session whose text tokenizes differently learns its own ratio without moving another's."""
+    settings = make_settings(tmp_path, "http://placeholder/v1", llm_max_tokens=300)
+    with _fake(n_ctx=2200) as fake, workbench_client(settings.model_copy(update={"llm_base_url": fake.base_url})) \
+            as client:
+        assert client.app.state.workbench.budget.counter.offered is None
+        session = new_session(client)
+        sid, main = session["id"], session["active_branch_id"]
+        finals = [post_turn(client, sid, f"question {n}: check the readings", force_tool=True)[-1]
+                  for n in range(1, 8)]
+        assert client.app.state.workbench.budget.counter.offered is False  # asked once, then estimated
+        turns = {t["id"]: t for t in client.get(f"/api/sessions/{sid}").json()["turns"]}
+        states = [_context_fit(client, main, turns[f["turn_id"]]["end_checkpoint_id"]) for f in finals]
+        levels = [(s.level.reduced, s.level.dropped) for s in states]
+        assert levels == sorted(levels) and levels[-1] > (0, 0), levels
+        assert all(s.chars_per_token for s in states)
+
+        k = next(i for i, s in enumerate(states) if s.level.reduced)
+        fork = client.post(f"/api/sessions/{sid}/branches", json={"turn_id": finals[k]["turn_id"]}).json()
+        assert _context_fit(client, fork["id"]) == states[k]
+
+        fake.chars_per_token = 1.5  # another session: its text costs far more tokens per character
+        other = new_session(client)
+        assert post_turn(client, other["id"], "question 1: check the readings", force_tool=True)[-1]["type"] == "final"
+        mine, theirs = _context_fit(client, main).chars_per_token, _context_fit(client, other["active_branch_id"])
+        assert theirs.chars_per_token["tools"] < mine["tools"] * 0.8
+        assert _context_fit(client, main) == states[-1]  # untouched by the other session

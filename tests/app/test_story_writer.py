@@ -27,24 +27,26 @@ def _script():
 def test_chapter_is_appended_only_after_approval(tmp_path, approved):
     with scripted_server(_script()) as fake:
         settings = make_settings(tmp_path, fake.base_url, tool_result_max_chars=4000)
-        chapters_dir = settings.data_dir / "workspace" / "story_writer" / "chapters"
         with workbench_client(settings, ScenarioCatalog()) as client:
             session = new_session(client, "story_writer")
+            files = f"/api/sessions/{session['id']}/branches/{session['active_branch_id']}/files"
             events = post_turn(client, session["id"], "写第三章")
             request = events[-1]
             assert request["type"] == "approval_request" and request["arguments"] == CHAPTER
-            assert not chapters_dir.exists()  # nothing written on the model's word
+            assert client.get(files).json() == []  # nothing written on the model's word
 
             rest = decide(client, request["approval_id"], approved)
             results = {e["name"]: e for e in of_type(rest, "tool_result")}
             assert "一九八七年" in results["search_manuscript"]["content"]
             if approved:
                 assert '"appended_chapter":3' in results["append_chapter"]["content"]
-                assert (chapters_dir / "03.md").read_text(encoding="utf-8") == (
-                    "# 第三章 来客\n\n雾夜。苏晚敲响了灯塔的铁门。\n")
+                [saved] = client.get(files, params={"content": True}).json()
+                assert saved["path"] == "story_writer/chapters/03.md" and saved["turn_id"] == request["turn_id"]
+                assert saved["content"] == "# 第三章 来客\n\n雾夜。苏晚敲响了灯塔的铁门。\n"
             else:
                 assert "operator rejected" in results["append_chapter"]["content"]
-                assert not chapters_dir.exists()
+                assert client.get(files).json() == []
+            assert not (settings.data_dir / "workspace").exists()  # nothing goes to the filesystem
 
             second = post_turn(client, session["id"], "现在有几章？")
             listing = of_type(second, "tool_result")[0]["content"]

@@ -5,7 +5,7 @@ fills most of the 8K context, which 2 CPU cores take ~45 s to prefill
 (tests/scenarios/test_story_corpus.py measures it without prefilling).
 
 The first step is forced (tool_choice "required"); a chapter the model proposes is rejected,
-so the shipped data and the workspace stay as they are. Assertions are on structure and on
+so the shipped data and the branch's files stay as they are. Assertions are on structure and on
 the server's own `cached_tokens`, not on wording.
 """
 
@@ -36,9 +36,10 @@ def test_story_turn_reuses_the_manuscript_prefix(tmp_path):
 
             spans = client.get(f"/api/sessions/{session['id']}/trace").json()["spans"]
             model_spans = [s["attributes"] for s in spans if s["kind"] == "model"]
+            files = client.get(f"/api/sessions/{session['id']}/branches/{session['active_branch_id']}/files")
+            assert files.json() == []  # a rejected proposal writes nothing to the branch
     assert len(model_spans) >= 2
     later = model_spans[1]
     prompt, reused = later["gen_ai.usage.input_tokens"], later["gen_ai.usage.cache_read.input_tokens"]
     # the system prompt is ~3.5K tokens of the prompt: most of it must come from the cache
     assert prompt > 1500 and reused >= prompt // 2, (prompt, reused)
-    assert not (tmp_path / "var" / "workspace" / "story_writer").exists()

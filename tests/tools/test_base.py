@@ -106,3 +106,24 @@ def test_tool_definition_errors_are_caught_early():
         Tool("bad", "Bad.", {"type": "string"}, _echo)
     with pytest.raises(ValueError, match="unknown properties"):
         Tool("bad", "Bad.", object_schema({}, ["missing"]), _echo)
+
+
+async def test_a_keyword_without_our_sentence_still_fails_readably():
+    """jsonschema enforces every keyword; one we have no sentence for keeps the library's words."""
+    tool = Tool("code", "Code.", object_schema({"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}}),
+                lambda ctx, code: code)
+    with pytest.raises(ToolError) as caught:
+        await run_tool(tool, CTX, {"code": "pump"})
+    assert "'code': 'pump' does not match" in str(caught.value)
+    assert await run_tool(tool, CTX, {"code": "PMP-02"}) == "PMP-02"
+
+
+async def test_integral_floats_in_integer_lists_are_passed_as_int():
+    tool = Tool("ids", "Ids.", object_schema({"ids": {"type": "array", "items": {"type": "integer"}}}),
+                lambda ctx, ids: ids)
+    assert await run_tool(tool, CTX, {"ids": [1.0, 2]}) == [1, 2]
+
+
+def test_a_schema_that_is_not_json_schema_is_refused_at_definition():
+    with pytest.raises(ValueError, match="tool bad: parameters are not a valid JSON Schema"):
+        Tool("bad", "Bad.", object_schema({"n": {"type": "integr"}}), _echo)

@@ -5,6 +5,7 @@ import pytest
 from scenarios.story_writer.scenario import LIBRARY, SCENARIO
 from tools.base import ToolContext, ToolError, run_tool
 from tools.story import StoryLibrary, story_tools
+from tools.workspace import MemoryWorkspace
 
 TOOLS = {t.name: t for t in SCENARIO.tools}
 
@@ -14,8 +15,8 @@ async def call(ctx, name, **arguments):
 
 
 @pytest.fixture
-def ctx(tmp_path):
-    return ToolContext(workspace_dir=tmp_path / "workspace")
+def ctx():
+    return ToolContext(workspace=MemoryWorkspace())
 
 
 def test_prompt_carries_outline_characters_and_manuscript():
@@ -49,12 +50,11 @@ async def test_search_matches_all_terms_as_substrings(ctx):
         await call(ctx, "search_manuscript", query="   ")
 
 
-async def test_append_writes_the_workspace_never_the_shipped_data(ctx, tmp_path):
+async def test_append_writes_the_workspace_never_the_shipped_data(ctx):
     shipped = sorted(p.name for p in (LIBRARY.data_dir / "chapters").iterdir())
     result = await call(ctx, "append_chapter", title="第三章 来客", text="雾夜。有人敲门。")
     assert result == {"appended_chapter": 3, "title": "第三章 来客", "chars": 8}
-    written = tmp_path / "workspace" / "story_writer" / "chapters" / "03.md"
-    assert written.read_text(encoding="utf-8") == "# 第三章 来客\n\n雾夜。有人敲门。\n"
+    assert ctx.workspace.files() == {"story_writer/chapters/03.md": "# 第三章 来客\n\n雾夜。有人敲门。\n"}
     assert sorted(p.name for p in (LIBRARY.data_dir / "chapters").iterdir()) == shipped
     # the new chapter is part of the manuscript for every tool
     assert [c["number"] for c in (await call(ctx, "list_chapters"))["chapters"]] == [1, 2, 3]
@@ -63,11 +63,34 @@ async def test_append_writes_the_workspace_never_the_shipped_data(ctx, tmp_path)
 
 
 async def test_append_refuses_without_workspace_or_text(ctx):
-    with pytest.raises(ToolError, match="no workspace folder"):
+    with pytest.raises(ToolError, match="no workspace is configured"):
         await call(ToolContext(), "append_chapter", title="t", text="x")
     with pytest.raises(ToolError, match="non-empty title and text"):
         await call(ctx, "append_chapter", title=" ", text="x")
     assert TOOLS["append_chapter"].requires_approval and TOOLS["append_chapter"].apply_on_approval
+
+
+async def test_a_chapter_number_taken_meanwhile_is_refused_not_overwritten(ctx):
+    """Two approvals racing for one number: the second write finds the file and says so."""
+    ctx.workspace.create("story_writer/chapters/03.md", "# 第三章 先到\n\n先写的。\n")
+    real_manuscript = LIBRARY.manuscript
+    object.__setattr__(LIBRARY, "manuscript", lambda c: real_manuscript(c)[:2])  # a stale listing
+    try:
+        with pytest.raises(ToolError, match="chapter 3 was just added by another approval"):
+            await call(ctx, "append_chapter", title="第三章 后到", text="后写的。")
+    finally:
+        object.__delattr__(LIBRARY, "manuscript")
+    assert ctx.workspace.read("story_writer/chapters/03.md").startswith("# 第三章 先到")
+
+
+def test_workspace_paths_are_relative_names():
+    workspace = MemoryWorkspace()
+    for bad in ("../x.md", "/etc/passwd", "a//b", "a/./b", ""):
+        with pytest.raises(ValueError, match="not a workspace path"):
+            workspace.create(bad, "x")
+    workspace.create("story_writer/chapters/01.md", "x")
+    with pytest.raises(FileExistsError):
+        workspace.create("story_writer/chapters/01.md", "y")
 
 
 def test_library_is_passed_in_not_imported(tmp_path):

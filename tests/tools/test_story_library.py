@@ -6,6 +6,7 @@ from scenarios.story_writer.generate_corpus import generate_corpus
 from scenarios.story_writer.scenario import LIBRARY
 from tools.base import ToolContext, ToolError, run_tool
 from tools.story_library import story_library_tools
+from tools.workspace import MemoryWorkspace
 
 CORPUS = generate_corpus(4000)
 TOOLS = {t.name: t for t in story_library_tools(CORPUS, LIBRARY)}
@@ -16,8 +17,8 @@ async def call(ctx, tool, **arguments):
 
 
 @pytest.fixture
-def ctx(tmp_path):
-    return ToolContext(workspace_dir=tmp_path / "workspace")
+def ctx():
+    return ToolContext(workspace=MemoryWorkspace())
 
 
 async def test_characters_and_locations_by_name(ctx):

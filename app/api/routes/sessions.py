@@ -13,9 +13,13 @@ from app.agent.cache_hints import hint_key
 from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
 from app.api.deps import AgentSessionDep, CatalogDep, DbDep, TurnServiceDep, WorkbenchDep
-from app.db.models import AgentSession, Branch, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic
+from app.db.models import (
+    AgentSession, Branch, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic,
+    WorkspaceFilePublic,
+)
 from app.errors import WorkbenchError
 from app.services import sessions as sessions_service
+from app.services import workspace as workspace_service
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
@@ -98,11 +102,22 @@ async def branch_checkpoints(branch_id: str, session: AgentSessionDep, workbench
 
 @router.delete("/{session_id}/branches/{branch_id}", status_code=204)
 async def delete_branch(branch_id: str, session: AgentSessionDep, workbench: WorkbenchDep) -> Response:
-    """Delete the branch, its turns, traces, approvals and checkpoint thread; the inference server
+    """Delete the branch, its turns, traces, approvals, files and checkpoint thread; the inference server
     is told it is done. 409 for the main branch, a branch with a running turn, or one that other
     branches fork from."""
     await workbench.branches.delete(session.id, branch_id)
     return Response(status_code=204)
+
+
+@router.get("/{session_id}/branches/{branch_id}/files")
+async def branch_files(branch_id: str, session: AgentSessionDep, db: DbDep,
+                       content: bool = False) -> list[WorkspaceFilePublic]:
+    """The files the branch's tools wrote (approved story chapters, ...), in path order; their
+    text with `?content=true`. A fork has its parent's files at the fork point, then its own."""
+    def files() -> list[WorkspaceFilePublic]:
+        branch = sessions_service.get_branch(db, session, branch_id)
+        return workspace_service.list_files(db, branch.id, with_content=content)
+    return await asyncio.to_thread(files)
 
 
 @router.post("/{session_id}/branches/{branch_id}/open", status_code=204)
@@ -131,7 +146,7 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
     """The exact body and headers the first model step of this message would send (nothing is sent)."""
     message = turns.validate_message(request.message)
     scenario = catalog.get(session.scenario)
-    branch, past = await turns.conversation(session.id, request.branch_id)
+    branch, past, context = await turns.next_start(session.id, request.branch_id)
     warnings = []
     try:
         model = await workbench.adapter.model_name()
@@ -141,7 +156,7 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
     try:
         body, fitted = await fitted_step_body(
             workbench.budget, workbench.adapter, scenario, model, [*past, {"role": "user", "content": message}],
-            len(past), step=1, max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
+            len(past), context, step=1, max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
             tool_choice=request.tool_choice, cache_session=hint_key(session.id, branch.id))
     except ModelBackendError as exc:  # the message alone does not fit the context
         raise WorkbenchError(str(exc), "context_exceeded", 422) from None
