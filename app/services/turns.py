@@ -494,27 +494,24 @@ class TurnService:
                     "outcome": turn.outcome, "steps": values.get("steps", 0)}
 
     def _fail(self, context: TurnContext, message: str, error_type: str, retryable: bool) -> dict:
+        self._end_unfinished(context, "failed", message)
+        return {"type": "error", "turn_id": context.turn_id, "message": message, "error_type": error_type,
+                "retryable": retryable}
+
+    def _cancelled(self, context: TurnContext) -> dict:
+        self._end_unfinished(context, "cancelled", CANCELLED)
+        return {"type": "cancelled", "turn_id": context.turn_id, "message": CANCELLED}
+
+    def _end_unfinished(self, context: TurnContext, status: str, message: str) -> None:
+        """Record a turn (and its run) that ended without an outcome: failed or cancelled."""
         with Session(self.engine) as db:
             turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
-            turn.status = run.status = "failed"
+            turn.status = run.status = status
             turn.error = run.error = message
             turn.finished_at = run.ended_at = utcnow()
             db.add(turn)
             db.add(run)
             db.commit()
-        return {"type": "error", "turn_id": context.turn_id, "message": message, "error_type": error_type,
-                "retryable": retryable}
-
-    def _cancelled(self, context: TurnContext) -> dict:
-        with Session(self.engine) as db:
-            turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
-            turn.status = run.status = "cancelled"
-            turn.error = run.error = CANCELLED
-            turn.finished_at = run.ended_at = utcnow()
-            db.add(turn)
-            db.add(run)
-            db.commit()
-        return {"type": "cancelled", "turn_id": context.turn_id, "message": CANCELLED}
 
     def turn_public(self, turn_id: str) -> TurnPublic:
         with Session(self.engine) as db:
