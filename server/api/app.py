@@ -20,6 +20,7 @@ from server.api.generation import LoopDelivery
 from server.api.request_guard import RequestGuard
 from server.api.routes import cache, chat, completions, embeddings, info, native_completion, tokens
 from server.api.state import ServerState
+from server.api.vllm_metrics import VllmAliases
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: ServerSettings) -> FastAPI:
     state = ServerState(settings=settings, model_name=bootstrap.default_model_name(settings))
+    state.metrics.registry.register(VllmAliases(state))  # for routers that read vLLM's names
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
