@@ -66,6 +66,13 @@ class ServerSettings(BaseSettings):
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
         "kept cell slows every running request's steps: bench/idle_cells.py). Default: no limit")
+    # KV events for exact-routing routers (server/cache/kv_events.py)
+    kv_events_endpoint: str | None = Field(
+        None, description="publish the radix tree's KV block changes as vLLM/SGLang-format ZMQ events "
+        "(BlockStored/BlockRemoved/AllBlocksCleared) on this endpoint: tcp://*:5557 binds, tcp://host:port "
+        "connects; default: off")
+    kv_events_topic: str = Field("", description="ZMQ topic of the KV events")
+    kv_events_block_size: int = Field(16, ge=1, le=4096, description="tokens per block in the KV events")
     cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
                                           "'*' for any); default: localhost origins only")
     embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
@@ -125,6 +132,9 @@ class ServerSettings(BaseSettings):
         if self.paged_attn == "on" and self.flash_attn == "off":
             raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
                              "drop --flash-attn off or use --paged-attn auto|off")
+        if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
+            raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "
+                             f"enable one (tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
         if self.cache_idle_cells is not None and not (self.tier_enabled("H") or self.tier_enabled("D")):
             raise ValueError("--cache-idle-cells writes idle slots back to host or disk: it needs tier H or D "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")

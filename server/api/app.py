@@ -34,9 +34,18 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def lifespan(app: FastAPI):
         deliver = LoopDelivery(asyncio.get_running_loop())
 
+        kv_events = None
+
         async def load():
+            nonlocal kv_events
             try:
-                state.loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
+                loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
+                try:  # a publisher that cannot start (endpoint in use) fails the load, loudly
+                    kv_events = _start_kv_events(settings, loaded)
+                except Exception:
+                    await asyncio.to_thread(loaded.close)
+                    raise
+                state.loaded = loaded
                 state.metrics.add_live_gauges(lambda: _live_gauges(state))
             except Exception as exc:  # reported by /health and every route
                 log.error("model failed to load: %s", exc)
@@ -47,6 +56,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
             yield
         finally:
             await task
+            if kv_events is not None:
+                kv_events.close()
             if state.loaded is not None:
                 await asyncio.to_thread(state.loaded.close)
             deliver.close()
@@ -66,6 +77,18 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.add_middleware(UnprefixedAliases)
     install_cors(app, settings.cors_origins)
     return app
+
+
+def _start_kv_events(settings: ServerSettings, loaded):
+    """The KV-event publisher when --kv-events-endpoint asks for one (its ZMQ and msgpack
+    libraries come with the `scale` extra, so they are imported only then)."""
+    if settings.kv_events_endpoint is None:
+        return None
+    try:
+        from server.cache.kv_events import start_kv_events
+    except ImportError as exc:
+        raise RuntimeError(f"--kv-events-endpoint needs pyzmq and msgspec (pip install 'arbor[scale]'): {exc}") from exc
+    return start_kv_events(settings, loaded.router.tree if loaded.router else None)
 
 
 def _live_gauges(state: ServerState) -> dict[str, tuple[str, float]]:
