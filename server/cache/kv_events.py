@@ -97,7 +97,8 @@ def stored_blocks(tree: RadixTree, block_size: int) -> dict[int, Block]:
     with tree.mutex:
         paths = _held_paths(tree.root)
     out: dict[int, Block] = {}
-    for tokens in paths:
+    for keys in paths:
+        tokens = tuple(t for key in keys for t in key)
         parent: int | None = None
         for end in range(block_size, len(tokens) + 1, block_size):
             chunk = tokens[end - block_size:end]
@@ -107,17 +108,17 @@ def stored_blocks(tree: RadixTree, block_size: int) -> dict[int, Block]:
     return out
 
 
-def _held_paths(root: RadixNode) -> list[tuple[int, ...]]:
-    """The token paths from the root to each deepest node whose whole path holds KV
-    (a node with values or holders). Keys are immutable tuples: joined here, under the lock,
-    but cheaply (one join per path end)."""
-    ends: list[tuple[int, ...]] = []
+def _held_paths(root: RadixNode) -> list[tuple[tuple[int, ...], ...]]:
+    """The keys along each path from the root to a deepest node whose whole path holds KV
+    (a node with values or holders). Keys are immutable tuples, so the caller joins them after
+    releasing the lock: under it, only references are collected."""
+    ends: list[tuple[tuple[int, ...], ...]] = []
     stack: list[tuple[RadixNode, tuple[tuple[int, ...], ...]]] = [(root, ())]
     while stack:
         node, keys = stack.pop()
         held_children = [c for c in node.children.values() if c.values or c.holders]
         if not held_children and keys:
-            ends.append(tuple(t for k in keys for t in k))
+            ends.append(keys)
         for c in held_children:
             stack.append((c, (*keys, c.key)))
     return ends
