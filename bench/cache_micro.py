@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from server import bootstrap
-from server.cache.disk_tier import read_segment_file, write_segment_file
+from server.cache.disk_tier import encode_segment, read_segment_file, write_segment_file
 from server.cache.resident import union_positions
 from server.engine.llama_runtime import BatchEntry
 from server.settings import ServerSettings
@@ -108,7 +108,7 @@ def restore_vs_recompute(model, n: int, repeats: int = 5) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(repeats):
                 seg = timed("host_store", lambda: kv.extract(slot, 0, n))
-                f = write_segment_file(Path(tmp), "bench", toks, seg)
+                f = write_segment_file(Path(tmp), encode_segment("bench", toks, seg))
                 rt.seq_rm(slot, -1, -1)
                 for name, segs in (("host_restore", lambda: [seg]), ("host_restore_joined", lambda: list(seg.split(n // 2))),
                                    ("disk_restore", lambda: [read_segment_file(f.path, "bench")])):

@@ -5,13 +5,18 @@
 Traffic runs at 2x the slot count (so requests queue all the time) and mixes three kinds:
 agent sessions (a shared system prompt, growing history, cache hints in headers, and now and
 then a branch: an earlier point of the session continued differently), shared-prefix requests
-(one long preamble, a different question each) and unique prompts. Every request streams;
-10% are cut by the client right after the first chunk. The cache runs all four tiers (A,S,H,D)
-on small budgets, so eviction and disk writes never stop.
+(one long preamble, a different question each) and unique prompts. 10% of the clients give
+up: half of them stream and close the connection right after the first chunk, half ask for a
+whole answer and close the connection before it comes. The cache runs all four tiers
+(A,S,H,D) on small budgets, so eviction and disk writes never stop, and forgets sessions
+idle for 5 minutes (`--cache-session-idle 300`), as an agent's sessions come and go.
 
 Reported (JSON at --out, and a line per figure on stdout): requests by status, 5xx (must be 0),
-client errors, streams cut, p50/p99 time to first token, the server's RSS at start, half-way and
-end (sampled all along: `rss_samples`; the KV buffer's pages and the host tier's budget fill
+client errors, streams cut and whole answers abandoned, p50/p99 time to first token, the
+server's RSS and the size of its session registry at start, half-way and end (sampled all
+along: `samples`, with the bytes each tier really holds — the host tier's buffers, the disk
+tier's files as `ls` sees them, the KV queued for the disk writer — against its budget, and
+the slots busy once every client has gone; the KV buffer's pages and the host tier's budget fill
 during the first part of a run, so a leak shows as growth over the second half), KV
 cells held at rest at start and end (slots from llama.cpp's own positions via /slots, resident
 owners from /metrics, and llama.cpp's count of cells in use: never more than those holders
@@ -54,13 +59,20 @@ class SoakResult:
     server_errors: int = 0  # 5xx
     client_errors: int = 0  # connection failures, timeouts
     streams_cut: int = 0
+    answers_abandoned: int = 0  # non-streamed requests whose client closed the connection first
     ttft_p50_s: float | None = None
     ttft_p99_s: float | None = None
     rss_start_mib: float = 0.0
     rss_mid_mib: float = 0.0  # half-way through the traffic
     rss_end_mib: float = 0.0
     rss_growth_second_half_pct: float = 0.0
-    rss_samples: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the traffic, MiB)
+    registry_mid: float = 0.0  # sessions the server remembers, half-way
+    registry_end: float = 0.0
+    registry_growth_second_half_pct: float = 0.0
+    samples: list[dict] = field(default_factory=list)  # RSS, registry, bytes held per tier, over time
+    budget_violations: int = 0  # samples where a tier held more than its budget
+    requests_abandoned: float = 0.0  # the server's count of generations stopped because the client left
+    busy_slots_after_clients_left: int = 0
     kv_start: dict = field(default_factory=dict)
     kv_end: dict = field(default_factory=dict)
     kv_flushed: dict = field(default_factory=dict)  # at rest after POST /cache/flush
@@ -75,7 +87,11 @@ def server_args(parallel: int, cache_dir: Path) -> list[str]:
     """Small budgets: a few segments fill the host tier and the disk tier, so both evict."""
     return ["--parallel", str(parallel), "--ctx-size", str(parallel * 2048), "--batch-size", "128", "--threads", "2",
             "--max-queue", str(4 * parallel), "--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir),
-            "--cache-ram", "16", "--cache-disk", "32", "--resident-cells", "512", "--cache-min-tokens", "16"]
+            "--cache-ram", str(HOST_MIB), "--cache-disk", str(DISK_MIB), "--resident-cells", "512",
+            "--cache-min-tokens", "16", "--cache-session-idle", "300"]
+
+
+HOST_MIB, DISK_MIB = 16, 32
 
 
 def rss_mib(pid: int) -> float:
@@ -157,6 +173,22 @@ class Traffic:
         return body, {"X-Arbor-Session": name, "X-Arbor-Cache-State": state}
 
 
+async def abandon(client: httpx.AsyncClient, url: str, body: dict, headers: dict, after_s: float,
+                  res: SoakResult) -> None:
+    """A non-streamed request whose client closes the connection after `after_s`."""
+    body = {**body, "max_tokens": 64, "temperature": 0.7, "ignore_eos": True}
+    try:
+        r = await asyncio.wait_for(client.post(url, json=body, headers=headers), timeout=after_s)
+        res.by_status[str(r.status_code)] = res.by_status.get(str(r.status_code), 0) + 1
+        res.server_errors += r.status_code >= 500
+    except asyncio.TimeoutError:
+        res.answers_abandoned += 1
+    except httpx.HTTPError:
+        res.client_errors += 1
+    finally:
+        res.requests += 1
+
+
 async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict, cut: bool, res: SoakResult,
               ttfts: list[float]) -> None:
     body = {**body, "max_tokens": 12, "temperature": 0.7, "stream": True}
@@ -200,7 +232,11 @@ async def drive(base_url: str, workers: int, deadline: float, max_requests: int,
             while time.monotonic() < deadline and res.requests < max_requests:
                 kind, body, headers = traffic.next()
                 res.by_kind[kind] = res.by_kind.get(kind, 0) + 1
-                await one(client, url, body, headers, rng.random() < cut_fraction, res, ttfts)
+                cut = rng.random() < cut_fraction
+                if cut and rng.random() < 0.5:
+                    await abandon(client, url, body, headers, rng.uniform(0.2, 2.0), res)
+                else:
+                    await one(client, url, body, headers, cut, res, ttfts)
 
         await asyncio.gather(*(worker() for _ in range(workers)))
     if ttfts:
@@ -209,12 +245,38 @@ async def drive(base_url: str, workers: int, deadline: float, max_requests: int,
         res.ttft_p99_s = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
 
 
-def _sample_rss(pid: int, every_s: float, stop: threading.Event, res: SoakResult) -> None:
+def held(base_url: str, cache_dir: Path) -> dict:
+    """One sample: RSS is added by the caller; the rest from /metrics and the disk itself."""
+    m = metrics(base_url)
+    return {"sessions": m.get("arbor:cache_sessions", 0.0),
+            "host_held_bytes": m.get("arbor:cache_host_held_bytes", 0.0),
+            "disk_files_bytes": sum(p.stat().st_size for p in cache_dir.glob("*.kvseg") if p.exists()),
+            "disk_queue_bytes": m.get("arbor:cache_disk_pending_bytes", 0.0),
+            "abandoned": m.get("arbor:requests_abandoned_total", 0.0)}
+
+
+def over_budget(sample: dict) -> bool:
+    return sample["host_held_bytes"] > HOST_MIB << 20 or sample["disk_files_bytes"] > DISK_MIB << 20
+
+
+def _sample(pid: int, base_url: str, cache_dir: Path, every_s: float, stop: threading.Event, res: SoakResult) -> None:
     t0 = time.monotonic()
     while True:
-        res.rss_samples.append((round(time.monotonic() - t0, 1), round(rss_mib(pid), 1)))
+        try:
+            sample = {"t": round(time.monotonic() - t0, 1), "rss_mib": round(rss_mib(pid), 1),
+                      **held(base_url, cache_dir)}
+            res.samples.append(sample)
+            res.budget_violations += over_budget(sample)
+        except (httpx.HTTPError, OSError):
+            pass  # a sample missed under load; the next one counts
         if stop.wait(max(every_s, 0.5)):
             return
+
+
+def _second_half_growth(res: SoakResult, key: str, end: float) -> tuple[float, float]:
+    half = [s[key] for s in res.samples if s["t"] >= res.duration_s / 2]
+    mid = half[0] if half else end
+    return mid, round(100.0 * (end / mid - 1.0), 2) if mid else 0.0
 
 
 def soak(duration_s: float, max_requests: int, parallel: int, log_dir: Path, seed: int = 0,
@@ -227,21 +289,28 @@ def soak(duration_s: float, max_requests: int, parallel: int, log_dir: Path, see
         httpx.post(server.v1 + "/chat/completions", json=warm, timeout=300).raise_for_status()
         res.rss_start_mib, res.kv_start = rss_mib(server.proc.pid), kv_at_rest(server.base_url)
         stop_sampling = threading.Event()
-        sampler = threading.Thread(target=_sample_rss, args=(server.proc.pid, duration_s / 60, stop_sampling, res),
-                                   daemon=True)
+        sampler = threading.Thread(target=_sample, args=(server.proc.pid, server.base_url, cache_dir, duration_s / 60,
+                                                         stop_sampling, res), daemon=True)
         sampler.start()
         asyncio.run(drive(server.base_url, 2 * parallel, time.monotonic() + duration_s, max_requests, seed,
                           cut_fraction, res))
         stop_sampling.set()
         sampler.join()
         res.server_alive = server.proc.poll() is None
+        time.sleep(1.0)  # every client has gone: no slot may still work for one
+        slots = httpx.get(server.base_url + "/slots", timeout=30).json()
+        res.busy_slots_after_clients_left = sum(s["is_processing"] for s in slots)
         res.kv_end = kv_at_rest(server.base_url)
         time.sleep(1.0)  # the disk writer finishes what the last requests queued
         m = metrics(server.base_url)
         res.rss_end_mib = rss_mib(server.proc.pid)
-        half = [mib for t, mib in res.rss_samples if t >= duration_s / 2]
-        res.rss_mid_mib = half[0] if half else res.rss_start_mib
-        res.rss_growth_second_half_pct = round(100.0 * (res.rss_end_mib / res.rss_mid_mib - 1.0), 2)
+        res.rss_mid_mib, res.rss_growth_second_half_pct = _second_half_growth(res, "rss_mib", res.rss_end_mib)
+        res.registry_end = m.get("arbor:cache_sessions", 0.0)
+        res.registry_mid, res.registry_growth_second_half_pct = _second_half_growth(res, "sessions", res.registry_end)
+        res.requests_abandoned = m.get("arbor:requests_abandoned_total", 0.0)
+        final = {"t": round(duration_s, 1), "rss_mib": round(res.rss_end_mib, 1), **held(server.base_url, cache_dir)}
+        res.samples.append(final)
+        res.budget_violations += over_budget(final)
         res.disk_files = len(list(cache_dir.glob("*.kvseg")))
         res.disk_index_entries = int(m.get("arbor:cache_disk_entries", -1))
         res.disk_index_files = int(m.get("arbor:cache_disk_files", -1))
@@ -263,7 +332,12 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(asdict(res), indent=2) + "\n")
     for key, value in asdict(res).items():
-        print(f"{key}: {value}")
+        if key != "samples":
+            print(f"{key}: {value}")
+    print("t_s rss_mib sessions host_held_mib disk_files_mib disk_queue_mib abandoned")
+    for s in res.samples:
+        print(f"{s['t']} {s['rss_mib']} {s['sessions']:.0f} {s['host_held_bytes'] / 2**20:.1f} "
+              f"{s['disk_files_bytes'] / 2**20:.1f} {s['disk_queue_bytes'] / 2**20:.1f} {s['abandoned']:.0f}")
 
 
 if __name__ == "__main__":

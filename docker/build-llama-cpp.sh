@@ -16,7 +16,11 @@
 #   CMAKE_ARG  the backend's flags, e.g. -DGGML_CUDA=ON
 #   --dry-run  print the CMake configure arguments, one a line, and exit (used by the tests)
 # Environment: PIP_INDEX_URL (read by pip), TARGETARCH (set by BuildKit; `uname -m` otherwise),
-#   CPU_CMAKE_ARGS (replaces the CPU flags chosen below), BUILD_JOBS (default: every core).
+#   CPU_CMAKE_ARGS (replaces the CPU flags chosen below), BUILD_JOBS (parallel compile jobs;
+#   default: every core), and for a CUDA build (-DGGML_CUDA=ON among the CMAKE_ARGs):
+#   CUDA_ARCHITECTURES  "default" (real code for the GPUs of data centres and workstations, chosen
+#                       from CUDA_VERSION below), "ggml" (ggml's own list), or a CMake list ("89")
+#   CUDA_VERSION        the toolkit's version (NVIDIA's images set it), read by "default"
 set -euo pipefail
 
 dry_run=0
@@ -35,6 +39,47 @@ case "$arch" in
 esac
 read -ra cpu_args <<<"${CPU_CMAKE_ARGS:-$default_cpu}"
 
+jobs=${BUILD_JOBS:-}
+case "$jobs" in
+  '') ;;
+  *[!0-9]*|0) echo "build-llama-cpp: BUILD_JOBS must be a positive number of jobs, got '$jobs'" >&2; exit 1 ;;
+esac
+
+# Real code (SASS) for each GPU generation a data centre or workstation runs: 70 V100, 75 T4,
+# 80 A100/A30, 86 RTX 30xx/A10/A40, 89 L4/L40/RTX 40xx, 90 H100/H200, and with CUDA >= 12.8
+# 100 B200 and 120 RTX 50xx/RTX PRO (120a: the FP4 tensor-core code ggml uses, as upstream). ggml's
+# own default compiles most of these as PTX only, which the driver must JIT-compile on first use
+# (minutes at every new container, and impossible on a driver older than the toolkit); PTX of the
+# newest architecture is kept for GPUs newer than the toolkit. CUDA 13 dropped Volta (70).
+cuda_default_architectures() {
+  local major minor list
+  IFS=. read -r major minor _ <<<"$1"
+  case "$major" in ''|*[!0-9]*) return 1 ;; esac
+  case "$minor" in ''|*[!0-9]*) return 1 ;; esac
+  list="75-real;80-real;86-real;89-real;90-real"
+  [ "$major" -ge 13 ] || list="70-real;$list"
+  if [ "$major" -gt 12 ] || { [ "$major" -eq 12 ] && [ "$minor" -ge 8 ]; }; then
+    echo "$list;100-real;120a-real;120-virtual"
+  else
+    echo "$list;90-virtual"
+  fi
+}
+
+backend_args=("$@")
+# (an explicit -DCMAKE_CUDA_ARCHITECTURES among the arguments wins)
+if [[ " $* " == *" -DGGML_CUDA=ON "* && " $* " != *" -DCMAKE_CUDA_ARCHITECTURES="* ]]; then
+  case "${CUDA_ARCHITECTURES:-default}" in
+    ggml) ;;
+    default)
+      archs=$(cuda_default_architectures "${CUDA_VERSION:-}") || {
+        echo "build-llama-cpp: CUDA_ARCHITECTURES=default needs CUDA_VERSION (e.g. 12.6.3), got '${CUDA_VERSION:-}'" >&2
+        exit 1
+      }
+      backend_args+=("-DCMAKE_CUDA_ARCHITECTURES=$archs") ;;
+    *) backend_args+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES") ;;
+  esac
+fi
+
 # Only the libraries arbor-server loads (libllama and the ggml libraries it links); no tools, no
 # servers, no network at configure time. RUNPATH $ORIGIN lets each library find its siblings in
 # llama_cpp/lib without LD_LIBRARY_PATH.
@@ -44,7 +89,7 @@ configure=(
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN'
   -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
-  "${cpu_args[@]}" "$@"
+  "${cpu_args[@]}" "${backend_args[@]}"
 )
 if [ "$dry_run" = 1 ]; then printf '%s\n' "${configure[@]}"; exit 0; fi
 
@@ -63,7 +108,7 @@ src=$(PYTHON="$python" bash "$source_script" "$work")
 
 echo "build-llama-cpp: cmake ${configure[*]}"
 cmake -S "$src/vendor/llama.cpp" -B "$work/build" "${configure[@]}"
-cmake --build "$work/build" --parallel "${BUILD_JOBS:-$(nproc)}" --target llama
+cmake --build "$work/build" --parallel "${jobs:-$(nproc)}" --target llama
 
 # The bindings alone: LLAMA_BUILD=OFF makes the package's own CMake build nothing.
 CMAKE_ARGS=-DLLAMA_BUILD=OFF "$python" -m pip install --no-cache-dir "$src"

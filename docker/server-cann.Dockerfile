@@ -4,7 +4,8 @@
 # Atlas 300I Duo (310P), e.g.:
 #   docker build -f docker/server-cann.Dockerfile -t arbor-server:cann \
 #     --build-arg CANN_BASE_IMAGE=quay.io/ascend/cann:8.5.0-310p-ubuntu22.04-py3.11 --build-arg SOC_TYPE=Ascend310P3 .
-# Names only the CANN image, so an offline Ascend host needs nothing else (docs/deploy.md).
+# Names only the CANN image: building this server image needs no other base image (the workbench
+# image needs python:3.11-slim-bookworm; docs/deploy.md, "Offline host: every image it needs").
 
 ARG CANN_BASE_IMAGE=quay.io/ascend/cann:8.5.0-910b-ubuntu22.04-py3.11
 
@@ -17,6 +18,8 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 # The exact llama-cpp-python pin: pyproject.toml and patches/llama-cpp-python.version (kept equal by a test).
 ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python==0.3.36"
 ARG CPU_CMAKE_ARGS=
+# Parallel compile jobs; empty: every core (lower it when the build runs out of memory).
+ARG BUILD_JOBS=
 ARG CANN_ENV=/usr/local/Ascend/ascend-toolkit/set_env.sh
 ARG SOC_TYPE=Ascend910B3
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -48,7 +51,7 @@ RUN . "$CANN_ENV" \
 RUN . "$CANN_ENV" \
  && case "$SOC_TYPE" in *310[Pp]*) acl_graph=OFF ;; *) acl_graph=ON ;; esac \
  && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/opt/arbor/build-stubs" \
-    TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" \
+    TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
     bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" -DGGML_CANN=ON "-DSOC_TYPE=$SOC_TYPE" "-DUSE_ACL_GRAPH=$acl_graph"
 # hadolint ignore=SC1090
 RUN . "$CANN_ENV" && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cann --stubs /opt/arbor/build-stubs
@@ -65,6 +68,7 @@ RUN pip install --no-cache-dir --no-deps -e /app
 # the host (compose mounts it).
 FROM ${CANN_BASE_IMAGE} AS server
 ARG CANN_ENV=/usr/local/Ascend/ascend-toolkit/set_env.sh
+ARG SOC_TYPE=Ascend910B3
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
 COPY docker/check-llama-cpp.sh /opt/arbor/check-llama-cpp.sh
@@ -78,8 +82,10 @@ COPY --from=build /app /app
 COPY --from=build /opt/arbor/build-stubs /opt/arbor/build-stubs
 # ARBOR_ENV_SCRIPT: the entrypoint sources set_env.sh, as the CANN image's own entrypoint
 # (replaced here) did. CANN writes its process logs under ASCEND_PROCESS_LOG_PATH.
+# ARBOR_CANN_SOC_TYPE: the SoC the backend was compiled for, whose weight types arbor-server
+# checks the model against at start (server/engine/matmul_support.py).
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    ARBOR_ENV_SCRIPT=${CANN_ENV} \
+    ARBOR_ENV_SCRIPT=${CANN_ENV} ARBOR_CANN_SOC_TYPE=${SOC_TYPE} \
     ASCEND_PROCESS_LOG_PATH=/var/log/arbor/ascend
 WORKDIR /app
 # hadolint ignore=SC1090

@@ -18,6 +18,8 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python==0.3.36"
 # Empty: docker/build-llama-cpp.sh chooses the CPU flags for the architecture.
 ARG CPU_CMAKE_ARGS=
+# Parallel compile jobs; empty: every core (lower it when the build runs out of memory).
+ARG BUILD_JOBS=
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake patch \
@@ -26,7 +28,7 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
 COPY patches /opt/arbor/patches
-RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" \
+RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
     bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" \
  && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cpu
 COPY pyproject.toml docker/requirements.py /tmp/arbor/

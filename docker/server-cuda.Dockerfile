@@ -2,6 +2,8 @@
 #   docker build -f docker/server-cuda.Dockerfile -t arbor-server:cuda .
 # Names only NVIDIA's images, so the classic builder needs nothing else (docs/deploy.md).
 
+# The toolkit must be no newer than the host driver supports (nvidia-smi's "CUDA Version"); NVIDIA
+# publishes older toolkits for older Ubuntu releases only (e.g. 12.2 on ubuntu22.04), hence both.
 ARG CUDA_VERSION=12.6.3
 ARG CUDA_UBUNTU=ubuntu24.04
 
@@ -13,23 +15,25 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 # The exact llama-cpp-python pin: pyproject.toml and patches/llama-cpp-python.version (kept equal by a test).
 ARG LLAMA_CPP_PYTHON_SPEC="llama-cpp-python==0.3.36"
 ARG CPU_CMAKE_ARGS=
-# "default": ggml's own list for the CUDA version (every architecture from Maxwell/Volta on, as PTX
-# or code); or e.g. "75;86" for a faster build that runs on those GPUs only.
+# "default": real code for V100, T4, A100, RTX 30/40, L4/L40, H100/H200 (and B200, RTX 50 with
+# CUDA >= 12.8), chosen from the image's CUDA_VERSION by build-llama-cpp.sh; "ggml": ggml's own list
+# (mostly PTX, JIT-compiled by the driver); or e.g. "89" for a much faster build for that GPU only.
 ARG CUDA_ARCHITECTURES=default
+# Parallel compile jobs; empty: every core (lower it when the build runs out of memory).
+ARG BUILD_JOBS=
+COPY docker/install-python.sh docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
 # hadolint ignore=DL3008
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      python3 python3-venv python3-dev build-essential cmake patch \
- && rm -rf /var/lib/apt/lists/*
-RUN python3 -m venv /opt/venv
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends build-essential cmake patch \
+ && rm -rf /var/lib/apt/lists/* \
+ && python=$(bash /opt/arbor/install-python.sh --dev) \
+ && "$python" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
 COPY patches /opt/arbor/patches
 # NCCL off: the runtime image has no libnccl, and one server uses one GPU.
-RUN arch_arg= \
- && if [ "$CUDA_ARCHITECTURES" != default ]; then arch_arg="-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES"; fi \
- && TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" \
-    bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF ${arch_arg:+"$arch_arg"}
+RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
+    CUDA_ARCHITECTURES="$CUDA_ARCHITECTURES" CUDA_VERSION="$CUDA_VERSION" \
+    bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF
 # libcuda.so.1 comes from the host's driver at run time (NVIDIA Container Toolkit); the toolkit's
 # stub stands in for it while the image is checked.
 RUN mkdir -p /opt/arbor/build-stubs \
@@ -46,16 +50,19 @@ RUN pip install --no-cache-dir --no-deps -e /app
 # again where it will run (a cuBLAS or OpenMP library missing here fails the build, by name).
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${CUDA_UBUNTU} AS server
 COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
-COPY docker/check-llama-cpp.sh /opt/arbor/check-llama-cpp.sh
+COPY docker/check-llama-cpp.sh docker/install-python.sh /opt/arbor/
+# The same Python as the build stage (same base, same choice). /var/cache/arbor/cuda: the driver's
+# compute cache (CUDA_CACHE_PATH, a named volume in compose.cuda.yaml) for PTX it JIT-compiles.
 # hadolint ignore=DL3008
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 libgomp1 \
+RUN bash /opt/arbor/install-python.sh \
+ && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libgomp1 \
  && rm -rf /var/lib/apt/lists/* \
  && chmod 0755 /usr/local/bin/arbor-entrypoint \
  && groupadd --system --gid 10001 arbor \
  && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /usr/sbin/nologin arbor \
- && mkdir -p /models /var/lib/arbor/cache /var/log/arbor \
- && chown arbor:arbor /var/lib/arbor/cache /var/log/arbor
+ && mkdir -p /models /var/lib/arbor/cache /var/log/arbor /var/cache/arbor/cuda \
+ && chown arbor:arbor /var/lib/arbor/cache /var/log/arbor /var/cache/arbor/cuda
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
 # The stub is only ever named by check-llama-cpp.sh --stubs; it is on no library path.

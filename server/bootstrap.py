@@ -57,8 +57,8 @@ class LoadedModel:
 
     def close(self) -> None:
         self.engine.stop()
-        if self.router is not None and self.router.disk is not None:
-            self.router.disk.close()
+        if self.router is not None:
+            self.router.close()
         if self.embedder is not None:
             self.embedder.close()
         self.runtime.close()
@@ -88,7 +88,7 @@ def unsupported_cache_reason(info) -> str | None:
 
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
                   scheduler: Scheduler, path: Path) -> CacheRouter:
-    registry = SessionRegistry()
+    registry = SessionRegistry(max_sessions=settings.cache_sessions, idle_seconds=settings.cache_session_idle)
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
@@ -98,7 +98,8 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         info = runtime.info
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
-        disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy)
+        disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
+                        queue_bytes=settings.cache_disk_queue * 1024 * 1024)
     resident = (ResidentOwners(tree, runtime, seq_ids, settings.resident_cells, registry)
                 if "S" in tiers and seq_ids.layout.owners else None)
     return CacheRouter(

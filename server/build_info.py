@@ -33,11 +33,13 @@ def build_string() -> str:
 
 
 def version_text() -> str:
-    """What `arbor-server --version` prints: the build and whether paged attention is in it."""
-    from server.engine import paged_attention
+    """What `arbor-server --version` prints: the build, whether paged attention is in it, and
+    the backends and devices llama.cpp opens here (a backend with 0 devices could not open its
+    driver or device)."""
+    from server.engine import backend_devices, paged_attention
 
     paged = "compiled in" if paged_attention.compiled_in() else "not compiled in (an unpatched llama-cpp-python)"
-    return f"{build_string()}\npaged attention: {paged}"
+    return "\n".join([build_string(), f"paged attention: {paged}", *backend_devices.inventory().lines()])
 
 
 def system_fingerprint(model_path: Path) -> str:

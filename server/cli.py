@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arbor-server", description="Arbor's cache-optimized OpenAI-compatible server")
     a = p.add_argument
     a("--version", action="store_true", default=None, help="print the build (llama-cpp-python release, whether "
-      "paged attention is compiled in) and exit")
+      "paged attention is compiled in, the backends and devices llama.cpp sees) and exit")
     a("--model", "-m", type=Path, help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     a("--host", help="address to bind (default 127.0.0.1)")
     a("--port", type=int, help="port (default 8080)")
@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--chat-template-file", type=Path, help="a Jinja chat template to use instead of the model's")
     a("--no-cache", action="store_true", default=None, help="disable every kind of prefix reuse")
     a("--max-queue", type=int, help="requests that may wait for a slot before 503 (default 64)")
-    a("--n-gpu-layers", "-ngl", type=int, help="layers to offload to a GPU build (default 0)")
+    a("--n-gpu-layers", "-ngl", type=int, help="layers to offload to a GPU or NPU (default 0; -1: all); with no "
+      "such device the server refuses to start, see --allow-cpu-fallback")
+    a("--allow-cpu-fallback", action="store_true", default=None,
+      help="with --n-gpu-layers and no GPU/NPU device, run on the CPU on purpose (a warning, /props says so) "
+           "instead of refusing to start")
     a("--flash-attn", choices=["auto", "on", "off"])
     a("--paged-attn", nargs="?", const="on", choices=["auto", "on", "off"],
       help="paged attention over the unified KV: each sequence reads only the pages of cells it owns "
@@ -43,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-dir", type=Path, help="directory of the disk tier (adds D to the default tiers; "
                                          "with --cache-tiers, list D there)")
     a("--cache-disk", type=int, help="disk tier budget in MiB (default 4096)")
+    a("--cache-disk-queue", type=int, help="MiB of KV waiting for the disk writer; a store beyond it is dropped "
+                                           "and counted (default 64)")
+    a("--cache-sessions", type=int, help="sessions whose lifecycle hints the cache remembers (default 4096)")
+    a("--cache-session-idle", type=float, help="seconds after its last hint that a session is forgotten "
+                                               "(default 3600)")
     a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
     a("--cache-route", choices=["cost", "longest"],
       help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")
@@ -98,10 +107,28 @@ def main(argv: list[str] | None = None) -> None:
                   "built from Arbor's patched source: run scripts/setup.sh)", file=sys.stderr)
             sys.exit(2)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _refuse_without_device(settings)
     from server.api.app import create_app
 
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
                 timeout_graceful_shutdown=5)
+
+
+def _refuse_without_device(settings: ServerSettings) -> None:
+    """Exit 2 before listening when layers are asked of an accelerator that is not there
+    (llama.cpp would load everything on the CPU and say so only in a filtered INFO line)."""
+    if settings.n_gpu_layers == 0:
+        return
+    from server.engine import backend_devices, offload
+
+    try:
+        warning = offload.check_devices(settings.n_gpu_layers, backend_devices.inventory(),
+                                        settings.allow_cpu_fallback)
+    except offload.NoAcceleratorError as exc:
+        print(f"arbor-server: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if warning:
+        logging.getLogger("server.cli").warning("%s", warning)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,10 @@ class ServerSettings(BaseSettings):
     chat_template_file: Path | None = None
     no_cache: bool = Field(False, description="disable every kind of prefix reuse (benchmark baseline)")
     max_queue: int = Field(64, ge=0, description="requests that may wait for a slot before 503")
-    n_gpu_layers: int = Field(0, ge=-1)
+    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to an accelerator (-1: all); without a "
+                              "GPU or NPU device the server refuses to start, unless allow_cpu_fallback")
+    allow_cpu_fallback: bool = Field(False, description="with n_gpu_layers set and no accelerator device, run on "
+                                     "the CPU (with a warning and /props saying so) instead of refusing to start")
     flash_attn: Literal["auto", "on", "off"] = "auto"
     paged_attn: Literal["auto", "on", "off"] = Field(
         "auto", description="paged attention over the unified KV (each sequence reads only its own pages of cells; "
@@ -56,7 +59,13 @@ class ServerSettings(BaseSettings):
     cache_ram: int = Field(1024, ge=0, description="host tier budget, MiB")
     cache_dir: Path | None = None
     cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
+    cache_disk_queue: int = Field(64, ge=1, description="MiB of KV waiting for the disk writer; a store beyond "
+                                  "it is dropped and counted (queued KV is held outside every budget)")
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
+    cache_sessions: int = Field(4096, ge=1, description="sessions whose lifecycle hints the cache remembers; "
+                                "past it the least recently seen is forgotten")
+    cache_session_idle: float = Field(3600.0, gt=0, description="seconds after its last hint that a session "
+                                      "(pinned or not) is forgotten")
     cache_route: Literal["cost", "longest"] = Field(
         "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
@@ -135,6 +144,9 @@ class ServerSettings(BaseSettings):
         if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
             raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "
                              f"enable one (tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
+        if self.allow_cpu_fallback and self.n_gpu_layers == 0:
+            raise ValueError("--allow-cpu-fallback only matters with --n-gpu-layers (layers asked of an accelerator); "
+                             "with --n-gpu-layers 0 the server runs on the CPU anyway: drop it or set --n-gpu-layers")
         if self.cache_idle_cells is not None and not (self.tier_enabled("H") or self.tier_enabled("D")):
             raise ValueError("--cache-idle-cells writes idle slots back to host or disk: it needs tier H or D "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")

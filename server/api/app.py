@@ -109,32 +109,37 @@ def _live_gauges(state: ServerState) -> dict[str, tuple[str, float]]:
 
 
 def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
-    """Per-tier cache figures (read without the engine lock: counters, good enough for scraping)."""
+    """Per-tier cache figures, from `CacheRouter.stats()`: counters read without any lock the
+    engine holds, so a scrape never waits for a store or a restore."""
     r = loaded.router
     if r is None:
         return {}
+    st = r.stats()
     out: dict[str, tuple[str, float]] = {
-        "arbor:cache_fallbacks": ("Restores that failed and fell back to computing.", r.fallbacks),
-        "arbor:cache_deferrals": ("Requests deferred (at least once) to share an in-flight prefix.", r.deferrals),
+        "arbor:cache_fallbacks": ("Restores that failed and fell back to computing.", st["fallbacks"]),
+        "arbor:cache_deferrals": ("Requests deferred (at least once) to share an in-flight prefix.", st["deferrals"]),
+        "arbor:cache_sessions": ("Sessions whose lifecycle hints the cache remembers (bounded by --cache-sessions).",
+                                 st["lifecycle"]["sessions"]),
+        "arbor:cache_sessions_aged_out_total": ("Sessions forgotten: idle, finished long ago, or past the bound.",
+                                                st["lifecycle"]["aged_out"]),
     }
-    if r.tree is not None:
-        out["arbor:cache_tree_nodes"] = ("Nodes of the radix tree that indexes S owners, H and D.", r.tree.n_nodes)
-    for tier, name in ((r.host, "host"), (r.disk, "disk")):
-        if tier is not None:
-            st = tier.stats()
-            for key in ("entries", "files", "tokens", "bytes", "hits", "evictions"):
-                if key in st:
-                    out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", st[key])
-    if r.disk is not None:
-        st = r.disk.stats()
+    if st["tree"] is not None:
+        out["arbor:cache_tree_nodes"] = ("Nodes of the radix tree that indexes S owners, H and D.", st["tree"]["nodes"])
+    tiers = st["tiers"]
+    for tier, name in (("H", "host"), ("D", "disk")):
+        if tiers[tier].get("enabled", True):
+            for key in ("entries", "files", "tokens", "bytes", "held_bytes", "hits", "evictions", "declined",
+                        "pending_bytes", "dropped_writes"):
+                if key in tiers[tier]:
+                    out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", tiers[tier][key])
+    if tiers["D"].get("enabled", True):
         out["arbor:cache_disk_corrupt_total"] = (
             "Disk segment files found torn, truncated or failing a checksum (skipped at start or at restore, "
-            "never loaded).", st["corrupt_files"])
+            "never loaded).", tiers["D"]["corrupt_files"])
         out["arbor:cache_disk_foreign_total"] = (
             "Disk segment files of another model, KV layout or format version (skipped, never loaded).",
-            st["foreign_files"])
-    if r.resident is not None:
-        st = r.resident.stats()
+            tiers["D"]["foreign_files"])
+    if tiers["S"].get("enabled", True):
         for key in ("entries", "cells", "hits", "evictions"):
-            out[f"arbor:cache_resident_{key}"] = (f"resident tier {key}.", st[key])
+            out[f"arbor:cache_resident_{key}"] = (f"resident tier {key}.", tiers["S"][key])
     return out

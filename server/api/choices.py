@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from fastapi import Request
 
+from server.api.client_watch import ClientWatch
 from server.api.generation import Collected, Generation
 from server.api.metrics import ServerMetrics
 from server.engine.engine import Engine
@@ -52,9 +53,13 @@ class Choices:
         for g in self.generations:
             self._engine.cancel(g.seq)
 
-    async def collect(self, watch: Request) -> list[Collected] | None:
-        """Every choice to its end; None if the client went away; raises the HTTP error of
-        the first choice that failed."""
+    async def collect(self, request: Request) -> list[Collected] | None:
+        """Every choice to its end; None if the client went away (every choice is cancelled
+        the moment it does); raises the HTTP error of the first choice that failed."""
+        async with ClientWatch(request) as watch:
+            return await self._collect(watch)
+
+    async def _collect(self, watch: ClientWatch) -> list[Collected] | None:
         if len(self.generations) == 1:
             got = await self.generations[0].collect(watch)
             return None if got is None else [got]

@@ -3,8 +3,8 @@
 `Generation(...)` submits at once, so a full queue is answered with 503 before any
 response starts. `events()` yields the request's events as they come. If the consumer
 stops early (client disconnected, handler cancelled) the request is cancelled and the
-engine frees its slot at its next step. Non-streaming handlers pass the HTTP request as
-`watch` so a disconnect is noticed while nothing is being sent.
+engine frees its slot at its next step. Non-streaming handlers pass a `ClientWatch`, which
+cancels the request the moment its client disconnects, while nothing is being sent.
 
 Hand-off: the engine is built with a `LoopDelivery`, so each engine step's events for
 every stream cross to the event loop at once (one wake-up of the loop per step, not one per
@@ -21,17 +21,13 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from fastapi import Request
-
+from server.api.client_watch import ClientWatch
 from server.api.errors import APIError
 from server.api.metrics import ServerMetrics
 from server.engine.engine import Engine, deliver_inline
 from server.engine.logprobs import TokenLogprob
 from server.engine.scheduler import QueueFull
 from server.engine.sequence import Event, Finished, GenerationRequest, TextDelta
-
-DISCONNECT_POLL_S = 0.25
-
 
 def _gil_holding_write():
     """write(2) called without releasing the GIL (ctypes.PyDLL keeps it; os.write drops it)."""
@@ -128,6 +124,7 @@ class Generation:
         self._pending: list[Event] = []
         self._wakeup: asyncio.Future | None = None
         self._finished = False
+        self._gone = False
         try:
             self.seq = engine.submit(request, self._sink)
         except QueueFull as exc:
@@ -143,26 +140,31 @@ class Generation:
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def _take(self, watch: Request | None) -> list[Event] | None:
+    def _client_gone(self) -> None:
+        """The client disconnected (event loop): cancel now, wake the reader to stop."""
+        self._gone = True
+        if not self._finished:
+            self._engine.cancel(self.seq)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def _take(self) -> list[Event] | None:
         """Everything delivered since the last call (waiting for at least one event);
-        None when `watch` reports the client gone."""
-        while not self._pending:
+        None once the client is gone."""
+        while not self._pending and not self._gone:
             self._wakeup = self._loop.create_future()
-            if watch is None:
-                await self._wakeup
-                continue
-            try:
-                await asyncio.wait_for(self._wakeup, timeout=DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await watch.is_disconnected():
-                    return None
+            await self._wakeup
+        if self._gone:
+            return None
         events, self._pending = self._pending, []
         return coalesce(events)
 
-    async def events(self, watch: Request | None = None) -> AsyncIterator[Event]:
+    async def events(self, watch: ClientWatch | None = None) -> AsyncIterator[Event]:
+        if watch is not None:
+            watch.on_gone(self._client_gone)
         try:
             while True:
-                events = await self._take(watch)
+                events = await self._take()
                 if events is None:
                     return
                 for event in events:
@@ -172,10 +174,11 @@ class Generation:
                         return
                     yield event
         finally:
-            if not self._finished:
+            if not self._finished:  # the client left (a disconnect, a cancelled stream)
                 self._engine.cancel(self.seq)
+                self._metrics.abandoned.inc()
 
-    async def collect(self, watch: Request) -> Collected | None:
+    async def collect(self, watch: ClientWatch) -> Collected | None:
         """Run to the end for a non-streaming answer; None if the client went away, raises
         the HTTP error of a request the engine finished with an error."""
         parts: list[str] = []

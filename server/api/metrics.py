@@ -38,6 +38,9 @@ class ServerMetrics:
             "llamacpp:tokens_predicted_seconds", "Predict process time.", registry=r
         )
         self.requests = Counter("arbor:requests", "Finished requests by finish reason.", ["reason"], registry=r)
+        self.abandoned = Counter(
+            "arbor:requests_abandoned", "Generations stopped because their client left before the end "
+            "(a disconnect while queued, prefilling or decoding; each choice of a request counts).", registry=r)
         self.cached_tokens = Counter(
             "arbor:cache_reused_tokens", "Prompt tokens reused from a cache source.", ["source"], registry=r
         )

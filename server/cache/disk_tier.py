@@ -26,7 +26,9 @@ The index is the "D" values of the radix tree shared with tier H (server/cache/
 radix_tree.py): a node's D value is a `DiskSegment`, a token range of one file; splitting
 a node (by either tier) splits the range (no I/O) and a file is deleted when no node
 refers to it any more. Evicting D values never drops a node's H value, and the D budget
-counts D values only. Files are written by a writer thread, so storing never waits on the
+counts the files D values use, each whole (a file stays until its last range goes); a
+write that the budget cannot make room for (pinned or locked files) is refused, and the
+writer's queue is bounded in bytes (a full queue drops the store, counted). Files are written by a writer thread, so storing never waits on the
 disk, and the tree lock is never held during file I/O: the writer decides what is missing
 under the lock, writes the file without it, then indexes it under the lock.
 """
@@ -46,9 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from server.cache.eviction import EvictionPolicy
+from server.cache.eviction import BudgetResult, ByteBudget, EvictionPolicy, enforce_budget
 from server.cache.host_tier import TierMatch
-from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
+from server.cache.kv_format import EmptyStateBlob, KVLayout, KVSegment, segment_from_arrays
 from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ FAMILY = b"ARBORKV"  # any version of the format: an older one is foreign, not c
 VERSION = 3
 SUFFIX = ".kvseg"
 _DIGEST = 32  # SHA-256 bytes after the header
+DEFAULT_QUEUE_BYTES = 64 << 20  # KV waiting for the writer: past it, stores are dropped
 _MAX_HEADER = 64 << 20  # a longer header length is garbage (a path of 8M tokens is far beyond any context)
 
 
@@ -85,6 +88,11 @@ class SegmentFile:
     header_sha256: str = ""  # the header indexed: a read of another file under this name fails
     refs: int = 0
 
+    @property
+    def nbytes(self) -> int:
+        """What the file holds on disk while any node uses a range of it (the D budget's unit)."""
+        return self.size
+
 
 @dataclass(eq=False)
 class DiskSegment:
@@ -103,6 +111,10 @@ class DiskSegment:
     def nbytes(self) -> int:
         return self.file.size * self.n_tokens // self.file.n
 
+    @property
+    def memory(self) -> SegmentFile:
+        return self.file
+
     def split(self, offset: int) -> tuple[DiskSegment, DiskSegment]:
         """Two ranges of the same file (no I/O): the file now has one more user."""
         self.file.refs += 1
@@ -119,10 +131,24 @@ def _layout_from_json(d: dict) -> KVLayout:
                                                                    "v_row_bytes", "v_el_bytes")))
 
 
-def write_segment_file(directory: Path, fingerprint: str, path_tokens: list[int], seg: KVSegment) -> SegmentFile:
-    """Write `seg` (the KV of path_tokens[seg.pos0:]) atomically: to a temp file, fsynced,
-    then renamed. The arrays go to the file from their own memory (a transposed-V slice is
-    made contiguous first)."""
+@dataclass(frozen=True)
+class EncodedSegment:
+    """A segment file's bytes before it is written: its size is known without any I/O."""
+
+    head: bytes  # magic, header length, header, header checksum
+    arrays: list[np.ndarray]
+    start: int
+    n: int
+    header_sha256: str
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + sum(a.nbytes for a in self.arrays)
+
+
+def encode_segment(fingerprint: str, path_tokens: list[int], seg: KVSegment) -> EncodedSegment:
+    """The file for `seg` (the KV of path_tokens[seg.pos0:]): the arrays are kept as they
+    are (a transposed-V slice is made contiguous) and checksummed, not copied."""
     arrays = [np.ascontiguousarray(a) for a in seg.arrays()]
     digest = hashlib.sha256()
     for a in arrays:
@@ -132,16 +158,23 @@ def write_segment_file(directory: Path, fingerprint: str, path_tokens: list[int]
         "n": seg.n_tokens, "layout": _layout_to_json(seg.layout), "sha256": digest.hexdigest(),
     }).encode()
     header_digest = hashlib.sha256(header).digest()
+    head = MAGIC + struct.pack("<I", len(header)) + header + header_digest
+    return EncodedSegment(head, arrays, seg.pos0, seg.n_tokens, header_digest.hex())
+
+
+def write_segment_file(directory: Path, encoded: EncodedSegment) -> SegmentFile:
+    """Write a file atomically: to a temp file, fsynced, then renamed. The arrays go to the
+    file from their own memory."""
     final = directory / f"{uuid.uuid4().hex}{SUFFIX}"
     tmp = final.with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<I", len(header)) + header + header_digest)
-        for a in arrays:
+        f.write(encoded.head)
+        for a in encoded.arrays:
             f.write(a.data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
-    return SegmentFile(final, seg.pos0, seg.n_tokens, final.stat().st_size, header_digest.hex())
+    return SegmentFile(final, encoded.start, encoded.n, final.stat().st_size, encoded.header_sha256)
 
 
 def read_header(path: Path) -> tuple[dict, int, str]:
@@ -212,14 +245,51 @@ def read_segment_file(path: Path, fingerprint: str, header_sha256: str | None = 
     return segment_from_arrays(layout, header["start"], header["n"], body)
 
 
-def read_segment(seg: DiskSegment, fingerprint: str) -> KVSegment:
-    """The KV of a node's range (a slice of its file's segment)."""
-    kv = read_segment_file(seg.file.path, fingerprint, seg.file.header_sha256 or None)
-    if kv.pos0 != seg.file.start or kv.n_tokens != seg.file.n:
-        raise CorruptSegmentFile(f"{seg.file.path.name}: holds other positions than indexed")
-    if (seg.start, seg.end) == (seg.file.start, seg.file.start + seg.file.n):
-        return kv
-    return kv.slice(seg.start - kv.pos0, seg.end - kv.pos0)
+def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str) -> KVSegment:
+    """The KV of consecutive path ranges, each (file, start, end) in path positions, as one
+    sequence state ready for llama.cpp. Each file is read once and checked (the header it was
+    indexed under, its size, the body checksum). A range that is a whole file goes from the
+    file straight into the state's rows (one copy; V not transposed); a part of a file is
+    read whole (to check it), then its rows are copied."""
+    blob: EmptyStateBlob | None = None
+    first, total = ranges[0][1], sum(e - s for _, s, e in ranges)
+    for file, a, b in ranges:
+        path = file.path
+        try:
+            header, offset, digest = read_header(path)
+            if file.header_sha256 and digest != file.header_sha256:
+                raise CorruptSegmentFile(f"{path.name}: not the file that was indexed under this name")
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                _, layout = _check_header(path, header, fingerprint, size, offset)
+                if (header["start"], header["n"]) != (file.start, file.n):
+                    raise CorruptSegmentFile(f"{path.name}: holds other positions than indexed")
+                if blob is None:
+                    blob = EmptyStateBlob(layout, first, total)
+                elif layout != blob.layout:
+                    raise CorruptSegmentFile(f"{path.name}: another KV layout than the files before it")
+                f.seek(offset)
+                digest = hashlib.sha256()
+                if (a, b) == (file.start, file.start + file.n) and not layout.v_trans:
+                    for li in range(2 * layout.n_layer):
+                        dst = memoryview(blob.rows(li, a - first, b - first)).cast("B")
+                        if f.readinto(dst) != dst.nbytes:
+                            raise CorruptSegmentFile(f"{path.name}: the body ends early (truncated)")
+                        digest.update(dst)
+                else:
+                    body = bytearray(size - offset)
+                    if f.readinto(body) != len(body):
+                        raise CorruptSegmentFile(f"{path.name}: the body ends early (truncated)")
+                    digest.update(body)
+                    part = segment_from_arrays(layout, file.start, file.n, body).slice(a - file.start, b - file.start)
+                    for li, src in enumerate(part.arrays()):
+                        blob.rows(li, a - first, b - first)[...] = src
+        except OSError as exc:
+            raise DiskSegmentError(f"{path.name}: {exc}") from exc
+        if digest.hexdigest() != header.get("sha256"):
+            raise CorruptSegmentFile(f"{path.name}: body checksum mismatch (corrupt file)")
+    assert blob is not None
+    return blob.segment()
 
 
 def _cover(ranges: list[tuple[int, KVSegment]], s: int, e: int) -> KVSegment | None:
@@ -253,7 +323,7 @@ class DiskTier:
     name = TIER
 
     def __init__(self, tree: RadixTree, directory: Path, budget_bytes: int, fingerprint: str,
-                 policy: EvictionPolicy):
+                 policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.budget_bytes = budget_bytes
@@ -263,6 +333,11 @@ class DiskTier:
         self._lock = tree.mutex  # shared with tier H: every use of the tree holds it
         self._doomed: list[Path] = []  # files no node uses any more; unlinked outside the lock
         self._queue: queue.Queue = queue.Queue()
+        self.queue_bytes = queue_bytes  # KV the writer's queue may hold (see store)
+        self._queued_bytes = 0
+        self._queue_guard = threading.Lock()
+        self.dropped_writes = 0  # stores dropped because the queue was full
+        self.declined = 0  # writes refused because pinned or locked files filled the budget
         self.hits = 0
         self.evictions = 0
         self.skipped_files = 0  # files not indexed at start (corrupt or foreign)
@@ -330,7 +405,7 @@ class DiskTier:
                     self.tree.insert(tokens[: file.start])  # a hole until its parent's file is placed
                 self._place(tokens, file)
             # over budget when started with a smaller budget than the files were written under
-            self._evict(self.tree.tier(TIER).total_bytes - self.budget_bytes)
+            self._make_room(0)
         self._unlink_doomed()
         if entries or self.skipped_files:
             log.info("disk cache: indexed %d segment files from %s (%d skipped: %d corrupt, %d foreign)",
@@ -342,12 +417,14 @@ class DiskTier:
         elif isinstance(exc, CorruptSegmentFile):
             self.corrupt_files += 1
 
-    def _evict(self, over: int) -> None:
-        """Free `over` bytes of D values (caller holds the lock); their files go when unused."""
-        if over > 0:
-            self._released(self.tree.evict(over, TIER, self.policy))
+    def _make_room(self, incoming: int) -> bool:
+        """Evict D values until the files they use, plus `incoming` bytes, fit the budget
+        (caller holds the lock); False when locked or pinned files leave no room."""
+        res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming)
+        self._released(res)
+        return res.satisfied
 
-    def _released(self, res: EvictResult) -> None:
+    def _released(self, res: EvictResult | BudgetResult) -> None:
         self.evictions += len(res.freed)
         for _, seg in res.freed:
             self._release(seg)
@@ -372,13 +449,15 @@ class DiskTier:
     def held(self, tokens: list[int]) -> int:
         return self.match(tokens).length
 
-    def load(self, match: DiskMatch) -> TierMatch:
-        """Read and check the files of a match, holding a lock reference on its path so the
-        writer cannot evict it meanwhile; every range must start where the previous ended
-        (a split or a stale match is refused, never restored at the wrong position). A bad
-        file is dropped from the index."""
-        if match.node is None:
-            return TierMatch(0, [], None)
+    def load(self, match: DiskMatch, start: int = 0) -> TierMatch:
+        """Read and check the files of a match from path position `start` on (what a slot
+        does not hold already), as one segment ready for llama.cpp; each file is read once.
+        Holds a lock reference on the path meanwhile so the writer cannot evict it; every
+        range must start where the previous ended (a split or a stale match is refused,
+        never restored at the wrong position). A bad file is dropped from the index.
+        Safe on any thread (the I/O thread reads ahead of the engine)."""
+        if match.node is None or start >= match.length:
+            return TierMatch(match.length, [], match.node)
         with self._lock:
             # Evicting D values leaves a node attached while it holds H: check the values.
             if not match.node.attached or any(TIER not in n.values for n in match.node.iter_up()):
@@ -386,42 +465,67 @@ class DiskTier:
             self.tree.lock(match.node)
         bad: SegmentFile | None = None
         try:
-            segments, pos = [], 0
-            for seg, n in match.parts:
-                if seg.start != pos or n > seg.n_tokens:
-                    raise DiskSegmentError(f"segment range [{seg.start}, {seg.end}) does not continue at {pos}")
-                try:
-                    kv = read_segment(seg, self.fingerprint)
-                except DiskSegmentError as exc:
-                    log.warning("disk cache: %s; dropped, the prompt is computed instead", exc)
-                    self._count(exc)
-                    bad = seg.file
-                    raise
-                if kv.pos0 != pos:
-                    raise DiskSegmentError(f"{seg.file.path.name}: starts at {kv.pos0}, expected {pos}")
-                segments.append(kv if n == kv.n_tokens else kv.slice(0, n))
-                pos += n
+            ranges = self._ranges(match, start)
+            try:
+                kv = read_ranges(ranges, self.fingerprint)
+            except DiskSegmentError as exc:
+                bad = self._culprit(ranges, exc)
+                log.warning("disk cache: %s; dropped, the prompt is computed instead", exc)
+                self._count(exc)
+                raise
         finally:
             with self._lock:
                 self.tree.unlock(match.node)
             if bad is not None:
                 self._drop_file(bad)
             self._unlink_doomed()
-        return TierMatch(pos, segments, match.node)
+        return TierMatch(match.length, [kv], match.node)
+
+    @staticmethod
+    def _ranges(match: DiskMatch, start: int) -> list[tuple[SegmentFile, int, int]]:
+        """The (file, start, end) path ranges to read for [start, match.length): consecutive
+        parts of one file merge, parts before `start` are not read at all."""
+        ranges: list[tuple[SegmentFile, int, int]] = []
+        pos = 0
+        for seg, n in match.parts:
+            if seg.start != pos or n > seg.n_tokens:
+                raise DiskSegmentError(f"segment range [{seg.start}, {seg.end}) does not continue at {pos}")
+            a, b = max(pos, start), pos + n
+            pos = b
+            if a >= b:
+                continue
+            if ranges and ranges[-1][0] is seg.file and ranges[-1][2] == a:
+                ranges[-1] = (seg.file, ranges[-1][1], b)
+            else:
+                ranges.append((seg.file, a, b))
+        return ranges
+
+    @staticmethod
+    def _culprit(ranges: list[tuple[SegmentFile, int, int]], exc: DiskSegmentError) -> SegmentFile | None:
+        """The file a read error names (messages start with the file's name)."""
+        return next((f for f, _, _ in ranges if str(exc).startswith(f.path.name)), None)
 
     def _drop_file(self, file: SegmentFile) -> None:
         """Take every unlocked range of a bad file out of the index (a range another
         request holds locked goes at its own failed read or at eviction)."""
         with self._lock:
-            for node in [n for n in self.tree.nodes() if TIER in n.values and n.values[TIER].file is file]:
-                if node.lock_ref == 0:
-                    self._release(self.tree.remove_value(node, TIER))
+            self._unplace(file)
 
     # ------------------------------------------------------------------ store
-    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
+    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> bool:
         """Queue the path `tokens` for writing; `ranges` are (start, segment) pairs covering
-        as much of it as the caller holds. Only what the tree holds no D value for is written."""
-        self._queue.put((list(tokens), ranges))
+        as much of it as the caller holds. Only what the tree holds no D value for is written.
+        Never waits: when the queue already holds `queue_bytes` of KV (the disk is slower
+        than the stores), the write is dropped (counted) and False returned, since queued
+        ranges keep host memory alive outside every budget."""
+        nbytes = sum(seg.nbytes for _, seg in ranges)
+        with self._queue_guard:
+            if self._queued_bytes and self._queued_bytes + nbytes > self.queue_bytes:
+                self.dropped_writes += 1
+                return False
+            self._queued_bytes += nbytes
+        self._queue.put((list(tokens), ranges, nbytes))
+        return True
 
     def _write_loop(self) -> None:
         while True:
@@ -429,27 +533,46 @@ class DiskTier:
             if item is None:
                 self._queue.task_done()
                 return
-            tokens, ranges = item
+            tokens, ranges, nbytes = item
             try:
                 self._write(tokens, ranges)
             except Exception:
                 self.write_errors += 1
                 log.exception("disk cache: writing segments failed")
             finally:
+                with self._queue_guard:
+                    self._queued_bytes -= nbytes
                 self._queue.task_done()
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Write one file for the part of `tokens` past what the disk holds, if `ranges`
-        cover it: decide under the lock, write without it, index under it."""
+        cover it and the budget can make room for the whole file: decide under the lock,
+        write without it, index under it."""
         have = self.held(tokens)
         seg = _cover(ranges, have, len(tokens)) if have < len(tokens) else None
         if seg is None:
             return
-        file = write_segment_file(self.dir, self.fingerprint, tokens, seg)
+        encoded = encode_segment(self.fingerprint, tokens, seg)
+        with self._lock:
+            room = self._make_room(encoded.size)
+        if not room:  # pinned or locked files fill the budget: the disk keeps what it has
+            self.declined += 1
+            self._unlink_doomed()
+            return
+        file = write_segment_file(self.dir, encoded)
         with self._lock:
             self._place(tokens, file)
-            self._evict(self.tree.tier(TIER).total_bytes - self.budget_bytes)
+            if not self._make_room(0):  # room taken meanwhile (a restore locked what was to go)
+                self._unplace(file)
+                self.declined += 1
         self._unlink_doomed()
+
+    def _unplace(self, file: SegmentFile) -> None:
+        """Take the unlocked ranges of a just-written file back out of the index (caller
+        holds the lock); the file goes when no node uses it."""
+        for node in [n for n in self.tree.nodes() if TIER in n.values and n.values[TIER].file is file]:
+            if node.lock_ref == 0:
+                self._release(self.tree.remove_value(node, TIER))
 
     def wait_idle(self) -> None:
         """Block until every queued segment is written (tests, benchmarks, shutdown)."""
@@ -468,13 +591,13 @@ class DiskTier:
         self._writer.join(timeout=30)
 
     def stats(self) -> dict:
-        with self._lock:
-            c = self.tree.tier(TIER)
-            # nodes split from one write share its file, so files <= entries; every file the
-            # index uses should exist on disk, and no other file should
-            files = len({n.values[TIER].file.path for n in self.tree.nodes() if TIER in n.values})
-        return {"entries": c.n_payloads, "files": files, "tokens": c.payload_tokens, "bytes": c.total_bytes,
-                "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
+        """Counters, read without the tree's lock (a scrape never waits for the cache)."""
+        c = self.tree.counters(TIER)
+        return {"entries": c.n_payloads, "files": len(c.memory), "tokens": c.payload_tokens, "bytes": c.total_bytes,
+                "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "declined": self.declined,
+                "pending_bytes": self._queued_bytes, "queue_bytes": self.queue_bytes,
+                "dropped_writes": self.dropped_writes,
+                "hits": self.hits, "evictions": self.evictions,
                 "skipped_files": self.skipped_files, "corrupt_files": self.corrupt_files,
                 "foreign_files": self.foreign_files, "write_errors": self.write_errors,
                 "pending_writes": self._queue.qsize()}

@@ -9,14 +9,14 @@ call, so a policy must not depend on state that changes during eviction.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from server.cache.lifecycle import SessionRegistry
-    from server.cache.radix_tree import EvictResult, RadixNode, RadixTree
+    from server.cache.radix_tree import RadixNode, RadixTree
 
 
 class EvictionPolicy(Protocol):
@@ -87,16 +87,19 @@ class ByteBudget:
         if self.limit_bytes < 0:
             raise ValueError(f"limit_bytes must be >= 0, got {self.limit_bytes}")
 
-    @classmethod
-    def from_mib(cls, mib: float) -> ByteBudget:
-        return cls(int(mib * 1024 * 1024))
-
     def over_by(self, used_bytes: int, incoming_bytes: int = 0) -> int:
         """Bytes to free so that ``used + incoming`` fits (0 when it already does)."""
         return max(0, used_bytes + incoming_bytes - self.limit_bytes)
 
-    def fits(self, used_bytes: int, incoming_bytes: int = 0) -> bool:
-        return self.over_by(used_bytes, incoming_bytes) == 0
+
+@dataclass(frozen=True)
+class BudgetResult:
+    """What ``enforce_budget`` evicted (node, value pairs in eviction order) and whether
+    the tier now fits its budget with the incoming bytes."""
+
+    freed: tuple
+    freed_bytes: int
+    satisfied: bool
 
 
 def enforce_budget(
@@ -105,11 +108,28 @@ def enforce_budget(
     budget: ByteBudget,
     policy: EvictionPolicy | None = None,
     incoming_bytes: int = 0,
-) -> EvictResult:
-    """Evict exactly the overflow of ``tier``'s bytes + ``incoming_bytes`` over ``budget``.
+    settle: Callable[[tuple], None] | None = None,
+) -> BudgetResult:
+    """Evict ``tier``'s values until what they keep alive plus ``incoming_bytes`` fits ``budget``.
 
-    Only ``tier``'s values go (a node keeps what other tiers hold of it). Check
-    ``result.satisfied``: locked or pinned nodes may leave the tier over budget,
-    and the caller then declines to store the incoming payload.
+    The tier is charged for its allocations, whole (``TierCounters.held_bytes``): a value
+    that shares a buffer or a file with others frees nothing until the last of them goes,
+    so eviction runs in rounds until the allocations fit; ``settle(freed)`` runs after each
+    round (the host tier copies surviving slices out of mostly freed buffers). Only ``tier``'s values go (a node
+    keeps what other tiers hold of it). Check ``satisfied``: locked or pinned nodes may
+    leave the tier over budget, and the caller then declines to store the incoming payload.
     """
-    return tree.evict(budget.over_by(tree.tier(tier).total_bytes, incoming_bytes), tier, policy)
+    counters = tree.tier(tier)
+    freed: list = []
+    freed_bytes = 0
+    while True:
+        over = budget.over_by(counters.held_bytes, incoming_bytes)
+        if over == 0:
+            return BudgetResult(tuple(freed), freed_bytes, True)
+        res = tree.evict(over, tier, policy)
+        if not res.freed:
+            return BudgetResult(tuple(freed), freed_bytes, False)
+        freed.extend(res.freed)
+        freed_bytes += res.freed_bytes
+        if settle is not None:
+            settle(res.freed)

@@ -5,10 +5,13 @@ Only increments are stored: inserting a token path asks the extractor for the ra
 nodes hold no H value yet, and a segment is kept as views over the one buffer llama.cpp
 wrote (no further copy; a split keeps both halves on that buffer). A match may end inside
 an edge; the usable part of that edge is sliced from its segment without changing the tree.
-The byte budget is a hard limit on H values only (evicting them keeps the nodes' D
-values): when locked or pinned nodes cannot be evicted to make room, the store is declined
-(nothing is extracted, or what was inserted is taken out). The disk writer thread shares
-the tree, so every use holds `tree.mutex`.
+The byte budget is a hard limit on the buffers H values keep alive, each charged whole
+(`TierCounters.held_bytes`): a slice that outlives the rest of its buffer is copied out
+into a buffer of its own once less than half of the buffer is in use, so evicting part of
+a buffer frees memory. Evicting H values keeps the nodes' D values; when locked or pinned
+nodes cannot be evicted to make room, the store is declined (nothing is extracted, or what
+was inserted is taken out). The disk writer thread shares the tree, so every use holds
+`tree.mutex`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class HostTier:
         self.evictions = 0
         self.evicted_bytes = 0
         self.declined = 0
+        self.copied_out = 0  # slices copied out of a mostly evicted buffer
         self.bytes_per_token = 0  # learnt from the first stored segment (KV layout)
 
     def take(self, m: MatchResult) -> TierMatch:
@@ -67,7 +71,7 @@ class HostTier:
                 self.declined += 1
                 return None
             result = self.tree.insert(tokens, TIER, self._remember_layout(extract))
-            if self.tree.tier(TIER).total_bytes > self.budget_bytes and not self._make_room(0):
+            if self.tree.tier(TIER).held_bytes > self.budget_bytes and not self._make_room(0):
                 for node in result.new_nodes + result.filled_nodes:
                     if node.attached and TIER in node.values and node.lock_ref == 0:
                         self.tree.remove_value(node, TIER)
@@ -78,15 +82,31 @@ class HostTier:
     def _remember_layout(self, extract: Callable[[int, int], KVSegment]) -> Callable[[int, int], KVSegment]:
         def wrapped(s: int, e: int) -> KVSegment:
             seg = extract(s, e)
-            self.bytes_per_token = seg.nbytes // seg.n_tokens
+            held = getattr(seg, "memory", seg).nbytes  # what storing it really keeps alive
+            self.bytes_per_token = held // seg.n_tokens
             return seg
         return wrapped
 
     def _make_room(self, incoming: int) -> bool:
-        res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming)
+        res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming,
+                             settle=self._copy_out_survivors)
         self.evictions += len(res.freed)
         self.evicted_bytes += res.freed_bytes
         return res.satisfied
+
+    def _copy_out_survivors(self, freed) -> None:
+        """After an eviction round: a buffer now less than half used keeps its surviving
+        slices alive at its full size, so they move to buffers of their own (a copy of at
+        most half the buffer), and the buffer is freed."""
+        uses = self.tree.tier(TIER).memory
+        shared = (getattr(value, "memory", None) for _, value in freed)
+        for memory in {id(m): m for m in shared if m is not None}.values():
+            use = uses.get(id(memory))
+            if use is None or use.live_bytes * 2 >= memory.nbytes:
+                continue
+            for node in list(use.nodes):
+                self.tree.replace_value(node, TIER, node.values[TIER].compact())
+                self.copied_out += 1
 
     def flush(self) -> int:
         with self.tree.mutex:
@@ -95,8 +115,10 @@ class HostTier:
         return res.freed_bytes
 
     def stats(self) -> dict:
-        with self.tree.mutex:
-            c = self.tree.tier(TIER)
-            return {"entries": c.n_payloads, "tokens": c.payload_tokens, "bytes": c.total_bytes,
-                    "budget_bytes": self.budget_bytes, "hits": self.hits, "evictions": self.evictions,
-                    "evicted_bytes": self.evicted_bytes, "declined": self.declined}
+        """Counters, read without `tree.mutex` (which the engine holds while it extracts KV):
+        a scrape never waits for the cache."""
+        c = self.tree.counters(TIER)
+        return {"entries": c.n_payloads, "tokens": c.payload_tokens, "bytes": c.total_bytes,
+                "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "copied_out": self.copied_out,
+                "hits": self.hits, "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
+                "declined": self.declined}

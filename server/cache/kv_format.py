@@ -81,6 +81,19 @@ def _take(a: np.ndarray, axis: int, start: int, end: int) -> np.ndarray:
     return a[start:end] if axis == 0 else a[:, start:end]
 
 
+class MemoryBlock:
+    """One allocation that segments view: it lives while any of them does, so a budget
+    charges it once, whole, however many segments (or how small a slice of it) still use it."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+
+    def __repr__(self) -> str:
+        return f"MemoryBlock({self.nbytes})"
+
+
 @dataclass
 class KVSegment:
     """K and V of positions [pos0, pos0 + n) as numpy views, in llama.cpp's own row layout.
@@ -88,7 +101,8 @@ class KVSegment:
     `k[i]` is (n, k_row_bytes); `v[i]` is (n, v_row_bytes), or (n_embd_v, n, v_el_bytes)
     when V is transposed. Splitting and slicing make views (no copy). `blob`, when set, is
     the sequence state the views were parsed from, whole and in position order, so a
-    restore can hand it to llama.cpp as it is.
+    restore can hand it to llama.cpp as it is. `memory` is the allocation the views keep
+    alive (a slice keeps its parent's); a segment made from its own arrays owns them.
     """
 
     layout: KVLayout
@@ -96,6 +110,11 @@ class KVSegment:
     k: list[np.ndarray]
     v: list[np.ndarray]
     blob: memoryview | None = None
+    memory: MemoryBlock | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory is None:
+            self.memory = MemoryBlock(self.nbytes)
 
     @property
     def n_tokens(self) -> int:
@@ -114,7 +133,12 @@ class KVSegment:
         """Tokens [start, end) of this segment (offsets relative to pos0), as views."""
         va = _token_axis(self.layout, True)
         return KVSegment(self.layout, self.pos0 + start, [a[start:end] for a in self.k],
-                         [_take(a, va, start, end) for a in self.v])
+                         [_take(a, va, start, end) for a in self.v], memory=self.memory)
+
+    def compact(self) -> KVSegment:
+        """The same KV in an allocation of its own (one copy per array): a small slice that
+        should not keep a large buffer alive."""
+        return KVSegment(self.layout, self.pos0, [np.array(a) for a in self.k], [np.array(a) for a in self.v])
 
     @staticmethod
     def join(segments: list[KVSegment]) -> KVSegment:
@@ -145,41 +169,59 @@ def state_blob(segments: list[KVSegment]) -> memoryview:
         if s.pos0 != pos:
             raise KVFormatError(f"segments are not consecutive: expected pos {pos}, got {s.pos0}")
         pos += s.n_tokens
-    n = pos - pos0
-    header = 16 + 12 * n + 8
-    rows = list(lay.k_row_bytes) + list(lay.v_row_bytes)
-    total = header + sum(12 + n * r for r in rows)
-    buf = np.empty(total, dtype=np.uint8)  # every byte is written below
-    struct.pack_into("<IiII", buf, 0, SEQ_STATE_MAGIC, 0, 1, n)
-    meta = np.frombuffer(buf, dtype=_META, count=n, offset=16)
-    meta["pos"] = np.arange(pos0, pos0 + n, dtype=np.int32)
-    meta["n_seq"] = 1
-    meta["seq"] = 0
-    struct.pack_into("<II", buf, 16 + 12 * n, int(lay.v_trans), lay.n_layer)
-    off = header
-    for li in range(2 * lay.n_layer):
-        is_v, i = li >= lay.n_layer, li % lay.n_layer
-        if not is_v:
-            struct.pack_into("<iQ", buf, off, lay.k_types[i], lay.k_row_bytes[i])
-        elif not lay.v_trans:
-            struct.pack_into("<iQ", buf, off, lay.v_types[i], lay.v_row_bytes[i])
-        else:
-            struct.pack_into("<iII", buf, off, lay.v_types[i], lay.v_el_bytes[i],
-                             lay.v_row_bytes[i] // lay.v_el_bytes[i])
-        off += 12
-        dst = _rows_view(buf, off, n, lay, is_v, i)
-        axis, t = _token_axis(lay, is_v), 0
-        for s in segments:
-            src = s.v[i] if is_v else s.k[i]
-            if src.shape != _take(dst, axis, t, t + s.n_tokens).shape:
-                raise KVFormatError(f"a segment's layer {i} rows do not match its layout")
-            if axis == 0:
-                dst[t:t + s.n_tokens] = src
+    blob = EmptyStateBlob(lay, pos0, pos - pos0)
+    t = 0
+    for s in segments:
+        for li, src in enumerate(s.arrays()):
+            dst = blob.rows(li, t, t + s.n_tokens)
+            if src.shape != dst.shape:
+                raise KVFormatError(f"a segment's layer {li % lay.n_layer} rows do not match its layout")
+            dst[...] = src
+        t += s.n_tokens
+    return blob.buf
+
+
+class EmptyStateBlob:
+    """A sequence state for positions [pos0, pos0 + n) whose headers are written and whose
+    K/V rows are left for the caller to fill (`rows`), e.g. straight from a file: the KV
+    then reaches llama.cpp's format with a single copy. Every row must be written."""
+
+    def __init__(self, layout: KVLayout, pos0: int, n: int):
+        self.layout, self.pos0, self.n = layout, pos0, n
+        header = 16 + 12 * n + 8
+        total = header + sum(12 + n * r for r in list(layout.k_row_bytes) + list(layout.v_row_bytes))
+        buf = np.empty(total, dtype=np.uint8)
+        struct.pack_into("<IiII", buf, 0, SEQ_STATE_MAGIC, 0, 1, n)
+        meta = np.frombuffer(buf, dtype=_META, count=n, offset=16)
+        meta["pos"] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        meta["n_seq"] = 1
+        meta["seq"] = 0
+        struct.pack_into("<II", buf, 16 + 12 * n, int(layout.v_trans), layout.n_layer)
+        self._arrays = []
+        off = header
+        for li in range(2 * layout.n_layer):
+            is_v, i = li >= layout.n_layer, li % layout.n_layer
+            if not is_v:
+                struct.pack_into("<iQ", buf, off, layout.k_types[i], layout.k_row_bytes[i])
+            elif not layout.v_trans:
+                struct.pack_into("<iQ", buf, off, layout.v_types[i], layout.v_row_bytes[i])
             else:
-                dst[:, t:t + s.n_tokens] = src
-            t += s.n_tokens
-        off += dst.nbytes
-    return memoryview(buf)
+                struct.pack_into("<iII", buf, off, layout.v_types[i], layout.v_el_bytes[i],
+                                 layout.v_row_bytes[i] // layout.v_el_bytes[i])
+            off += 12
+            dst = _rows_view(buf, off, n, layout, is_v, i)
+            self._arrays.append(dst)
+            off += dst.nbytes
+        self.buf = memoryview(buf)
+
+    def rows(self, li: int, start: int, end: int) -> np.ndarray:
+        """Layer array `li` (K layers, then V layers) for tokens [start, end) of the blob, a
+        view (contiguous unless V is transposed)."""
+        return _take(self._arrays[li], _token_axis(self.layout, li >= self.layout.n_layer), start, end)
+
+    def segment(self) -> KVSegment:
+        """The filled blob as a segment that restores from this buffer as it is."""
+        return parse_seq_state(self.buf)
 
 
 _META = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
@@ -206,7 +248,8 @@ def segment_from_arrays(layout: KVLayout, pos0: int, n: int, buf, offset: int = 
         a = _rows_view(buf, offset, n, layout, is_v, i)
         arrays.append(a)
         offset += a.nbytes
-    return KVSegment(layout, pos0, arrays[:layout.n_layer], arrays[layout.n_layer:])
+    return KVSegment(layout, pos0, arrays[:layout.n_layer], arrays[layout.n_layer:],
+                     memory=MemoryBlock(memoryview(buf).nbytes))
 
 
 def parse_seq_state(blob) -> KVSegment:
@@ -265,7 +308,7 @@ def parse_seq_state(blob) -> KVSegment:
         ks = [a[order] for a in ks]
         vs = [a[:, order] if v_trans else a[order] for a in vs]
         return KVSegment(layout, pos0, ks, vs)
-    return KVSegment(layout, pos0, ks, vs, blob=r.buf)
+    return KVSegment(layout, pos0, ks, vs, blob=r.buf, memory=MemoryBlock(r.buf.nbytes))
 
 
 def count_state_cells(blob) -> int:

@@ -12,19 +12,21 @@ ends), or comes alone through ``POST /cache/hint`` when nothing is generated
 ``SessionRegistry.apply`` takes those.
 
 ``parse_cache_hint`` validates; ``SessionRegistry`` remembers each session's
-latest state, its pin and the radix path tips it touched.
+latest state and its pin (a bounded number of sessions), and tags the radix paths
+each touched.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
-    from server.cache.radix_tree import RadixNode, RadixTree
+    from server.cache.radix_tree import RadixNode
 
 CacheState = Literal["active", "tool_wait", "done"]
 CACHE_STATES: tuple[str, ...] = get_args(CacheState)
@@ -160,20 +162,32 @@ class SessionStatus:
 class _Session:
     state: CacheState
     pinned: bool = False
-    tips: weakref.WeakSet[RadixNode] = field(default_factory=weakref.WeakSet)
+    seen: float = 0.0  # clock() at its latest hint
+
+
+# A node shared by more sessions than this (a system prompt every session starts with) keeps
+# the tags that matter for its rank (pinned and tool-waiting sessions) and drops the rest: its
+# class is NORMAL or TOOL_WAIT either way, and the set cannot grow with every session seen.
+MAX_NODE_SESSIONS = 64
 
 
 class SessionRegistry:
-    """Latest lifecycle state per session, and which radix paths each touched.
+    """Latest lifecycle state per session, bounded; which radix paths each touched.
 
     ``observe`` tags every node on the tip's path with the session name
     (``RadixNode.sessions``) so a policy can rank a node without walking
-    sessions; the tree copies tags when it splits an edge.  Tips are held
-    weakly: an evicted tip disappears from ``tips()`` without leaking its
-    payload.  Pins are sticky: ``pin=True`` pins a session until a hint says
-    ``pin: false``, or ``done`` without ``pin: true`` (a release), or it is
-    forgotten.  ``done`` with ``pin: true`` keeps the pin: a finished turn on
-    the branch a user is looking at.
+    sessions; the tree copies tags when it splits an edge.  Pins are sticky:
+    ``pin=True`` pins a session until a hint says ``pin: false``, or ``done``
+    without ``pin: true`` (a release), or it ages out.  ``done`` with
+    ``pin: true`` keeps the pin: a finished turn on the branch a user is
+    looking at.
+
+    Bounded state: a session is forgotten when it sends no hint for
+    ``idle_seconds``, when more than ``max_done`` finished ones are known (the
+    oldest finished go first) and, past ``max_sessions``, the least recently
+    seen goes.  A forgotten session's tags stay on nodes until they are pruned
+    (a tag of an unknown session ranks nothing), and each node keeps at most
+    ``MAX_NODE_SESSIONS`` tags.
 
     Threads: the engine thread observes requests and ranks nodes; ``apply``
     runs on the HTTP event loop, so a bare hint never waits for an engine
@@ -181,54 +195,99 @@ class SessionRegistry:
     eviction makes (``state``, ``is_pinned``) are single dict look-ups.
     """
 
-    def __init__(self) -> None:
-        self._sessions: dict[str, _Session] = {}
+    def __init__(self, *, max_sessions: int = 4096, max_done: int = 256, idle_seconds: float = 3600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently seen first
+        self._done: OrderedDict[str, None] = OrderedDict()  # finished sessions, oldest first
         self._lock = threading.RLock()
+        self.max_sessions = max_sessions
+        self.max_done = max_done
+        self.idle_seconds = idle_seconds
+        self._clock = clock
+        self.aged_out = 0  # sessions forgotten since start
 
     def observe(self, hint: CacheHint, tip: RadixNode | None = None) -> None:
         """Record ``hint`` for its session; ``tip`` is the end of the radix path it used.
-
-        A hint without a state means the session is active.  A new tip
-        replaces the session's tips that are its ancestors (a conversation
-        grows); tips on other branches are kept.
-        """
+        A hint without a state means the session is active."""
         if hint.session is None:
             return
         with self._lock:
             self._observe(hint, tip)
 
     def _observe(self, hint: CacheHint, tip: RadixNode | None) -> None:
-        info = self._sessions.get(hint.session)
+        info = self._touch(hint.session)
         state: CacheState = hint.state or "active"
-        if info is None:
-            info = self._sessions[hint.session] = _Session(state)
-        info.state = state
+        self._set_state(hint.session, info, state)
         if hint.pin is not None:
             info.pinned = hint.pin
         elif state == "done":
             info.pinned = False  # a release
-        self._tag(hint.session, info, tip)
+        self._tag(hint.session, tip)
+        self._age_out()
+
+    def _touch(self, session: str) -> _Session:
+        info = self._sessions.get(session)
+        if info is None:
+            info = self._sessions[session] = _Session("active")
+        info.seen = self._clock()
+        self._sessions.move_to_end(session)
+        return info
+
+    def _set_state(self, session: str, info: _Session, state: CacheState) -> None:
+        info.state = state
+        if state == "done":
+            self._done[session] = None
+            self._done.move_to_end(session)
+        else:
+            self._done.pop(session, None)
+
+    def _age_out(self) -> None:
+        """Forget idle sessions, the oldest finished ones past ``max_done``, and the least
+        recently seen past ``max_sessions`` (caller holds the lock)."""
+        horizon = self._clock() - self.idle_seconds
+        while self._sessions:
+            name, info = next(iter(self._sessions.items()))
+            if info.seen >= horizon and len(self._sessions) <= self.max_sessions:
+                break
+            self._forget(name)
+        while len(self._done) > self.max_done:
+            self._forget(next(iter(self._done)))
+
+    def _forget(self, session: str) -> None:
+        self._sessions.pop(session, None)
+        self._done.pop(session, None)
+        self.aged_out += 1
 
     def tag(self, session: str, tip: RadixNode) -> None:
         """Tag the path to ``tip`` with ``session`` and leave its state and pin as they are
         (KV written back to host for a session that already reported its state)."""
         with self._lock:
-            info = self._sessions.get(session)
-            if info is None:
-                info = self._sessions[session] = _Session("active")
-            self._tag(session, info, tip)
+            if session not in self._sessions:
+                self._touch(session)
+            self._tag(session, tip)
+            self._age_out()
 
-    @staticmethod
-    def _tag(session: str, info: _Session, tip: RadixNode | None) -> None:
-        if tip is not None and tip.attached and not tip.is_root:
-            path = list(tip.iter_up())
-            for node in path:
-                node.sessions.add(session)
-            on_path = set(map(id, path))
-            for old in list(info.tips):
-                if id(old) in on_path:
-                    info.tips.discard(old)
-            info.tips.add(tip)
+    def _tag(self, session: str, tip: RadixNode | None) -> None:
+        if tip is None or not tip.attached or tip.is_root:
+            return
+        for node in tip.iter_up():
+            if session in node.sessions:
+                continue
+            if len(node.sessions) >= MAX_NODE_SESSIONS:
+                self._prune_tags(node)
+                if len(node.sessions) >= MAX_NODE_SESSIONS and not self._ranks(session):
+                    continue  # a crowded node: an active or finished session changes nothing of its rank
+            node.sessions.add(session)
+
+    def _ranks(self, session: str) -> bool:
+        info = self._sessions.get(session)
+        return info is not None and (info.pinned or info.state == "tool_wait")
+
+    def _prune_tags(self, node: RadixNode) -> None:
+        """Drop a crowded node's tags of forgotten sessions, then those that do not rank it."""
+        node.sessions -= {name for name in node.sessions if name not in self._sessions}
+        if len(node.sessions) >= MAX_NODE_SESSIONS:
+            node.sessions -= {name for name in node.sessions if not self._ranks(name)}
 
     def apply(self, hint: CacheHint) -> SessionStatus:
         """Record a hint that came without a request (``POST /cache/hint``).
@@ -259,13 +318,16 @@ class SessionRegistry:
             return SessionStatus(session, info.state, info.pinned, known=True)
 
     def summary(self) -> dict:
-        """Counts for /cache/stats: known sessions, pinned ones, sessions per state."""
+        """For /cache/stats and the metrics: known sessions (and the bound), pinned ones,
+        sessions per state, sessions forgotten since start."""
         with self._lock:
             infos = list(self._sessions.values())
+            aged_out = self.aged_out
         by_state = dict.fromkeys(CACHE_STATES, 0)
         for info in infos:
             by_state[info.state] += 1
-        return {"sessions": len(infos), "pinned": sum(i.pinned for i in infos), "by_state": by_state}
+        return {"sessions": len(infos), "max_sessions": self.max_sessions, "pinned": sum(i.pinned for i in infos),
+                "by_state": by_state, "aged_out": aged_out}
 
     def state(self, session: str) -> CacheState | None:
         info = self._sessions.get(session)
@@ -275,41 +337,9 @@ class SessionRegistry:
         info = self._sessions.get(session)
         return info is not None and info.pinned
 
-    def tips(self, session: str) -> tuple[RadixNode, ...]:
-        """The session's path tips still in the tree."""
-        info = self._sessions.get(session)
-        if info is None:
-            return ()
-        return tuple(sorted((t for t in info.tips if t.attached), key=lambda n: n.id))
-
-    def sessions(self) -> tuple[str, ...]:
-        with self._lock:
-            return tuple(self._sessions)
-
     def states_of(self, node: RadixNode) -> tuple[CacheState, ...]:
         """States of the known sessions whose paths pass through ``node``."""
-        return tuple(s for s in (self.state(name) for name in node.sessions) if s is not None)
+        return tuple(s for s in (self.state(name) for name in tuple(node.sessions)) if s is not None)
 
     def is_node_pinned(self, node: RadixNode) -> bool:
-        return any(self.is_pinned(name) for name in node.sessions)
-
-    def forget(self, session: str, nodes: Iterable[RadixNode] = ()) -> None:
-        """Drop a session and remove its tag from ``nodes`` (pass ``tree.nodes()``)."""
-        with self._lock:
-            self._sessions.pop(session, None)
-        for node in nodes:
-            node.sessions.discard(session)
-
-    def forget_done(self, tree: RadixTree) -> int:
-        """Forget every finished session (bounds the registry); return how many.
-
-        Their nodes then rank as untagged (plain LRU) instead of "done first".
-        """
-        with self._lock:
-            done = {name for name, info in self._sessions.items() if info.state == "done"}
-            for name in done:
-                del self._sessions[name]
-        if done:
-            for node in tree.nodes():
-                node.sessions -= done
-        return len(done)
+        return any(self.is_pinned(name) for name in tuple(node.sessions))

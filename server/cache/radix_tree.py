@@ -47,7 +47,7 @@ import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -73,6 +73,11 @@ class SegmentPayload(Protocol):
     def split(self, offset: int) -> tuple[SegmentPayload, SegmentPayload]:
         """Split into (first ``offset`` tokens, the rest); ``0 < offset < n_tokens``."""
         ...
+
+    # Optional: ``memory``, the allocation (an object with ``nbytes``) the payload keeps
+    # alive with others (views of one buffer, ranges of one file); the tier then charges
+    # that allocation once, whole (``TierCounters.held_bytes``). Without it a payload is
+    # its own allocation of ``nbytes``.
 
 
 PayloadFactory = Callable[[int, int], "SegmentPayload | None"]
@@ -285,18 +290,59 @@ class EvictResult:
         return self.requested_bytes is None or self.freed_bytes >= self.requested_bytes
 
 
+@dataclass(eq=False)
+class MemoryUse:
+    """The nodes whose values in one tier keep one allocation alive, and how many of its
+    bytes they still use (``live_bytes`` < ``memory.nbytes`` once parts were evicted)."""
+
+    memory: object
+    nodes: set = field(default_factory=set)
+    live_bytes: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, MemoryUse) and self.memory is other.memory and self.nodes == other.nodes
+                and self.live_bytes == other.live_bytes)
+
+
 @dataclass
 class TierCounters:
-    """One tier's totals, kept incrementally (for budgets, /cache/stats and metrics)."""
+    """One tier's totals, kept incrementally (for budgets, /cache/stats and metrics).
+
+    ``total_bytes`` counts the values' own sizes; ``held_bytes`` what they really keep
+    alive: each allocation they use, once and whole (a budget is on ``held_bytes``)."""
 
     n_payloads: int = 0
     payload_tokens: int = 0
     evictable_bytes: int = 0
     protected_bytes: int = 0
+    held_bytes: int = 0
+    memory: dict[int, MemoryUse] = field(default_factory=dict)  # id(allocation) -> its users
 
     @property
     def total_bytes(self) -> int:
         return self.evictable_bytes + self.protected_bytes
+
+    def use(self, node: RadixNode, payload: SegmentPayload, sign: int) -> None:
+        memory = getattr(payload, "memory", None) or payload
+        key = id(memory)
+        entry = self.memory.get(key)
+        if sign > 0:
+            if entry is None:
+                entry = self.memory[key] = MemoryUse(memory)
+                self.held_bytes += _allocation_bytes(memory, payload)
+            entry.nodes.add(node)
+            entry.live_bytes += payload.nbytes
+            return
+        assert entry is not None, "releasing a value that was never counted"
+        entry.nodes.discard(node)
+        entry.live_bytes -= payload.nbytes
+        if not entry.nodes:
+            del self.memory[key]
+            self.held_bytes -= _allocation_bytes(memory, payload)
+
+
+def _allocation_bytes(memory: object, payload: SegmentPayload) -> int:
+    return payload.nbytes if memory is payload else memory.nbytes
 
 
 def _bare(node: RadixNode) -> bool:
@@ -341,6 +387,11 @@ class RadixTree:
         if counters is None:
             counters = self._tiers[name] = TierCounters()
         return counters
+
+    def counters(self, name: str) -> TierCounters:
+        """Tier ``name``'s counters for reading without ``mutex`` (metrics, stats): the live
+        object, whose integers may be one update apart, or zeros; never creates an entry."""
+        return self._tiers.get(name) or TierCounters()
 
     # ------------------------------------------------------------------ match
 
@@ -495,6 +546,16 @@ class RadixTree:
         self._prune_up(node)
         return old
 
+    def replace_value(self, node: RadixNode, tier: str, payload: SegmentPayload) -> SegmentPayload:
+        """Put ``payload`` (the same KV in another form, e.g. a compacted copy) in place of
+        ``node``'s value in ``tier``; returns the old value. Locks do not matter: the KV is
+        the same, and a reader keeps the old value it holds."""
+        self._require_attached(node)
+        self._check_size(payload, len(node.key))
+        old = self._detach_value(node, tier)
+        self._attach(node, tier, payload)
+        return old
+
     @staticmethod
     def _require_attached(node: RadixNode) -> None:
         if not node.attached:
@@ -525,6 +586,7 @@ class RadixTree:
             c.evictable_bytes += sign * payload.nbytes
         c.n_payloads += sign
         c.payload_tokens += sign * payload.n_tokens
+        c.use(node, payload, sign)
 
     def _prune_up(self, node: RadixNode) -> None:
         """Detach ``node`` and its ancestors while each is a bare, unlocked leaf."""
@@ -701,6 +763,7 @@ class RadixTree:
                     c = tiers.setdefault(tier, TierCounters())
                     c.n_payloads += 1
                     c.payload_tokens += value.n_tokens
+                    c.use(node, value, +1)
                     if node.lock_ref > 0:
                         c.protected_bytes += value.nbytes
                     else:

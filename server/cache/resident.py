@@ -191,6 +191,7 @@ class ResidentOwners:
         return cells
 
     def stats(self) -> dict:
-        return {"entries": len(self.owners), "tokens": sum(len(o.tokens) for o in self.owners),
+        owners = tuple(self.owners)  # read from the event loop while the engine may change the list
+        return {"entries": len(owners), "tokens": sum(len(o.tokens) for o in owners),
                 "cells": self.cells(), "budget_cells": self.budget_cells, "hits": self.hits,
                 "evictions": self.evictions, "publishes": self.publishes}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -61,6 +62,19 @@ class Candidate:
     owner: object | None = None  # S: the resident owner, when it is one
     host: TierMatch | None = None
     disk: DiskMatch | None = None
+
+
+@dataclass(eq=False)
+class _Loading:
+    """A plan's disk part being read ahead for a request that waits (LOADING)."""
+
+    seq: Sequence
+    cand: Candidate
+    keep: int  # prompt[:keep] is already in the slot
+    slot_seq: int
+    plan: Plan
+    future: Future
+    started: float
 
 
 class CacheRouter:
@@ -108,6 +122,9 @@ class CacheRouter:
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
         self._deferred: weakref.WeakSet[Sequence] = weakref.WeakSet()
         self.store_errors = 0
+        # Disk reads run here, ahead of compute: one thread, as a disk serves one read best at a time.
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-disk-read") if disk else None
+        self._loading: list[_Loading] = []
 
     # -------------------------------------------------------------- choosing
     def candidates(self, adm: Admission) -> list[Candidate]:
@@ -197,6 +214,9 @@ class CacheRouter:
             return CacheReport(est_ms=plan.est_ms)
         try:
             report = self._commit(best, slot_seq, a_len, next((c for c in cands if c.source == "S"), None))
+            if best.source == "D" and report.source == "D":
+                self._read_ahead(adm.seq, best, report.reused_tokens, slot_seq, plan)
+                return replace(report, loading=True, plan=plan.label, est_ms=plan.est_ms)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", best.source, adm.seq.id, exc)
             self.runtime.seq_rm(slot_seq, -1, -1)
@@ -241,16 +261,68 @@ class CacheRouter:
         elif not self.runtime.seq_rm(slot_seq, keep, -1):
             self.runtime.seq_rm(slot_seq, -1, -1)
             keep = 0
+        if c.source == "D":  # read on the I/O thread; the restore follows in advance_loads
+            return CacheReport("D", keep)
         t0 = time.perf_counter()
-        if c.source == "H":
-            result = self._restore_host(c.host, keep, c.length, slot_seq)
-            self.host.hits += 1
-        else:
-            result = self.kv.restore(_cut(self.disk.load(c.disk).segments, keep, c.length), slot_seq)
-            self.disk.hits += 1
+        result = self._restore_host(c.host, keep, c.length, slot_seq)
+        self.host.hits += 1
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
+
+    # ------------------------------------------------------------ read ahead (D)
+    def _read_ahead(self, seq: Sequence, c: Candidate, keep: int, slot_seq: int, plan: Plan) -> None:
+        """Start reading the disk part of a plan on the I/O thread; the slot already holds
+        prompt[:keep]. The engine decodes other requests meanwhile (as SGLang's HiCache loads
+        back ahead of compute); `advance_loads` restores what was read."""
+        disk = self.disk
+
+        def read() -> tuple[TierMatch, float]:
+            t0 = time.perf_counter()
+            return disk.load(c.disk, keep), time.perf_counter() - t0
+
+        self._loading.append(_Loading(seq, c, keep, slot_seq, plan, self._io.submit(read), time.perf_counter()))
+
+    def loads_ready(self) -> bool:
+        return any(ld.future.done() for ld in tuple(self._loading))
+
+    def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
+        """Restore the reads ahead that finished (engine thread); a failed read or restore
+        falls back to computing the prompt. A request that ended meanwhile is skipped."""
+        out = []
+        for ld in [ld for ld in self._loading if ld.future.done()]:
+            self._loading.remove(ld)
+            if ld.seq.status is SeqStatus.FINISHED:
+                continue
+            t0 = time.perf_counter()
+            try:
+                out.append((ld.seq, self._restore_read(ld)))
+            finally:
+                dt = time.perf_counter() - t0
+                self.engine_ms += dt * 1000.0
+                self.max_step_cache_ms = max(self.max_step_cache_ms, dt * 1000.0)
+                # the wait for the read is not the request's compute either (cost model)
+                self._overhead[ld.seq] = self._overhead.get(ld.seq, 0.0) + time.perf_counter() - ld.started
+        return out
+
+    def _restore_read(self, ld: _Loading) -> CacheReport:
+        try:
+            match, read_s = ld.future.result()
+            t0 = time.perf_counter()
+            result = self.kv.restore(match.segments, ld.slot_seq)
+        except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
+            log.warning("cache D failed for request %d (%s); computing the prompt instead", ld.seq.id, exc)
+            self.runtime.seq_rm(ld.slot_seq, -1, -1)
+            self.fallbacks += 1
+            self.by_source["none"] += 1
+            return CacheReport(est_ms=ld.plan.est_ms)
+        seconds = read_s + time.perf_counter() - t0
+        self.disk.hits += 1
+        self.costs.observe_restore("D", result.nbytes, seconds, result.n_tokens)
+        self.by_source["D"] += 1
+        self.reused_tokens["D"] += ld.cand.length
+        return CacheReport("D", ld.cand.length, result.nbytes, seconds * 1000.0, plan=ld.plan.label,
+                           est_ms=ld.plan.est_ms)
 
     def _attach(self, c: Candidate, slot_seq: int, length: int) -> None:
         """Give the slot positions [0, length) of the S candidate's cells. The slot's own copy is
@@ -496,12 +568,44 @@ class CacheRouter:
             return True
         return self.resident is not None and self.resident.evict_one()
 
-    def tree_stats(self) -> dict | None:
-        """The shared tree's size: nodes, tokens on them, and tokens some owner holds."""
-        if self.tree is None:
-            return None
-        with self.tree.mutex:
-            return {"nodes": self.tree.n_nodes, "tokens": self.tree.n_tokens, "held_tokens": self.tree.held_tokens}
+    def stats(self) -> dict:
+        """Everything the cache reports (/cache/stats, /metrics), from counters read without
+        any lock the engine thread holds: a scrape never waits for a store or a restore."""
+        tree = self.tree
+        return {
+            "route": self.route,
+            "costs": self.costs.stats(),
+            "plans": {"by_plan": dict(self.by_plan), "shorter_than_longest": self.shorter_than_longest,
+                      "recent": list(self.recent_plans)},
+            "requests_by_source": dict(self.by_source),
+            "reused_tokens_by_source": dict(self.reused_tokens),
+            "fallbacks": self.fallbacks,
+            "deferrals": self.deferrals,
+            "tiers": {
+                "A": {"enabled": "A" in self.tiers, "slots": len(self.slots.slots),
+                      "idle_tokens_kept": sum(len(x.tokens) for x in tuple(self.slots.slots) if not x.busy),
+                      "idle_cells_limit": self.idle_cells, "idle_offloads": self.idle_offloads},
+                "S": self.resident.stats() if self.resident else {"enabled": False},
+                "H": self.host.stats() if self.host else {"enabled": False},
+                "D": self.disk.stats() if self.disk else {"enabled": False},
+            },
+            # the shared tree's size: nodes, tokens on them, and tokens some owner holds
+            "tree": None if tree is None else {"nodes": tree.n_nodes, "tokens": tree.n_tokens,
+                                               "held_tokens": tree.held_tokens},
+            "parked_cells": self.parked.cells() if self.parked else 0,
+            "write_back": self.parked.stats() if self.parked else {"enabled": False},
+            "lifecycle": self.registry.summary(),
+            "engine_thread": {"cache_ms": round(self.engine_ms, 3), "write_backs": self.write_backs,
+                              "write_back_ms": round(self.write_back_ms, 3),
+                              "max_step_cache_ms": round(self.max_step_cache_ms, 3)},
+        }
+
+    def close(self) -> None:
+        """After the engine stopped: finish the reads ahead and the disk writes."""
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+        if self.disk is not None:
+            self.disk.close()
 
     def flush(self) -> dict:
         freed = {}

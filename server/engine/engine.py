@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Engine", "ModelRunner", "QueueFull", "EngineStats", "Deliver", "deliver_inline"]
 
+# How often the engine looks for finished reads ahead when it has nothing else to do.
+LOAD_POLL_S = 0.002
+
 # Receives one step's events, in order, as (sink, event) pairs.
 Deliver = Callable[[list[tuple[EventSink, Event]]], None]
 
@@ -60,6 +63,12 @@ class ModelRunner(Protocol):
 
     def background(self, idle: bool) -> None:
         """Bounded cache work once per step after the decode (all of it when `idle`)."""
+
+    def advance_loads(self) -> None:
+        """Sequences whose cached prefix was read ahead (LOADING) become ready to prefill."""
+
+    def loads_ready(self) -> bool:
+        """A read ahead finished and waits for advance_loads (asked from the engine loop)."""
 
     def piece(self, token: int) -> bytes: ...
 
@@ -161,18 +170,28 @@ class Engine:
         while True:
             with self._wake:
                 while not self._stop and not self._has_work():
-                    self._wake.wait(timeout=1.0)
+                    self._wake.wait(timeout=LOAD_POLL_S if self.scheduler.running else 1.0)
                 if self._stop:
                     break
             try:
-                self.step()
+                worked = self.step()
             except Exception:  # keep serving: a bug in one step must not kill the server
                 log.exception("engine step failed")
+                worked = True
+            if not worked and self._loading():
+                with self._wake:  # only reads ahead to wait for: do not spin
+                    self._wake.wait(timeout=LOAD_POLL_S)
         self._fail_all("server shutting down")
         self._flush()
 
+    def _loading(self) -> bool:
+        return any(s.status is SeqStatus.LOADING for s in self.scheduler.running)
+
     def _has_work(self) -> bool:
-        return bool(self._jobs or self.scheduler.waiting or self.scheduler.running)
+        if self._jobs or self.scheduler.waiting:
+            return True
+        return (any(s.status is not SeqStatus.LOADING for s in self.scheduler.running)
+                or (bool(self.scheduler.running) and self.runner.loads_ready()))
 
     def step(self) -> bool:
         """Run one engine step and deliver its events, then the runner's bounded background
@@ -205,8 +224,7 @@ class Engine:
         for seq in cancelled:
             self._finish(seq, "cancelled")
         while True:
-            with self._lock:
-                adm = self.scheduler.admit_one()
+            adm = self.scheduler.admit_one(self._lock)  # decides without the lock (see admit_one)
             if adm is None:
                 break
             adm.seq.t_prefill_start = time.perf_counter()
@@ -215,6 +233,7 @@ class Engine:
             except Exception as exc:
                 log.warning("request %d failed while preparing: %s", adm.seq.id, exc)
                 self._finish(adm.seq, "error", error=str(exc))
+        self.runner.advance_loads()
         with self._lock:
             items = self.scheduler.plan()
         if not items:

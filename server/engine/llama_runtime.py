@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,29 +22,23 @@ from typing import Literal
 import llama_cpp
 import numpy as np
 
-from server.engine import paged_attention
+from server.engine import backend_devices, offload, paged_attention
 from server.engine.kv_full import KVCacheFull
+from server.engine.llama_backend import init_once as _init_backend_once
+from server.engine.model_weights import matmul_weights, read_tensor_types
 
 log = logging.getLogger(__name__)
 
 # llama.cpp refuses more sequences than this per context (LLAMA_MAX_SEQ).
 LLAMA_MAX_SEQ = 256
 
-_backend_lock = threading.Lock()
-_backend_ready = False
-
-
-def _init_backend_once() -> None:
-    global _backend_ready
-    with _backend_lock:
-        if not _backend_ready:
-            # llama-cpp-python routes llama.cpp's log through this logger and prints every
-            # level by default; keep warnings and errors (DEBUG logging shows all again).
-            lcp_log = logging.getLogger("llama-cpp-python")
-            if lcp_log.level == logging.NOTSET:
-                lcp_log.setLevel(logging.DEBUG if log.isEnabledFor(logging.DEBUG) else logging.WARNING)
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
+def _log_offload(report: offload.OffloadReport) -> None:
+    """The start-up lines that say where the model runs (WARNING when something meant for an
+    accelerator runs on the CPU, so it shows at every log level but error)."""
+    log.log(logging.WARNING if report.cpu_fallback else logging.INFO, "%s", report.log_line())
+    for message in (report.weights_warning(), *report.notes):
+        if message:
+            log.warning("%s", message)
 
 
 class ModelLoadError(RuntimeError):
@@ -152,6 +146,17 @@ class LlamaRuntime:
         self.model = llama_cpp.llama_model_load_from_file(str(config.model_path).encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"could not load model file {config.model_path}")
+        # Where layers and matmuls run, from the devices ggml opened and the file's weight types:
+        # llama.cpp says it only in INFO/DEBUG lines, which are filtered out (offload.py).
+        try:
+            self.devices = backend_devices.inventory()
+            self.offload = offload.plan(config.n_gpu_layers, int(llama_cpp.llama_model_n_layer(self.model)),
+                                        self.devices, matmul_weights(read_tensor_types(config.model_path)),
+                                        build_soc=os.environ.get("ARBOR_CANN_SOC_TYPE") or None)
+        except Exception:
+            llama_cpp.llama_model_free(self.model)
+            raise
+        _log_offload(self.offload)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
 
@@ -176,7 +181,7 @@ class LlamaRuntime:
             )
         try:
             self.paged_attn = paged_attention.configure(self.ctx, config.paged_attn, config.page_size,
-                                                        offloaded=config.n_gpu_layers != 0)
+                                                        offloaded=self.offload.offloaded > 0)
         except paged_attention.PagedAttentionUnavailable:
             llama_cpp.llama_free(self.ctx)
             llama_cpp.llama_model_free(self.model)

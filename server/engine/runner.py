@@ -15,7 +15,7 @@ from server.engine.llama_runtime import LlamaRuntime
 from server.engine.logprobs import token_logprob
 from server.engine.sampling import SamplerChain
 from server.engine.scheduler import Admission, StepItem
-from server.engine.sequence import NO_TOKEN, CacheReport, Sequence
+from server.engine.sequence import NO_TOKEN, CacheReport, Sequence, SeqStatus
 from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,13 @@ class PrefixProvider(Protocol):
 
     def background(self, idle: bool) -> None:
         """Once per engine step, after the decode: bounded cache work (all of it when `idle`)."""
+
+    def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
+        """Finish the preparations whose read ahead is done (restore what was read, or fall
+        back to computing): each sequence with its final report. Engine thread."""
+
+    def loads_ready(self) -> bool:
+        """A read ahead has finished and waits for advance_loads (any thread)."""
 
 
 class SlotReuseOnly:
@@ -65,6 +72,12 @@ class SlotReuseOnly:
     def background(self, idle: bool) -> None:
         pass
 
+    def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
+        return []
+
+    def loads_ready(self) -> bool:
+        return False
+
 
 class LlamaRunner:
     def __init__(self, runtime: LlamaRuntime, prefix_provider: PrefixProvider):
@@ -74,10 +87,23 @@ class LlamaRunner:
     def prepare(self, admission: Admission) -> None:
         seq = admission.seq
         seq.sampler = SamplerChain(seq.request.sampling, self.runtime.vocab, self.runtime.info.n_vocab)
-        report = self.prefix.provide(admission)
+        self._apply(seq, self.prefix.provide(admission))
+
+    @staticmethod
+    def _apply(seq: Sequence, report: CacheReport) -> None:
         seq.n_past = report.reused_tokens
         seq.n_cached = report.reused_tokens
         seq.cache_report = report
+        seq.status = SeqStatus.LOADING if report.loading else SeqStatus.PREFILLING
+
+    def advance_loads(self) -> None:
+        """Sequences whose prefix was read ahead become ready to prefill (or to compute it all)."""
+        for seq, report in self.prefix.advance_loads():
+            if seq.status is SeqStatus.LOADING:
+                self._apply(seq, report)
+
+    def loads_ready(self) -> bool:
+        return self.prefix.loads_ready()
 
     def forward(self, items: list[StepItem]) -> list[int | None]:
         tokens: list[int] = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from server.engine.sequence import Sequence, SeqStatus
@@ -70,15 +71,20 @@ class Scheduler:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting for a slot")
         self.waiting.append(seq)
 
-    def admit_one(self) -> Admission | None:
+    def admit_one(self, lock: AbstractContextManager = nullcontext()) -> Admission | None:
         """Give a free slot to the first waiting sequence that is not deferred, if any.
 
         The engine prepares each admission (its KV reuse) before asking for the next one,
-        so a deferral decision always sees what earlier admissions really hold.
+        so a deferral decision always sees what earlier admissions really hold. Only the
+        engine thread admits; other threads only append to `waiting` (`add`), so the
+        choice (prompt comparisons, deferral) runs without `lock`, which is taken only to
+        read the queue and to move the chosen sequence from `waiting` to `running`.
         """
         if not self.slots.idle:
             return None
-        for seq in list(self.waiting):
+        with lock:
+            waiting = list(self.waiting)
+        for seq in waiting:
             if self.defer is not None and self.defer(seq):
                 continue
             if not self.fits(seq):
@@ -86,11 +92,12 @@ class Scheduler:
             got = self.slots.acquire(seq.prompt, reuse=self.reuse)
             if got is None:
                 return None
-            self.waiting.remove(seq)
             slot, lcp = got
             seq.slot = slot
             seq.status = SeqStatus.PREFILLING
-            self.running.append(seq)
+            with lock:
+                self.waiting.remove(seq)
+                self.running.append(seq)
             return Admission(seq, slot, lcp)
         return None
 

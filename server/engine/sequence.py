@@ -30,6 +30,7 @@ NO_TOKEN = -1
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"        # in the queue, no slot yet
+    LOADING = "loading"        # has a slot; its cached prefix is being read (from disk) ahead of compute
     PREFILLING = "prefilling"  # has a slot; prompt tokens still to compute
     DECODING = "decoding"      # generating tokens
     FINISHED = "finished"
@@ -85,6 +86,9 @@ class CacheReport:
     restore_ms: float = 0.0
     plan: str = "compute"  # what the cache router chose (a source, or "compute")
     est_ms: float | None = None  # its estimated time to first token, when rates are known
+    # The prefix past reused_tokens is being read on an I/O thread: the sequence waits
+    # (LOADING) until the provider's advance_loads() hands over its final report.
+    loading: bool = False
 
 
 @dataclass(frozen=True)

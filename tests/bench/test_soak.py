@@ -1,6 +1,7 @@
 """The soak's short version: 60 seconds of mixed traffic at 2x the slots, with clients cutting
-streams, on all four cache tiers with small budgets. Nothing may answer 5xx, the server must
-stay up, and at rest the KV it holds must be what llama.cpp reports and within its budgets
+streams or abandoning whole answers, on all four cache tiers with small budgets. Nothing may
+answer 5xx, the server must stay up, no tier may hold more than its budget (buffers and files
+as they really are) at any sample, no slot may work once every client has gone, and at rest the KV it holds must be what llama.cpp reports and within its budgets
 (no cell held by nothing, also after a cache flush), and the disk tier's files must match its
 index. (The long run: python -m bench.soak.)"""
 
@@ -23,6 +24,8 @@ def test_sixty_second_soak(tmp_path):
     assert res.server_alive, log
     assert res.requests > 0 and res.server_errors == 0 and res.client_errors == 0, (res, log)
     assert set(res.by_status) == {"200"}, res
+    assert res.budget_violations == 0 and len(res.samples) > 10, res
+    assert res.answers_abandoned > 0 and res.busy_slots_after_clients_left == 0, res
     assert res.kv_end["idle"] and res.kv_end["slots_consistent"], res
     assert res.kv_end["slot_cells"] <= 2 * 2048 and res.kv_end["resident_cells"] <= 512, res
     assert res.disk_files == res.disk_index_files <= res.disk_index_entries, res

@@ -6,7 +6,8 @@ the script uses from a JSON scenario file named by FAKE_DOCKER_SCENARIO:
                            "port": "127.0.0.1:12345", "health_log": "..."}},
    "exec_rc": 0}
 Each `docker inspect` of a container returns its next state (the last one repeats). Every
-call is appended to FAKE_DOCKER_CALLS, one JSON argv list per line.
+call is appended to FAKE_DOCKER_CALLS, one JSON list per line: the name it was called by
+(FAKE_DOCKER_NAME, default "docker"), then its arguments.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def main(argv: list[str]) -> int:
     scenario_path = Path(os.environ["FAKE_DOCKER_SCENARIO"])
     scenario = json.loads(scenario_path.read_text())
     with open(os.environ["FAKE_DOCKER_CALLS"], "a") as calls:
-        calls.write(json.dumps(argv) + "\n")
+        calls.write(json.dumps([os.environ.get("FAKE_DOCKER_NAME", "docker"), *argv]) + "\n")
     services = scenario["services"]
     by_cid = {s["cid"]: s for s in services.values()}
 

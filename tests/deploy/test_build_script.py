@@ -65,3 +65,47 @@ def test_a_spec_other_than_the_patched_pin_is_refused():
                           timeout=60)
     assert done.returncode == 1
     assert "the patches are for 'llama-cpp-python==0.3.36'" in done.stderr
+
+
+def cuda_architectures(**env: str) -> str:
+    flags = configure("-DGGML_CUDA=ON", TARGETARCH="amd64", **env)
+    arch = [f for f in flags if f.startswith("-DCMAKE_CUDA_ARCHITECTURES=")]
+    return arch[0].split("=", 1)[1] if arch else ""
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("12.6.3", "70-real;75-real;80-real;86-real;89-real;90-real;90-virtual"),
+    ("12.2.2", "70-real;75-real;80-real;86-real;89-real;90-real;90-virtual"),
+    ("12.8.1", "70-real;75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual"),
+    ("13.0.1", "75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual"),
+])
+def test_cuda_default_is_real_code_for_every_datacentre_gpu_the_toolkit_has(version, expected):
+    """SASS for V100..H200 (B200/RTX 50 from 12.8, no Volta in CUDA 13): no JIT of PTX on those GPUs."""
+    assert cuda_architectures(CUDA_VERSION=version) == expected
+
+
+def test_cuda_architectures_can_be_one_gpu_or_ggmls_own_list():
+    assert cuda_architectures(CUDA_VERSION="12.6.3", CUDA_ARCHITECTURES="89") == "89"
+    assert cuda_architectures(CUDA_VERSION="12.6.3", CUDA_ARCHITECTURES="ggml") == ""
+    assert configure("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=75", TARGETARCH="amd64",
+                     CUDA_VERSION="12.6.3").count("-DCMAKE_CUDA_ARCHITECTURES=75") == 1
+    assert "CUDA" not in " ".join(configure(TARGETARCH="amd64", CUDA_VERSION="12.6.3")), "CPU builds get no CUDA flag"
+
+
+@pytest.mark.parametrize("version", ["", "twelve", "12"])
+def test_cuda_default_without_a_readable_version_is_refused(version):
+    done = subprocess.run([shutil.which("bash"), str(BUILD_SCRIPT), "--dry-run", SPEC, "-DGGML_CUDA=ON"],
+                          env={"PATH": "/usr/bin:/bin", "TARGETARCH": "amd64", "CUDA_VERSION": version},
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "CUDA_ARCHITECTURES=default needs CUDA_VERSION" in done.stderr
+
+
+@pytest.mark.parametrize("jobs", ["0", "four", "-2"])
+def test_build_jobs_must_be_a_positive_number(jobs):
+    done = subprocess.run([shutil.which("bash"), str(BUILD_SCRIPT), "--dry-run", SPEC],
+                          env={"PATH": "/usr/bin:/bin", "TARGETARCH": "amd64", "BUILD_JOBS": jobs},
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert f"BUILD_JOBS must be a positive number of jobs, got '{jobs}'" in done.stderr
+    assert configure(TARGETARCH="amd64", BUILD_JOBS="4")  # a number is accepted

@@ -62,7 +62,13 @@ def test_variant_renders_with_the_example_settings(rendered, variant):
     for name, service in services.items():
         for port in service["ports"]:
             assert str(port).startswith("127.0.0.1:"), f"{variant}/{name} publishes {port} beyond loopback"
-    assert set(rendered[variant]["volumes"]) == {"arbor-cache", "arbor-data", "arbor-logs"}
+    cuda_cache = {"arbor-cuda-cache"} if variant == "cuda" else set()
+    assert set(rendered[variant]["volumes"]) == {"arbor-cache", "arbor-data", "arbor-logs"} | cuda_cache
+    environment = services["server"]["environment"]
+    accelerated = variant != "cpu"
+    assert (environment.get("ARBOR_SERVER_N_GPU_LAYERS"), environment.get("ARBOR_SERVER_ALLOW_CPU_FALLBACK")) == (
+        ("999", "false") if accelerated else (None, None)), "an overlay refuses to run on the CPU unless told to"
+    assert "BUILD_JOBS" in build["args"], "every server image's llama.cpp build takes BUILD_JOBS"
 
 
 def test_cann_variant_has_devices_and_driver(rendered):
@@ -77,6 +83,21 @@ def test_cuda_variant_reserves_the_gpu(rendered):
     devices = rendered["cuda"]["services"]["server"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"capabilities": ["gpu"], "device_ids": ["0"], "driver": "nvidia"}]
     assert "deploy" not in rendered["cpu"]["services"]["server"]
+
+
+def test_cuda_variant_keeps_the_jit_cache_on_a_volume_and_takes_the_ubuntu_release(rendered):
+    server = rendered["cuda"]["services"]["server"]
+    cache = server["environment"]["CUDA_CACHE_PATH"]
+    assert f"arbor-cuda-cache:{cache}:rw" in server["volumes"]
+    assert server["build"]["args"]["CUDA_UBUNTU"] == "ubuntu24.04"
+    assert "CUDA_CACHE_PATH" not in rendered["cpu"]["services"]["server"]["environment"]
+
+
+def test_cuda_ubuntu_release_is_a_setting(tmp_path):
+    done = config(VARIANTS["cuda"], env_with(tmp_path, CUDA_VERSION="12.2.2", CUDA_UBUNTU="ubuntu22.04"))
+    assert done.returncode == 0, done.stderr
+    args = yaml.safe_load(done.stdout)["services"]["server"]["build"]["args"]
+    assert (args["CUDA_VERSION"], args["CUDA_UBUNTU"]) == ("12.2.2", "ubuntu22.04")
 
 
 def test_the_example_as_copied_is_refused_until_the_model_is_set():

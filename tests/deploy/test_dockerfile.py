@@ -133,16 +133,62 @@ def test_accelerator_builds_enable_their_backend():
         assert "GGML_CANN" not in PARSED[name][1]["build"].text("RUN")
 
 
-def test_cuda_architectures_default_to_ggmls_own_list():
-    """No fixed list (80;86;89;90 left T4 and V100 without kernels): 'default' passes none."""
-    build = PARSED["server-cuda"][1]["build"]
+def test_cuda_build_hands_the_architecture_choice_and_the_toolkit_version_to_the_build_script():
+    """'default' is real code per GPU generation, chosen by build-llama-cpp.sh from CUDA_VERSION
+    (tests/deploy/test_build_script.py runs that choice); the Dockerfile passes both through."""
+    head, stages = PARSED["server-cuda"]
+    build = stages["build"]
     assert arg_declarations(build.instructions)["CUDA_ARCHITECTURES"] == "default"
+    assert {"CUDA_VERSION", "CUDA_UBUNTU"} <= set(arg_declarations(head))
     run = next(r for r in build.text("RUN").split("\n") if "build-llama-cpp.sh" in r)
-    setup = run.split(" && TARGETARCH=")[0]  # the lines choosing the architecture argument
-    for value, expected in (("default", ""), ("75;86", "-DCMAKE_CUDA_ARCHITECTURES=75;86")):
-        done = subprocess.run([shutil.which("bash"), "-c", f'{setup}; printf %s "$arch_arg"'],
-                              env={"CUDA_ARCHITECTURES": value}, capture_output=True, text=True, check=True)
-        assert done.stdout == expected
+    assert 'CUDA_ARCHITECTURES="$CUDA_ARCHITECTURES"' in run and 'CUDA_VERSION="$CUDA_VERSION"' in run
+    assert "CMAKE_CUDA_ARCHITECTURES" not in run
+    for stage in stages.values():
+        assert stage.base.endswith("-${CUDA_UBUNTU}"), "build and runtime images follow CUDA_UBUNTU"
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_BACKENDS))
+def test_every_llama_cpp_build_takes_build_jobs(name):
+    build = PARSED[name][1]["build"]
+    assert "BUILD_JOBS" in arg_declarations(build.instructions)
+    run = next(r for r in build.text("RUN").split("\n") if "build-llama-cpp.sh" in r)
+    assert 'BUILD_JOBS="$BUILD_JOBS"' in run
+
+
+def test_cuda_runtime_owns_the_jit_cache_directory_of_the_overlay():
+    """A named volume copies the ownership of its mount point from the image: uid 10001 must own it."""
+    cache = load_compose("compose.cuda.yaml")["services"]["server"]["environment"]["CUDA_CACHE_PATH"]
+    runs = PARSED["server-cuda"][1]["server"].text("RUN")
+    assert re.search(rf"mkdir -p [^\n]*{re.escape(cache)}", runs)
+    assert re.search(rf"chown arbor:arbor [^\n]*{re.escape(cache)}", runs)
+
+
+def test_cann_runtime_records_the_soc_it_was_built_for():
+    """arbor-server checks the model's weight types against the SoC the backend was compiled for."""
+    server = PARSED["server-cann"][1]["server"]
+    assert "ARBOR_CANN_SOC_TYPE ${SOC_TYPE}" in server.text("ENV")
+    assert arg_declarations(server.instructions)["SOC_TYPE"] == arg_declarations(
+        PARSED["server-cann"][1]["build"].instructions)["SOC_TYPE"]
+
+
+@pytest.mark.parametrize("version", ["ubuntu24.04", "ubuntu22.04"])
+def test_install_python_picks_an_interpreter_of_at_least_3_11(tmp_path, version):
+    """docker/install-python.sh against a fake apt-get and python3 of each Ubuntu release."""
+    script = REPO / "docker" / "install-python.sh"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    distro_minor = {"ubuntu24.04": 12, "ubuntu22.04": 10}[version]
+    (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "apt-get $*" >> {tmp_path / "apt.log"}\n')
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nexit $(( {distro_minor} < 11 ))\n")
+    (bin_dir / "python3.11").write_text("#!/bin/sh\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    done = subprocess.run([shutil.which("bash"), str(script), "--dev"], env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    expected = "python3" if distro_minor >= 11 else "python3.11"
+    assert done.stdout == f"{bin_dir / expected}\n", "stdout holds only the interpreter's path"
+    assert f"install -y --no-install-recommends {expected}-venv {expected}-dev" in (tmp_path / "apt.log").read_text()
 
 
 @pytest.mark.parametrize(("soc", "graph"), [("Ascend910B3", "ON"), ("Ascend910B4", "ON"), ("Ascend310P3", "OFF")])

@@ -144,15 +144,15 @@ def wait_for_writes(server: RunningServer, timeout_s: float = 60) -> None:
 def plant_bad_files(cache_dir: Path) -> dict[str, Path]:
     """Next to the real files: a torn copy of one (its body cut short), a sound file of another
     model over the same tokens, and garbage. None of them may ever be restored."""
-    from server.cache.disk_tier import read_header, read_segment_file, write_segment_file
+    from server.cache.disk_tier import encode_segment, read_header, read_segment_file, write_segment_file
 
     real = sorted(segment_files(cache_dir), key=lambda p: p.stat().st_mtime)[0]
     header, _, _ = read_header(real)
     data = real.read_bytes()
     torn = cache_dir / "planted-torn.kvseg"
     torn.write_bytes(data[: len(data) * 2 // 3])
-    other = write_segment_file(cache_dir, "another-model-" + header["fingerprint"], header["tokens"],
-                               read_segment_file(real, header["fingerprint"]))
+    other = write_segment_file(cache_dir, encode_segment("another-model-" + header["fingerprint"], header["tokens"],
+                                                         read_segment_file(real, header["fingerprint"])))
     garbage = cache_dir / "planted-garbage.kvseg"
     garbage.write_bytes(os.urandom(4096))
     return {"torn": torn, "foreign": other.path, "garbage": garbage}

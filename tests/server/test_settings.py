@@ -60,3 +60,28 @@ def test_kv_events_need_a_tier_the_tree_holds():
     for flags in (["--cache-tiers", "A"], ["--no-cache"]):
         with pytest.raises(ValidationError, match="kv-events-endpoint publishes the radix tree"):
             settings_from_args(["--kv-events-endpoint", "tcp://*:5557", *flags])
+
+
+def test_cpu_fallback_flag_needs_layers_asked_of_an_accelerator(monkeypatch):
+    assert settings_from_args(["--n-gpu-layers", "99", "--allow-cpu-fallback"]).allow_cpu_fallback
+    assert not settings_from_args(["-ngl", "-1"]).allow_cpu_fallback
+    with pytest.raises(ValidationError, match="only matters with --n-gpu-layers"):
+        settings_from_args(["--allow-cpu-fallback"])
+    monkeypatch.setenv("ARBOR_SERVER_ALLOW_CPU_FALLBACK", "true")
+    monkeypatch.setenv("ARBOR_SERVER_N_GPU_LAYERS", "999")
+    assert settings_from_args([]).allow_cpu_fallback  # how the compose overlays set it
+    monkeypatch.setenv("ARBOR_SERVER_ALLOW_CPU_FALLBACK", "maybe")
+    with pytest.raises(ValidationError):
+        settings_from_args([])
+
+
+def test_version_lists_the_backends_and_devices_llama_cpp_sees(capsys):
+    pytest.importorskip("llama_cpp")
+    from server.cli import main
+    from server.engine.backend_devices import inventory
+
+    main(["--version"])
+    out = capsys.readouterr().out
+    for line in inventory().lines():
+        assert line.split(",")[0] in out
+    assert "backends: " in out and "CPU (1 device)" in out

@@ -17,37 +17,21 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 def _stats(model, measure: bool) -> dict:
     r, s = model.router, model.slots
-    slot_tokens = [list(x.tokens) for x in s.slots if not x.busy]
-    out = {
-        "route": r.route if r else "slot reuse only",
-        "costs": r.costs.stats() if r else None,
-        "plans": {"by_plan": dict(r.by_plan), "shorter_than_longest": r.shorter_than_longest,
-                  "recent": list(r.recent_plans)} if r else None,
-        "note": model.cache_note,
-        "requests_by_source": dict(r.by_source) if r else None,
-        "reused_tokens_by_source": dict(r.reused_tokens) if r else None,
-        "fallbacks": r.fallbacks if r else 0,
-        "deferrals": r.deferrals if r else 0,
-        "tiers": {
-            "A": {"enabled": r is None or "A" in r.tiers, "slots": len(s.slots),
-                  "idle_tokens_kept": sum(len(t) for t in slot_tokens),
-                  "idle_cells_limit": r.idle_cells if r else None,
-                  "idle_offloads": r.idle_offloads if r else 0},
-            "S": r.resident.stats() if r and r.resident else {"enabled": False},
-            "H": r.host.stats() if r and r.host else {"enabled": False},
-            "D": r.disk.stats() if r and r.disk else {"enabled": False},
-        },
-        "tree": r.tree_stats() if r else None,
-        "kv": {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
-               "parked_cells": r.parked.cells() if r and r.parked else 0},
-        "write_back": r.parked.stats() if r and r.parked else {"enabled": False},
-        "lifecycle": r.registry.summary() if r else None,
-        "engine_thread": {"decode_ms": round(model.engine.stats().busy_seconds * 1000.0, 3),
-                          "cache_ms": round(r.engine_ms, 3) if r else 0.0,
-                          "write_backs": r.write_backs if r else 0,
-                          "write_back_ms": round(r.write_back_ms, 3) if r else 0.0,
-                          "max_step_cache_ms": round(r.max_step_cache_ms, 3) if r else 0.0},
-    }
+    if r is not None:
+        out = r.stats()
+    else:
+        off = {"enabled": False}
+        out = {"route": "slot reuse only", "costs": None, "plans": None, "requests_by_source": None,
+               "reused_tokens_by_source": None, "fallbacks": 0, "deferrals": 0,
+               "tiers": {"A": {"enabled": True, "slots": len(s.slots),
+                               "idle_tokens_kept": sum(len(x.tokens) for x in s.slots if not x.busy),
+                               "idle_cells_limit": None, "idle_offloads": 0}, "S": off, "H": off, "D": off},
+               "tree": None, "parked_cells": 0, "write_back": off, "lifecycle": None,
+               "engine_thread": {"cache_ms": 0.0, "write_backs": 0, "write_back_ms": 0.0, "max_step_cache_ms": 0.0}}
+    out["note"] = model.cache_note
+    out["kv"] = {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
+                 "parked_cells": out.pop("parked_cells")}
+    out["engine_thread"]["decode_ms"] = round(model.engine.stats().busy_seconds * 1000.0, 3)
     if measure:
         from server.cache.resident import union_positions
 

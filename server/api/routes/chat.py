@@ -41,7 +41,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     piece = functools.partial(model.runtime.piece, special=True) if body.logprobs_k is not None else None
 
     if not body.stream:
-        got = await choices.collect(watch=request)
+        got = await choices.collect(request)
         if got is None:  # client went away; nobody reads this
             return APIError("client disconnected", status=499).response()
         return R.chat_completion(rid, name, [_choice(c, prepared.tool_names, piece) for c in got])

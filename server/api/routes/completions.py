@@ -30,7 +30,7 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
     piece = functools.partial(model.runtime.piece, special=True) if body.logprobs_k is not None else None
 
     if not body.stream:
-        got = await choices.collect(watch=request)
+        got = await choices.collect(request)
         if got is None:
             return APIError("client disconnected", status=499).response()
         return R.text_completion(rid, name, [

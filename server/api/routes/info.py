@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
@@ -11,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
 from server.build_info import arbor_version, build_string
+from server.engine.offload import OffloadReport
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -78,7 +80,26 @@ async def props(state: StateDep, model: ModelDep):
                 "page_size": model.runtime.paged_attn.page_size,
                 "note": model.runtime.paged_attn.note,
             },
+            "devices": [asdict(d) for d in model.runtime.devices.devices],
+            "offload": _offload(model.runtime.offload),
         },
+    }
+
+
+def _offload(report: OffloadReport) -> dict:
+    """Where the layers and matmuls run (server/engine/offload.py says what each field means)."""
+    return {
+        "n_gpu_layers": report.n_gpu_layers,
+        "layers_offloaded": report.offloaded,
+        "layers_total": report.offloadable,
+        "offload_devices": list(report.devices),
+        "backend": report.backend,
+        "soc": report.soc,
+        "cpu_fallback": report.cpu_fallback,
+        "weight_types": report.weight_types,
+        "cpu_weight_types": report.cpu_weight_types,
+        "needed_weight_types": list(report.needed_types),
+        "warnings": [m for m in (report.weights_warning(), *report.notes) if m],
     }
 
 

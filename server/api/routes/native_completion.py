@@ -25,6 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field, field_validator
 
 from server.api import responses as R
+from server.api.client_watch import ClientWatch
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError, invalid
 from server.api.generation import Generation, engine_error
@@ -100,7 +101,8 @@ async def completion(body: NativeCompletionRequest, request: Request, state: Sta
     piece = functools.partial(model.runtime.piece, special=True) if body.n_probs else None
 
     if not body.stream:
-        got = await generation.collect(watch=request)
+        async with ClientWatch(request) as watch:
+            got = await generation.collect(watch)
         if got is None:
             return APIError("client disconnected", status=499).response()
         final = _final(name, got.text, got.tokens if body.return_tokens else None, prepared.prompt_text, got.fin)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
+from server.cache.eviction import LifecycleClass, LifecyclePolicy
 from server.cache.lifecycle import (
+    MAX_NODE_SESSIONS,
     PIN_HEADER,
     SESSION_HEADER,
     STATE_HEADER,
@@ -78,7 +78,7 @@ def test_invalid_hints_raise_with_the_offending_field(body, headers, param):
 def test_registry_records_latest_state_and_pins():
     reg = SessionRegistry()
     reg.observe(CacheHint())  # no session: ignored
-    assert reg.sessions() == ()
+    assert reg.summary()["sessions"] == 0
     reg.observe(CacheHint("s"))
     assert reg.state("s") == "active" and not reg.is_pinned("s")
     reg.observe(CacheHint("s", "tool_wait", pin=True))
@@ -115,7 +115,8 @@ def test_bare_hints_change_only_what_they_name():
     reg.apply(CacheHint("new", "tool_wait"))
     assert reg.apply(CacheHint("new", "done")).pinned is False, "done named alone releases"
     reg.apply(CacheHint("new", "active", pin=True))
-    assert reg.summary() == {"sessions": 2, "pinned": 1, "by_state": {"active": 1, "tool_wait": 1, "done": 0}}
+    assert reg.summary() == {"sessions": 2, "max_sessions": 4096, "pinned": 1,
+                             "by_state": {"active": 1, "tool_wait": 1, "done": 0}, "aged_out": 0}
 
 
 def test_releasing_an_unknown_session_records_nothing():
@@ -123,45 +124,74 @@ def test_releasing_an_unknown_session_records_nothing():
     for hint in (CacheHint("gone", "done"), CacheHint("gone", pin=False), CacheHint("gone")):
         status = reg.apply(hint)
         assert not status.known and status.state is None and not status.pinned
-    assert reg.sessions() == ()
+    assert reg.summary()["sessions"] == 0
     with pytest.raises(CacheHintError) as err:
         reg.apply(CacheHint())
     assert err.value.param == "session"
 
 
-def test_registry_tips_follow_a_growing_conversation_and_keep_branches():
+def test_observe_tags_the_whole_path_and_branches():
     tree, insert = simulated_tree()
     reg = SessionRegistry()
-    t1 = insert([1, 2]).last_node
-    reg.observe(CacheHint("s"), t1)
-    t2 = insert([1, 2, 3, 4]).last_node
-    reg.observe(CacheHint("s"), t2)
-    assert reg.tips("s") == (t2,), "the older tip is an ancestor of the new one"
-    branch = insert([1, 2, 7]).last_node
-    reg.observe(CacheHint("s"), branch)
-    assert set(reg.tips("s")) == {t2, branch}
-    assert all("s" in n.sessions for n in tree.nodes())
+    reg.observe(CacheHint("s"), insert([1, 2]).last_node)
+    reg.observe(CacheHint("s"), insert([1, 2, 3, 4]).last_node)
+    reg.observe(CacheHint("s"), insert([1, 2, 7]).last_node)
+    assert all(n.sessions == {"s"} for n in tree.nodes())
 
 
-def test_registry_drops_evicted_tips_without_holding_them():
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_sessions_that_send_no_hint_for_a_while_are_forgotten():
+    clock = Clock()
+    reg = SessionRegistry(idle_seconds=60, clock=clock)
+    reg.observe(CacheHint("old", "tool_wait", pin=True))
+    clock.now = 30
+    reg.observe(CacheHint("recent"))
+    clock.now = 61
+    reg.observe(CacheHint("new"))
+    assert not reg.status("old").known, "idle past the limit, even pinned"
+    assert reg.status("recent").known and reg.status("new").known
+    assert reg.summary()["sessions"] == 2 and reg.summary()["aged_out"] == 1
+
+
+def test_finished_sessions_are_kept_up_to_a_bound_oldest_first():
+    reg = SessionRegistry(max_done=3)
+    for i in range(10):
+        reg.observe(CacheHint(f"s{i}", "done"))
+    reg.observe(CacheHint("live"))
+    assert [reg.status(f"s{i}").known for i in range(10)] == [False] * 7 + [True] * 3
+    assert reg.status("live").known
+    reg.observe(CacheHint("s9", "active"))  # back from done: no longer counts as finished
+    for i in range(10, 13):
+        reg.observe(CacheHint(f"s{i}", "done"))
+    assert reg.status("s9").known and not reg.status("s7").known
+
+
+def test_the_registry_never_holds_more_than_max_sessions():
+    reg = SessionRegistry(max_sessions=100)
+    for i in range(1000):
+        reg.observe(CacheHint(f"s{i}", "active"))
+        assert reg.summary()["sessions"] <= 100
+    assert reg.status("s999").known and not reg.status("s0").known
+
+
+def test_a_node_every_session_passes_keeps_a_bounded_set_and_its_rank():
     tree, insert = simulated_tree()
     reg = SessionRegistry()
-    tip = insert([1, 2]).last_node
-    reg.observe(CacheHint("s"), tip)
-    res = tree.flush("H")
-    assert reg.tips("s") == ()
-    del res, tip
-    gc.collect()
-    assert len(reg._sessions["s"].tips) == 0
-
-
-def test_forget_removes_session_and_tags():
-    tree, insert = simulated_tree()
-    reg = SessionRegistry()
-    reg.observe(CacheHint("a", "done"), insert([1, 2]).last_node)
-    reg.observe(CacheHint("b", "active"), insert([1, 3]).last_node)
-    assert reg.forget_done(tree) == 1
-    assert reg.sessions() == ("b",)
-    assert all("a" not in n.sessions for n in tree.nodes())
-    reg.forget("b", tree.nodes())
-    assert reg.sessions() == () and all(not n.sessions for n in tree.nodes())
+    policy = LifecyclePolicy(reg)
+    system = insert([1, 2, 3]).last_node
+    reg.observe(CacheHint("waiting", "tool_wait"), insert([1, 2, 3, 99]).last_node)
+    for i in range(500):
+        reg.observe(CacheHint(f"s{i}", "done" if i % 2 else "active"), insert([1, 2, 3, 100 + i]).last_node)
+        assert len(system.sessions) <= MAX_NODE_SESSIONS
+    reg.observe(CacheHint("pinned", pin=True), insert([1, 2, 3, 7]).last_node)
+    assert "waiting" in system.sessions and "pinned" in system.sessions
+    assert policy.classify(system) is None, "a pinned session still protects the shared prefix"
+    reg.observe(CacheHint("pinned", "done"))
+    assert policy.classify(system) is LifecycleClass.TOOL_WAIT

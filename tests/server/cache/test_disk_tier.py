@@ -47,6 +47,35 @@ def test_a_split_by_the_writer_does_not_move_a_pending_read(disk):
     disk.tree.check_invariants()
 
 
+def test_a_load_reads_each_file_once_and_nothing_before_its_start(disk, monkeypatch):
+    import server.cache.disk_tier as disk_tier
+
+    a = list(range(100, 160))
+    disk.store(a[:20], [(0, kv_for(a, 0, 20))])
+    disk.wait_idle()
+    disk.store(a, [(0, kv_for(a, 0, 60))])  # a second file: positions 20..60
+    disk.wait_idle()
+    for cut in (30, 40, 50):  # three splits of the second file's range
+        b = a[:cut] + [cut]
+        disk.store(b, [(0, kv_for(b, 0, len(b)))])
+        disk.wait_idle()
+    match = disk.match(a)
+    assert len(match.parts) == 5 and len({seg.file.path for seg, _ in match.parts}) == 2
+    reads: list = []
+    real = disk_tier.read_header
+    monkeypatch.setattr(disk_tier, "read_header", lambda path: reads.append(path.name) or real(path))
+    got = disk.load(match)
+    assert len(reads) == 2 and len(set(reads)) == 2, "each file once"
+    assert len(got.segments) == 1 and positions(got.segments[0]) == list(range(60))
+    assert got.segments[0].blob is not None, "a state llama.cpp restores as it is, no further join"
+    reads.clear()
+    tail = disk.load(match, start=25)
+    assert len(reads) == 1, "the first file holds nothing past position 25: not read"
+    assert positions(tail.segments[0]) == list(range(25, 60)) and tail.segments[0].pos0 == 25
+    assert [int(r[1]) for r in tail.segments[0].k[0]] == a[25:60]
+    disk.tree.check_invariants()
+
+
 def test_a_range_that_does_not_start_where_the_match_needs_is_refused(disk):
     a = list(range(50))
     disk.store(a, [(0, kv_for(a, 0, 20)), (20, kv_for(a, 20, 50))])

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from server.cache.disk_tier import (
-    MAGIC, SUFFIX, CorruptSegmentFile, DiskTier, read_segment_file, write_segment_file,
+    MAGIC, SUFFIX, CorruptSegmentFile, DiskTier, encode_segment, read_segment_file, write_segment_file,
 )
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_format import KVLayout, KVSegment
@@ -213,7 +213,7 @@ def test_files_of_another_model_or_format_are_foreign_skipped_and_kept(tmp_path)
     files = stored(tmp_path)
     kv_dir = tmp_path / "kv"
     # another model wrote this (every checksum is valid): a stranger, not damage
-    other = write_segment_file(kv_dir, "another-model", A, kv_for(A, 0, len(A)))
+    other = write_segment_file(kv_dir, encode_segment("another-model", A, kv_for(A, 0, len(A))))
     # an older version of the format
     header, body = header_and_body(files["B"])
     old = kv_dir / f"old{SUFFIX}"

@@ -131,6 +131,54 @@ def test_disk_tier_survives_a_restart(tmp_path, reference):
         model.close()
 
 
+def test_a_disk_read_runs_ahead_while_another_request_decodes(tmp_path, reference, monkeypatch):
+    """The disk part of a plan is read on the I/O thread: a request already decoding keeps
+    decoding meanwhile, and the request that waited for its read gets the right answer."""
+    import server.cache.disk_tier as disk_tier
+
+    model = load(tmp_path)
+    try:
+        trunk = _store_trunk(model)
+    finally:
+        model.close()
+    model = load(tmp_path)  # a fresh server: only the disk holds the trunk
+    reading, read_done, slow = threading.Event(), threading.Event(), threading.Event()
+    real = disk_tier.read_ranges
+
+    def slow_read(*args):
+        if not slow.is_set():
+            return real(*args)
+        reading.set()
+        time.sleep(1.5)  # a slow disk
+        try:
+            return real(*args)
+        finally:
+            read_done.set()
+
+    monkeypatch.setattr(disk_tier, "read_ranges", slow_read)
+    try:
+        other = chat_tokens(model, "You tell long stories.", "Tell me a story about a pump.")
+        long_run = threading.Thread(target=generate, args=(model, other, 150))
+        long_run.start()
+        while model.engine.stats().n_decode_calls < 10:
+            time.sleep(0.01)
+        slow.set()
+        got: dict = {}
+        waiting = threading.Thread(target=lambda: got.update(r=generate(model, trunk, max_tokens=6)))
+        waiting.start()
+        assert reading.wait(60)
+        decodes_at_start = model.engine.stats().n_decode_calls
+        assert read_done.wait(60)
+        assert model.engine.stats().n_decode_calls - decodes_at_start >= 5, "the engine waited for the disk"
+        waiting.join(120)
+        long_run.join(300)
+        assert got["r"].final.cache.source == "D"
+        assert got["r"].text == generate(reference, trunk, max_tokens=6).text
+        _assert_no_leak(model)
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize("fault", ["corrupt", "missing", "halfway", "scratch"])
 def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
     model = load(tmp_path, cache_tiers=("A", "D"), cache_dir=tmp_path / "kv")
@@ -163,7 +211,7 @@ def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
 
 
 def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
-    from server.cache.disk_tier import read_header, read_segment_file, write_segment_file
+    from server.cache.disk_tier import encode_segment, read_header, read_segment_file, write_segment_file
 
     kv = tmp_path / "kv"
     model = load(tmp_path)
@@ -175,7 +223,7 @@ def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
     original = sorted(kv.glob("*.kvseg"))[0]
     header, _, _ = read_header(original)
     # a sound file of another model over the same tokens: it must never be restored here
-    write_segment_file(kv, "x" + fingerprint, header["tokens"], read_segment_file(original, fingerprint))
+    write_segment_file(kv, encode_segment("x" + fingerprint, header["tokens"], read_segment_file(original, fingerprint)))
     (kv / "garbage.kvseg").write_bytes(b"not a segment")
     model = load(tmp_path)
     try:

@@ -57,6 +57,12 @@ class SimRunner:
     def background(self, idle: bool) -> None:
         pass
 
+    def advance_loads(self) -> None:
+        pass
+
+    def loads_ready(self) -> bool:
+        return False
+
     def reclaim(self, slots: SlotPool) -> bool:
         def forget(slot):
             self.held.pop(slot.seq_id, None)
