@@ -133,8 +133,9 @@ class ServerSettings(BaseSettings):
             raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
                              "drop --flash-attn off or use --paged-attn auto|off")
         if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
+            off = ", --no-cache" if self.no_cache else ""
             raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "
-                             f"enable one (tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
+                             f"enable one (tiers: {','.join(self.cache_tiers)}{off})")
         if self.cache_idle_cells is not None and not (self.tier_enabled("H") or self.tier_enabled("D")):
             raise ValueError("--cache-idle-cells writes idle slots back to host or disk: it needs tier H or D "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
