@@ -142,8 +142,9 @@ class ServerSettings(BaseSettings):
             raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
                              "drop --flash-attn off or use --paged-attn auto|off")
         if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
+            off = ", --no-cache" if self.no_cache else ""
             raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "
-                             f"enable one (tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
+                             f"enable one (tiers: {','.join(self.cache_tiers)}{off})")
         if self.allow_cpu_fallback and self.n_gpu_layers == 0:
             raise ValueError("--allow-cpu-fallback only matters with --n-gpu-layers (layers asked of an accelerator); "
                              "with --n-gpu-layers 0 the server runs on the CPU anyway: drop it or set --n-gpu-layers")

@@ -19,7 +19,6 @@ from app.db.models import (
 from app.errors import Conflict, NotFound, WorkbenchError
 
 
-
 def create_session(db: Session, scenario: str, title: str = "") -> AgentSession:
     session = AgentSession(scenario=scenario, title=title)
     db.add(session)

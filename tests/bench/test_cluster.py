@@ -1,12 +1,16 @@
 """Two arbor-servers (embedded model, one thread each) behind a real SMG router process.
 
 - Affinity and balance: 8 agent sessions x 4 turns, 4 sessions at a time, through SMG
-  cache_aware: every session stays on one replica (>= 90% of its turns), each replica is the
-  home of at least a quarter of the sessions, and the replicas compute at most 0.6x the prompt
-  tokens that SMG round_robin makes them compute on the same workload (fresh replicas each).
-  The session hint (in the body) rides through the router: each replica knows exactly its
-  own sessions.
-- A router cache flush (`POST /flush_cache`) reaches every replica.
+  cache_aware: every session stays on one replica (>= 90% of its turns) and each replica is
+  the home of at least a quarter of the sessions. The session hint (in the body) rides
+  through the router: each replica knows exactly its own sessions. A router cache flush
+  (`POST /flush_cache`) reaches every replica.
+- Computed prompt tokens: the same sessions one at a time, SMG cache_aware against SMG
+  round_robin (fresh replicas each): cache_aware computes at most 0.6x. One at a time, because
+  round_robin's count is then what round robin does (each session's turns alternate between
+  the replicas); with 4 sessions in flight it depends on the order requests arrive in (in
+  lockstep an even number of sessions keeps each on one replica by accident), and measured
+  0.58-0.63x over runs (docs/benchmarks.md).
 - Failover: a replica killed mid-run; every later request succeeds, none gets a 5xx.
 """
 
@@ -40,15 +44,17 @@ def _needs():
 
 
 def _workload(sessions: int, seed: int = 0):
-    return agent_sessions(sessions=sessions, turns=4, system_len=40, user_len=400, tool_result_len=15,
+    return agent_sessions(sessions=sessions, turns=4, system_len=40, user_len=300, tool_result_len=15,
                           tool_call_len=8, output_len=8, model=ALIAS, seed=seed).lines
 
 
-def _run(policy: str, lines, log_dir, extra=()):
+def _run(policy: str, lines, log_dir, concurrency: int, extra=()):
+    """Fresh replicas behind SMG `policy`; the run, the replicas' URLs, the sessions each knows,
+    and what a router flush did: (S and H entries before, the answer, entries after)."""
     with replicas(2, REPLICA_ARGS, log_dir / policy) as servers:
         urls = [s.base_url for s in servers]
         with router(urls, log_dir / policy, policy, extra) as smg:
-            run = asyncio.run(drive(smg.base_url, lines, concurrency=4, think_max_s=1.5))
+            run = asyncio.run(drive(smg.base_url, lines, concurrency=concurrency, think_max_s=1.5))
             sessions_known = {u: httpx.get(u + "/cache/stats", timeout=30).json()["lifecycle"]["sessions"]
                               for u in urls}
             held = {u: _held(u) for u in urls}
@@ -64,22 +70,28 @@ def _held(url: str) -> int:
 
 def test_cache_aware_keeps_sessions_home_and_balances(tmp_path):
     _needs()
-    lines = _workload(8)
-    aware, urls, known, (held, flushed, held_after) = _run("cache_aware", lines, tmp_path, SMG_CACHE_AWARE)
-    rr, _, _, _ = _run("round_robin", lines, tmp_path)
-
-    assert aware.statuses() == {200: 32} and rr.statuses() == {200: 32}, (aware.turns, rr.turns)
+    aware, urls, known, (held, flushed, held_after) = _run("cache_aware", _workload(8), tmp_path, 4,
+                                                           SMG_CACHE_AWARE)
+    assert aware.statuses() == {200: 32}, aware.turns
     affinity = aware.affinity()
     assert all(share >= 0.9 for share in affinity.values()), affinity
     homes = aware.home()
     per_replica = {u: sum(1 for h in homes.values() if h == u) for u in urls}
     assert all(n >= 2 for n in per_replica.values()), per_replica  # a quarter of 8 sessions each
-    assert aware.computed() <= 0.6 * rr.computed(), (aware.computed(), rr.computed())
     # the session hint went through SMG to the replica that ran the session
     assert known == per_replica, (known, per_replica)
     # SMG's POST /flush_cache reaches every replica's /cache/flush
     assert flushed.status_code == 200, flushed.text
     assert sum(held.values()) > 0 and sum(held_after.values()) == 0, (held, held_after)
+
+
+def test_cache_aware_computes_at_most_0_6x_round_robin(tmp_path):
+    _needs()
+    lines = _workload(8, seed=2)
+    aware, _, _, _ = _run("cache_aware", lines, tmp_path, 1, SMG_CACHE_AWARE)
+    rr, _, _, _ = _run("round_robin", lines, tmp_path, 1)
+    assert aware.statuses() == {200: 32} and rr.statuses() == {200: 32}, (aware.turns, rr.turns)
+    assert aware.computed() <= 0.6 * rr.computed(), (aware.computed(), rr.computed())
 
 
 def test_a_replica_killed_mid_run_costs_no_request(tmp_path):
