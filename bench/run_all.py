@@ -35,7 +35,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.manifest import ManifestLine
-from app.replay.generators import agent_sessions, branch_fanout, shared_prefix_groups, unique_prompts
+from app.replay.generators import (
+    agent_sessions, branch_fanout, shared_prefix_groups, story_writer_requests, unique_prompts,
+)
 from app.replay.runner import ReplaySettings, replay
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 import httpx
@@ -68,6 +70,10 @@ def workloads(quick: bool, large: bool = False) -> dict:
         "branch_fanout": branch_fanout(branches=4 * n, trunk_len=int(400 * s), branch_len=32, output_len=12),
         # no sharing at all: what the cache's bookkeeping costs
         "unique": unique_prompts(count=(8 if quick else 12) * n, prompt_len=int(200 * s), output_len=12),
+        # seed 002's shape with --large only: 8 story-writer prompts at once, each most of the
+        # embedded model's 8K context (50K prompt tokens without a cache; give the servers the
+        # cells: --only story_writer --parallel 8 --concurrency 8 --ctx-size 65536)
+        **({"story_writer": story_writer_requests(requests=8, output_len=128)} if large else {}),
     }
 
 

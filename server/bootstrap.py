@@ -1,17 +1,17 @@
 """Composition root: settings -> llama.cpp runtime -> prefix provider -> engine.
 
 This is the only module that knows how the pieces fit; routes receive the finished
-`LoadedModel` through `server.api.state`.
+`LoadedModel` through `server.api.state` (the API layer adds what only HTTP needs, such as
+the chat template's renderer).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.api.chat_template import ChatTemplate
-from server.api.responses import ServedModel
 from server.build_info import system_fingerprint
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LifecyclePolicy
@@ -20,7 +20,6 @@ from server.cache.host_tier import HostTier
 from server.cache.kv_ops import KVOps
 from server.cache.lifecycle import SessionRegistry
 from server.cache.radix_tree import RadixTree
-from server.cache.resident import ResidentOwners
 from server.cache.router import CacheRouter
 from server.engine.embedder import Embedder, EmbeddingsUnavailable
 from server.engine.engine import Deliver, Engine, deliver_inline
@@ -39,7 +38,7 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     runtime: LlamaRuntime
     engine: Engine
-    template: ChatTemplate
+    template_source: str  # the chat template (Jinja), the model's or --chat-template-file's
     slots: SlotPool
     seq_ids: SequenceIdPool
     prefix: PrefixProvider
@@ -50,10 +49,7 @@ class LoadedModel:
     system_fingerprint: str = ""  # build + model identity (server.build_info)
     embedder: Embedder | None = None
     embeddings_note: str | None = None  # why embedder is None
-
-    @property
-    def served(self) -> ServedModel:
-        return ServedModel(self.model_name, self.system_fingerprint)
+    template: object | None = None  # the API layer's renderer of template_source (server.api.chat_template)
 
     def close(self) -> None:
         self.engine.stop()
@@ -87,7 +83,7 @@ def unsupported_cache_reason(info) -> str | None:
 
 
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
-                  scheduler: Scheduler, path: Path) -> CacheRouter:
+                  running: Callable[[], list], path: Path) -> CacheRouter:
     registry = SessionRegistry(max_sessions=settings.cache_sessions, idle_seconds=settings.cache_session_idle)
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
@@ -100,11 +96,10 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
                         queue_bytes=settings.cache_disk_queue * 1024 * 1024)
-    resident = (ResidentOwners(tree, runtime, seq_ids, settings.resident_cells, registry)
-                if "S" in tiers and seq_ids.layout.owners else None)
     return CacheRouter(
-        runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=lambda: list(scheduler.running),
-        tiers=tiers, tree=tree, host=host, disk=disk, resident=resident, registry=registry,
+        runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=running,
+        tiers=tiers, tree=tree, host=host, disk=disk,
+        resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners else None, registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
     )
@@ -145,22 +140,20 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
             template_src = settings.chat_template_file.read_text()
         else:
             template_src = info.chat_template
-        template = ChatTemplate(template_src, bos_token=info.bos_token, eos_token=info.eos_token)
         slots = SlotPool(seq_ids.slot_ids)
-        scheduler = Scheduler(
-            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
-            kv_cells=settings.ctx_size,
-        )
         cache_note = unsupported_cache_reason(info) if wants_cache else None
         router = None
         if cache_note:
             log.warning("prefix cache tiers S/H/D are off: %s; only slot reuse (A) is used", cache_note)
         if wants_cache and not cache_note:
-            router = _build_router(settings, runtime, seq_ids, slots, scheduler, path)
-            scheduler.defer = router.should_defer
+            router = _build_router(settings, runtime, seq_ids, slots, lambda: list(scheduler.running), path)
             prefix: PrefixProvider = router
         else:
             prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
+        scheduler = Scheduler(
+            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
+            kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
+        )
         runner = LlamaRunner(runtime, prefix)
         engine = Engine(runner, scheduler, deliver)
         engine.start()
@@ -174,7 +167,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         path.name, info.architecture, info.n_layer, runtime.n_ctx, settings.parallel, settings.ctx_size, max_request,
     )
     return LoadedModel(
-        runtime=runtime, engine=engine, template=template, slots=slots, seq_ids=seq_ids, prefix=prefix,
+        runtime=runtime, engine=engine, template_source=template_src, slots=slots, seq_ids=seq_ids, prefix=prefix,
         model_name=default_model_name(settings), cache_note=cache_note, max_request_tokens=max_request,
         router=router, system_fingerprint=system_fingerprint(path), embedder=embedder,
         embeddings_note=embeddings_note,

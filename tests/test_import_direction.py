@@ -78,3 +78,34 @@ def test_the_check_catches_every_kind_of_import(tmp_path):
     (tmp_path / "frontend").mkdir()
     (tmp_path / "frontend" / "pages.py").write_text("from ..app import main\n", encoding="utf-8")
     assert violations("frontend", tmp_path) == ["frontend/pages.py:1 imports app"]
+
+
+#: inside the server: the engine knows tokens, the cache knows sequences and segments, the
+#: API translates HTTP; the composition root (bootstrap) builds the first two, never the API.
+SERVER_LAYERS: dict[str, tuple[str, ...]] = {
+    "server/engine": ("server.cache", "server.api", "server.bootstrap"),
+    "server/cache": ("server.api", "server.bootstrap"),
+    "server/bootstrap.py": ("server.api",),
+}
+
+
+def server_layer_violations(root: Path = ROOT) -> list[str]:
+    out = []
+    for where, forbidden in SERVER_LAYERS.items():
+        target = root / where
+        for path in sorted(target.rglob("*.py") if target.is_dir() else [target]):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            for line, name in imported_modules(path.read_text(encoding="utf-8"), module):
+                if any(name == f or name.startswith(f + ".") for f in forbidden):
+                    out.append(f"{path.relative_to(root)}:{line} imports {name}")
+    return out
+
+
+def test_server_layers_import_downwards_only(tmp_path):
+    assert server_layer_violations() == []
+    (tmp_path / "server" / "engine").mkdir(parents=True)
+    (tmp_path / "server" / "cache").mkdir()
+    (tmp_path / "server" / "engine" / "bad.py").write_text("from server.cache.router import CacheRouter\n")
+    (tmp_path / "server" / "bootstrap.py").write_text("from server.api import responses\n")
+    assert server_layer_violations(tmp_path) == ["server/engine/bad.py:1 imports server.cache.router",
+                                                 "server/bootstrap.py:1 imports server.api"]

@@ -137,6 +137,7 @@ class ModelAdapter:
         result = ModelCallResult()
         calls: dict[int, dict] = {}
         start = time.perf_counter()
+        stream = None
         try:
             stream = await self.client.chat.completions.create(
                 **standard, extra_body=extra_body, extra_headers=self.hint_headers(body))
@@ -161,6 +162,11 @@ class ModelAdapter:
                         result.finish_reason = choice["finish_reason"]
         except openai.OpenAIError as exc:
             raise self._translate(exc) from None
+        finally:
+            if stream is not None:
+                # A cancelled turn (or any early exit) closes the HTTP request now, not when the
+                # garbage collector gets to it: the server stops generating and frees the slot.
+                await stream.close()
         result.duration_ms = (time.perf_counter() - start) * 1000
         result.tool_calls = [self._finish_call(calls[i], i) for i in sorted(calls)]
         return result

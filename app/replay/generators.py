@@ -9,7 +9,10 @@ ideal computed prompt tokens, see ``ideal.py``):
   scenarios: a shared system prompt and tool schemas, a per-session task, then a growing
   history of assistant tool calls and tool results;
 - :func:`branch_fanout` — a trunk conversation and N branches that fork from its end;
-- :func:`unique_prompts` — prompts that share nothing the generator controls.
+- :func:`unique_prompts` — prompts that share nothing the generator controls;
+- :func:`story_writer_requests` — seed 002's shape: concurrent long-prompt requests, each the
+  story writer's real system prompt (its generated corpus at a chosen size) and tools plus
+  its own writing task.
 
 Lengths are approximate, in words (about one token each for this text). The ideal is
 computed on the server's tokens when a body tokenizer is given, else on word pieces of a
@@ -27,6 +30,7 @@ from app.manifest import ManifestLine
 from app.replay.ideal import IdealResult, ideal_computed, word_tokens
 from app.replay.request_text import render_request_text
 from app.replay.synthetic_text import SyntheticText
+from scenarios.story_writer.generate_corpus import DEFAULT_CHARS as STORY_CORPUS_CHARS
 
 #: Turns a request body into the tokens of its prompt (ids from a server, or words).
 BodyTokenizer = Callable[[dict], Sequence[Hashable]]
@@ -312,9 +316,51 @@ def unique_prompts(
     return _finish("unique", params, lines, tokenize)
 
 
+# -- long-context story writer -------------------------------------------------------------
+
+STORY_TASKS = ("按照大纲写第三章《来客》。", "按照大纲写第四章《信号》。", "按照大纲写第五章《黎明》。",
+               "祖父的日志里关于海燕号写了什么？", "林澈的左手有什么问题？", "苏晚的罗盘是从哪里来的？",
+               "概括第二章，并列出其中的固定事实。", "雾港有哪些地方在雾天最危险？")
+
+
+def story_writer_requests(
+    requests: int = 8,
+    corpus_chars: int = STORY_CORPUS_CHARS,
+    output_len: int = 128,
+    interval_s: float = 0.0,
+    model: str | None = DEFAULT_MODEL,
+    tokenize: BodyTokenizer | None = None,
+) -> GeneratedWorkload:
+    """``requests`` first requests of story-writer sessions, all due at once by default (seed 002:
+    8 concurrent long prompts, 128 output tokens each).
+
+    Each body is what the workbench sends for a new story_writer session: the scenario's system
+    prompt with its corpus of ``corpus_chars`` characters (the scenario's default size unless
+    asked) and its tool schemas, then one writing task (STORY_TASKS, in turn). Request ``i`` is
+    due at ``i * interval_s``.
+    """
+    from scenarios.story_writer.scenario import build_scenario
+
+    _positive(requests=requests, output_len=output_len)
+    _non_negative(interval_s=interval_s, corpus_chars=corpus_chars)
+    scenario = build_scenario(corpus_chars)
+    tools = [tool.openai_schema() for tool in scenario.tools]
+    lines = [
+        ManifestLine(t=round(i * interval_s, 6), session_id=f"story_writer-{i}", branch_id=MAIN_BRANCH,
+                     body=_body(model, [{"role": "system", "content": scenario.system_prompt},
+                                        {"role": "user", "content": STORY_TASKS[i % len(STORY_TASKS)]}],
+                                output_len, tools),
+                     expected_output_tokens=output_len)
+        for i in range(requests)
+    ]
+    params = dict(requests=requests, corpus_chars=corpus_chars, output_len=output_len, interval_s=interval_s)
+    return _finish("story-writer", params, lines, tokenize)
+
+
 GENERATORS: dict[str, Callable[..., GeneratedWorkload]] = {
     "shared-prefix": shared_prefix_groups,
     "agent-sessions": agent_sessions,
     "branch-fanout": branch_fanout,
     "unique": unique_prompts,
+    "story-writer": story_writer_requests,
 }

@@ -59,14 +59,16 @@ def get_turn(db: Session, turn_id: str) -> Turn:
 
 
 def path_to(db: Session, head_turn_id: str | None) -> list[Turn]:
-    """The turns from the root to `head_turn_id`, in order."""
-    path: list[Turn] = []
-    turn_id = head_turn_id
-    while turn_id is not None:
-        turn = get_turn(db, turn_id)
-        path.append(turn)
-        turn_id = turn.parent_turn_id
-    return list(reversed(path))
+    """The turns from the root to `head_turn_id`, in order: one query (a recursive CTE walking
+    the parent pointers up from the head), however long the branch (SQLite and PostgreSQL)."""
+    if head_turn_id is None:
+        return []
+    up = select(Turn.id, Turn.parent_turn_id).where(Turn.id == head_turn_id).cte("path", recursive=True)
+    up = up.union_all(select(Turn.id, Turn.parent_turn_id).join(up, Turn.id == up.c.parent_turn_id))
+    path = list(db.exec(select(Turn).join(up, Turn.id == up.c.id).order_by(col(Turn.depth))).all())
+    if not path:
+        raise NotFound(f"unknown turn {head_turn_id!r}", "unknown_turn")
+    return path
 
 
 def history(db: Session, branch: Branch) -> list[dict]:

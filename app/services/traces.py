@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import defer
 from sqlmodel import Session, select
 
 from app.db.models import AgentSession, Artifact, Span, SpanPublic
@@ -20,8 +21,12 @@ def _naive_utc(moment: datetime) -> datetime:
 
 
 def session_spans(db: Session, session: AgentSession, turn_id: str | None = None,
-                  branch_id: str | None = None) -> list[Span]:
+                  branch_id: str | None = None, bodies: bool = True) -> list[Span]:
+    """The spans of `session` (of one turn, one branch) in start order; without `bodies` their
+    request bodies (a model span's whole prompt: the bulk of a trace) are not even read."""
     query = select(Span).where(Span.session_id == session.id)
+    if not bodies:
+        query = query.options(defer(Span.request, raiseload=True))
     if turn_id:
         query = query.where(Span.turn_id == turn_id)
     if branch_id:
@@ -48,10 +53,26 @@ def summarize(spans: list[Span]) -> dict:
     }
 
 
-def trace(db: Session, session: AgentSession, turn_id: str | None = None, branch_id: str | None = None) -> dict:
-    spans = session_spans(db, session, turn_id, branch_id)
-    return {"session_id": session.id, "summary": summarize(spans),
-            "spans": [SpanPublic.model_validate(s).model_dump(mode="json") for s in spans]}
+def trace(db: Session, session: AgentSession, turn_id: str | None = None, branch_id: str | None = None,
+          bodies: bool = True) -> dict:
+    """Spans and their token summary; without `bodies` each span's `request` is null (the
+    span's own endpoint, `span_public`, has it)."""
+    spans = session_spans(db, session, turn_id, branch_id, bodies)
+    return {"session_id": session.id, "summary": summarize(spans), "bodies": bodies,
+            "spans": [_public(s, bodies) for s in spans]}
+
+
+def _public(span: Span, body: bool) -> dict:
+    fields = {name: getattr(span, name) for name in SpanPublic.model_fields if body or name != "request"}
+    return SpanPublic.model_validate({"request": None, **fields}).model_dump(mode="json")
+
+
+def span_public(db: Session, span_id: str) -> dict:
+    """One span in full, request body included; NotFound for an unknown id."""
+    span = db.get(Span, span_id)
+    if span is None:
+        raise NotFound(f"unknown span {span_id!r}", "unknown_span")
+    return _public(span, True)
 
 
 def session_artifact_text(engine: Engine, session_id: str, artifact_id: str) -> str:

@@ -1,8 +1,12 @@
 """Running turns: validate, record, drive the agent graph, stream its events.
 
-A turn runs as a background task that pushes events into a queue; the HTTP response
-(SSE or a collected JSON answer) reads that queue. The run therefore finishes and is
-recorded even when the client disconnects.
+A turn runs as a background task that appends events to its log (app/services/turn_log.py);
+the HTTP response (SSE or a collected JSON answer) reads that log, and so can any later reader
+(`GET /api/turns/{id}/events`: replay, then follow). The run therefore finishes and is
+recorded even when the client disconnects. `cancel` stops it: the task is cancelled inside
+the graph, which closes the model request (the server frees its slot), the turn and run are
+marked `cancelled` and nothing else moves: the branch head stays at its last completed turn,
+whose end checkpoint the next turn starts from.
 
 Event types (each a dict with "type"):
   turn            {turn_id, run_id, session_id, branch_id, parent_turn_id, resumed, retry_of}
@@ -16,6 +20,7 @@ Event types (each a dict with "type"):
   approval_request{approval_id, turn_id, tool_call_id, tool_name, arguments}    (the stream ends here)
   final           {turn_id, branch_id, content, outcome, steps}                  (the stream ends here)
   error           {turn_id, message, error_type, retryable}                      (the stream ends here)
+  cancelled       {turn_id, message}                                              (the stream ends here)
 
 Each branch is one LangGraph thread ("branch-<branch id>") whose checkpoint state holds the
 conversation. A turn's graph input is only the new user message and the per-turn resets
@@ -42,8 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -52,7 +56,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select, update
 
-from app.agent.cache_hints import CacheHints
+from app.agent.cache_hints import CacheHints, hint_key
 from app.agent.context import TurnContext
 from app.agent.context_budget import ContextBudget
 from app.agent.messages import from_openai
@@ -64,34 +68,16 @@ from app.scenario_catalog import ScenarioCatalog
 from app.services import branch_threads
 from app.services import sessions as sessions_service
 from app.services.traces import session_artifact_text
+from app.services.turn_log import TurnHandle
+from app.services.turn_replay import recorded_events
 from app.settings import WorkbenchSettings
 from app.tracing import TraceRecorder
 from tools.base import ToolContext
 
 log = logging.getLogger(__name__)
 
-_END = object()
-TERMINAL_EVENTS = ("final", "error", "approval_request")
-
-
-@dataclass
-class TurnHandle:
-    """A running (or resumed) turn: its ids and the queue of its events."""
-
-    turn_id: str
-    run_id: str
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    task: asyncio.Task | None = None
-
-    async def events(self) -> AsyncIterator[dict]:
-        while True:
-            event = await self.queue.get()
-            if event is _END:
-                return
-            yield event
-
-    async def collect(self) -> list[dict]:
-        return [event async for event in self.events()]
+TERMINAL_EVENTS = ("final", "error", "approval_request", "cancelled")
+CANCELLED = "stopped by the user; the branch continues from its last completed turn"
 
 
 @dataclass(frozen=True)
@@ -119,6 +105,7 @@ class TurnService:
         self.budget = budget
         self.hints = CacheHints(settings.llm_base_url, settings.llm_api_key)
         self._tasks: set[asyncio.Task] = set()
+        self._live: dict[str, TurnHandle] = {}  # turn id -> the handle of a turn this process runs
         # Check-then-write steps (branch busy? approval pending?) run in worker threads now;
         # this keeps each one atomic against a concurrent request, as the event loop did.
         self._record_lock = threading.Lock()
@@ -147,7 +134,7 @@ class TurnService:
             await asyncio.to_thread(self._fail, context, f"the turn could not start: {exc}", "start_failed", True)
             raise
         context.history_len = history_len
-        handle.queue.put_nowait(first)  # here, on the loop: asyncio queues are not thread-safe
+        handle.emit(first)  # here, on the loop: the log wakes its readers with asyncio events
         self._launch(handle, graph_input, context, self._run_config(start.thread_id, checkpoint_id, context))
         return handle
 
@@ -266,8 +253,8 @@ class TurnService:
     def _retry_request(self, turn_id: str) -> tuple[str, TurnCreate]:
         with Session(self.engine) as db:
             turn = sessions_service.get_turn(db, turn_id)
-            if turn.status != "failed":
-                raise Conflict(f"turn {turn_id!r} is {turn.status}; only a failed turn can be retried",
+            if turn.status not in ("failed", "cancelled"):
+                raise Conflict(f"turn {turn_id!r} is {turn.status}; only a failed or cancelled turn can be retried",
                                "turn_not_failed")
             branch = db.get(Branch, turn.branch_id)
             if branch.head_turn_id != turn.parent_turn_id:
@@ -300,7 +287,7 @@ class TurnService:
         """Record the operator's decision and resume the paused run."""
         handle, first, context, thread_id = await asyncio.to_thread(
             self._record_decision, approval_id, approved, comment)
-        handle.queue.put_nowait(first)
+        handle.emit(first)
         # No checkpoint id: the paused checkpoint is the thread's latest (its branch is busy).
         self._launch(handle, Command(resume={"approved": approved, "comment": comment}), context,
                      self._run_config(thread_id, None, context))
@@ -343,6 +330,58 @@ class TurnService:
             thread_id = run.thread_id
         return handle, first, context, thread_id
 
+    # -- cancel and rejoin ------------------------------------------------------------------------
+    async def cancel_turn(self, turn_id: str) -> TurnPublic:
+        """Stop turn `turn_id` and answer how it ended: `cancelled`, or, when it was already
+        recording its outcome, that outcome. A running turn's model request is closed (its task
+        is cancelled in the graph); a turn waiting for an approval is cancelled with its
+        approval. Conflict (`turn_not_running`) for a turn that had already ended, and
+        (`turn_elsewhere`) for one another workbench process runs."""
+        handle = self._live.get(turn_id)
+        if handle is not None:
+            handle.request_cancel()
+            await asyncio.wait({handle.task})  # not cancelled with this request: the turn ends regardless
+        else:
+            session_key = await asyncio.to_thread(self._cancel_paused, turn_id)
+            await self.hints.turn_ended(session_key)
+        return await asyncio.to_thread(self.turn_public, turn_id)
+
+    def _cancel_paused(self, turn_id: str) -> str:
+        with self._record_lock, Session(self.engine) as db:
+            turn = sessions_service.get_turn(db, turn_id)
+            if turn.status == "running":
+                raise Conflict(f"turn {turn_id!r} is running where this process cannot stop it (another "
+                               "workbench process, or it is just starting); try again in a moment", "turn_elsewhere")
+            if turn.status != "awaiting_approval":
+                raise Conflict(f"turn {turn_id!r} is {turn.status}; only a running turn can be stopped",
+                               "turn_not_running")
+            now = utcnow()
+            for run in db.exec(select(Run).where(Run.turn_id == turn.id, Run.status == "awaiting_approval")).all():
+                run.status, run.error, run.ended_at = "cancelled", CANCELLED, now
+                db.add(run)
+            for approval in db.exec(select(Approval).where(Approval.turn_id == turn.id,
+                                                           Approval.status == "pending")).all():
+                approval.status, approval.comment, approval.decided_at = "cancelled", CANCELLED, now
+                db.add(approval)
+            turn.status, turn.error, turn.finished_at = "cancelled", CANCELLED, now
+            db.add(turn)
+            db.commit()
+            return hint_key(turn.session_id, turn.branch_id)
+
+    async def follow(self, turn_id: str) -> TurnHandle:
+        """The events of turn `turn_id`: a running turn's log (replayed from its start, then
+        followed live), or, for a turn no task here runs, its first and terminal events as
+        recorded (app/services/turn_replay.py)."""
+        handle = self._live.get(turn_id)
+        if handle is not None:
+            return handle
+        events = await asyncio.to_thread(self._recorded_events, turn_id)
+        return TurnHandle(turn_id, events[0]["run_id"] or "", log=events, closed=True)
+
+    def _recorded_events(self, turn_id: str) -> list[dict]:
+        with Session(self.engine) as db:
+            return recorded_events(db, sessions_service.get_turn(db, turn_id))
+
     async def shutdown(self) -> None:
         """Wait briefly for running turns, then cancel what is left (they are marked failed)."""
         if self._tasks:
@@ -370,6 +409,7 @@ class TurnService:
         task = asyncio.get_running_loop().create_task(self._drive(handle, graph_input, context, config))
         handle.task = task
         self._tasks.add(task)
+        self._live[handle.turn_id] = handle
         task.add_done_callback(self._tasks.discard)
 
     async def _drive(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> None:
@@ -377,20 +417,26 @@ class TurnService:
             if await self._run_graph(handle, graph_input, context, config):
                 await self.hints.turn_ended(context.cache_session)
         finally:
-            handle.queue.put_nowait(_END)
+            if self._live.get(handle.turn_id) is handle:
+                del self._live[handle.turn_id]
+            handle.close()
 
     async def _run_graph(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> bool:
         """Run the graph from `config`, emit its events and record the outcome; False when it
         waits for the operator."""
-        emit = handle.queue.put_nowait
+        emit = handle.emit
         try:
             interrupts: list[Any] = []
+            handle.phase = "graph"  # from here on a cancel request cancels this task
+            if handle.cancel_requested:
+                raise asyncio.CancelledError
             async for mode, chunk in self.graph.astream(graph_input, config, context=context,
                                                         stream_mode=["custom", "updates"]):
                 if mode == "custom":
                     emit(chunk)
                 elif isinstance(chunk, dict) and "__interrupt__" in chunk:
                     interrupts.extend(chunk["__interrupt__"])
+            handle.phase = "finishing"  # the outcome is recorded as it is, even if asked to stop now
             if interrupts:
                 emit(await asyncio.to_thread(self._pause, context, interrupts[0].value))
                 return False
@@ -400,6 +446,12 @@ class TurnService:
         except ModelBackendError as exc:
             emit(await asyncio.to_thread(self._fail, context, str(exc), f"model_backend_{exc.kind}", True))
         except asyncio.CancelledError:
+            if handle.cancel_requested and handle.phase == "graph":
+                # The user stopped it (cancel_turn): the graph and its model request are closed.
+                # Handled here, so the awaits that follow (the record, the done hint) run normally.
+                asyncio.current_task().uncancel()
+                emit(await asyncio.to_thread(self._cancelled, context))
+                return True
             # synchronously: the workbench is stopping, and an await here could be cancelled too
             self._fail(context, "the workbench stopped while this turn was running", "cancelled", retryable=True)
             raise
@@ -458,6 +510,17 @@ class TurnService:
             db.commit()
         return {"type": "error", "turn_id": context.turn_id, "message": message, "error_type": error_type,
                 "retryable": retryable}
+
+    def _cancelled(self, context: TurnContext) -> dict:
+        with Session(self.engine) as db:
+            turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
+            turn.status = run.status = "cancelled"
+            turn.error = run.error = CANCELLED
+            turn.finished_at = run.ended_at = utcnow()
+            db.add(turn)
+            db.add(run)
+            db.commit()
+        return {"type": "cancelled", "turn_id": context.turn_id, "message": CANCELLED}
 
     def turn_public(self, turn_id: str) -> TurnPublic:
         with Session(self.engine) as db:

@@ -77,14 +77,15 @@ export async function* sseEvents(response) {
   if (rest) yield rest;
 }
 
-/** POST `body` and call onEvent(type, data) for each SSE event; resolves when the stream ends. */
-export async function streamPost(path, body, onEvent) {
+/** Request `path` (GET, or POST with a JSON `body`) and call onEvent(type, data) for each SSE
+ * event; resolves when the stream ends. */
+export async function streamEvents(path, { method = "GET", body } = {}, onEvent) {
   let response;
   try {
     response = await fetch(path, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-      body: JSON.stringify(body),
+      method,
+      headers: body === undefined ? { Accept: "text/event-stream" } : { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: body === undefined ? undefined : JSON.stringify(body),
     });
   } catch (exc) {
     throw new ApiError(`the workbench did not answer (${exc.message})`, 0, "network_error");

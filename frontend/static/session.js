@@ -1,7 +1,7 @@
 // Session page: the conversation of the current branch (streamed live), tool cards,
 // approvals of proposed actions, and the branch tree (fork, switch, where branches diverge).
 
-import { api, streamPost } from "./api.js";
+import { api, streamEvents } from "./api.js";
 import { h, replace, announce, badge } from "./dom.js";
 import { fmtMs, fmtInt, fmtWhen, snippet } from "./format.js";
 import { renderMarkdown } from "./markdown.js";
@@ -19,12 +19,16 @@ const els = {
   message: document.getElementById("message"),
   forceTool: document.getElementById("force-tool"),
   send: document.getElementById("send"),
+  stop: document.getElementById("stop"),
   note: document.getElementById("composer-note"),
   branches: document.getElementById("branch-list"),
   tree: document.getElementById("turn-tree"),
 };
 
-const state = { detail: null, history: null, spans: [], scenario: null, streaming: false, reportedBranch: null };
+// liveTurnId: the turn whose events this page streams now (Stop cancels it); rejoined: the
+// running turns this page load has already rejoined (tried once each, so a refusal cannot loop).
+const state = { detail: null, spans: [], scenario: null, streaming: false, reportedBranch: null,
+  liveTurnId: null, rejoined: new Set() };
 
 // -- small helpers ------------------------------------------------------------------------
 function showError(text) {
@@ -87,16 +91,17 @@ async function load() {
     const detail = await api(base);
     state.detail = detail;
     reportOpenBranch(detail.active_branch_id);
-    const [history, trace, scenario] = await Promise.all([
-      detail.active_branch_id ? api(`${base}/branches/${encodeURIComponent(detail.active_branch_id)}`) : null,
-      api(`${base}/trace`).catch(() => ({ spans: [] })),
+    // What the page shows, nothing more: the branch's turns are in the session detail (its path
+    // is walked here), and spans come without their request bodies (GET /api/spans/{id} has one).
+    const [trace, scenario] = await Promise.all([
+      api(`${base}/trace?bodies=false`).catch(() => ({ spans: [] })),
       state.scenario ? state.scenario : api(`/api/scenarios/${encodeURIComponent(detail.scenario)}`).catch(() => null),
     ]);
-    state.history = history;
     state.spans = trace.spans || [];
     state.scenario = scenario;
     showError("");
     render();
+    rejoinRunning();
   } catch (exc) {
     showError(exc.status === 404 ? `This session does not exist (${exc.message}).` : `Could not load the session: ${exc.message}`);
     els.sub.textContent = "";
@@ -122,7 +127,7 @@ function render() {
   const busy = pendingTurns().find((t) => t.status === "running" || t.status === "awaiting_approval");
   if (state.streaming) setComposer(false, "The agent is working…");
   else if (busy && busy.status === "awaiting_approval") setComposer(false, "This branch waits for your decision on the proposed action above. Approve or reject it, or fork a new branch.");
-  else if (busy) setComposer(false, "A turn is still running on this branch; reload the page to see it when it ends.");
+  else if (busy) setComposer(false, "A turn is still running on this branch.");
   else if (cutTurn()) setComposer(false, `This branch was forked inside turn ${turnNo(cutTurn())}: continue that turn first (above).`);
   else setComposer(true, "");
 }
@@ -136,7 +141,8 @@ function setComposer(enabled, note) {
 }
 
 function renderConversation() {
-  const turns = [...(state.history?.turns || []), ...pendingTurns()];
+  const byId = turnsById();
+  const turns = [...pathTo(activeBranch()?.head_turn_id, byId).map((id) => byId.get(id)), ...pendingTurns()];
   const items = turns.map((turn) => renderTurn(turn));
   const cut = cutTurn();
   if (cut && !pendingTurns().length) {
@@ -235,6 +241,12 @@ function assistantParts(turn) {
       h("button", { type: "button", class: "btn", on: { click: () => sendMessage(turn.user_message, turn.branch_id) } },
         h("span", { "aria-hidden": "true" }, "↻ "), "Retry this message")));
   }
+  if (turn.status === "cancelled") {
+    parts.push(h("div", { class: "turn-error" },
+      h("p", {}, badge("warn", "stopped"), " You stopped this turn; the branch goes on from the turn before it."),
+      h("button", { type: "button", class: "btn", on: { click: () => sendMessage(turn.user_message, turn.branch_id) } },
+        h("span", { "aria-hidden": "true" }, "↻ "), "Retry this message")));
+  }
   if (turn.status === "running") parts.push(h("p", { class: "muted" }, badge("running", "running"), " The agent is still working on this turn."));
   if (awaiting) {
     for (const approval of (state.detail.pending_approvals || []).filter((a) => a.turn_id === turn.id)) {
@@ -264,7 +276,7 @@ function renderTurn(turn) {
 }
 
 function statusBadge(status) {
-  const map = { completed: ["ok", "completed"], failed: ["error", "failed"], running: ["running", "running"], awaiting_approval: ["wait", "awaiting approval"] };
+  const map = { completed: ["ok", "completed"], failed: ["error", "failed"], running: ["running", "running"], awaiting_approval: ["wait", "awaiting approval"], cancelled: ["warn", "stopped"] };
   const [kind, text] = map[status] || ["info", status];
   return badge(kind, text);
 }
@@ -357,8 +369,16 @@ class LiveTurn {
         this.closeSegment();
         this.add(h("p", { class: "turn-error", role: "alert" }, badge("error", "failed"), " ", event.message || "the turn failed"));
         break;
+      case "cancelled":
+        this.closeSegment();
+        this.add(h("p", { class: "notice" }, badge("warn", "stopped"), " ", event.message || "stopped"));
+        break;
+      case "turn":
+        state.liveTurnId = event.turn_id;
+        els.stop.hidden = false; // this turn can be stopped now that its id is known
+        break;
       default:
-        break; // "turn" and future event types need no drawing
+        break; // future event types need no drawing
     }
   }
 
@@ -368,16 +388,17 @@ class LiveTurn {
   }
 }
 
-/** Stream a turn (or a resumed one) into `live`; resolves to false when the request was refused. */
+/** Stream a turn (or a resumed one) into `live`: POST `body` to `path`, or GET `path` (no body,
+ * a running turn rejoined); resolves to false when the request was refused. */
 async function runStream(path, body, live) {
   state.streaming = true;
   setComposer(false, "The agent is working…");
   let terminal = null;
   let refused = null;
   try {
-    await streamPost(path, body, (type, event) => {
+    await streamEvents(path, { method: body === undefined ? "GET" : "POST", body }, (type, event) => {
       live.handle(type, event);
-      if (["final", "error", "approval_request"].includes(type)) terminal = { type, event };
+      if (["final", "error", "approval_request", "cancelled"].includes(type)) terminal = { type, event };
     });
     if (!terminal) live.handle("error", { message: "the stream ended without a final answer" });
   } catch (exc) {
@@ -388,16 +409,46 @@ async function runStream(path, body, live) {
   } finally {
     live.finish();
     state.streaming = false;
+    state.liveTurnId = null;
+    els.stop.hidden = true;
   }
   if (refused) {
     await load();
-    showError(`Not sent: ${refused}`);
+    showError(body === undefined ? `Could not follow the running turn: ${refused}` : `Not sent: ${refused}`);
     return false;
   }
-  announce(terminal?.type === "final" ? "The agent answered." : terminal?.type === "approval_request" ? "The agent proposes an action that needs your approval." : `The turn failed: ${terminal?.event?.message || ""}`);
+  announce({ final: "The agent answered.", approval_request: "The agent proposes an action that needs your approval.",
+    cancelled: "The turn was stopped." }[terminal?.type] || `The turn failed: ${terminal?.event?.message || ""}`);
   await load();
   if (terminal?.type === "approval_request") document.querySelector(".approval button.approve")?.focus();
   return true;
+}
+
+/** Stop the turn this page streams: the workbench closes its model request and marks it
+ * stopped; the stream then ends with a "cancelled" event (or the answer, if it came first). */
+async function stopTurn() {
+  const turnId = state.liveTurnId;
+  if (!turnId) return;
+  els.stop.disabled = true;
+  try {
+    await api(`/api/turns/${encodeURIComponent(turnId)}/cancel`, { method: "POST" });
+  } catch (exc) {
+    showError(`Could not stop the turn: ${exc.message}`);
+  } finally {
+    els.stop.disabled = false;
+  }
+}
+
+/** After a reload: follow the active branch's running turn again, from its first event. */
+function rejoinRunning() {
+  if (state.streaming) return;
+  const running = pendingTurns().find((t) => t.status === "running" && !state.rejoined.has(t.id));
+  const body = running && document.querySelector(`#turn-${CSS.escape(running.id)} .msg-body`);
+  if (!body) return;
+  state.rejoined.add(running.id);
+  const live = new LiveTurn(body);
+  replace(body, live.spinner);
+  runStream(`/api/turns/${encodeURIComponent(running.id)}/events`, undefined, live);
 }
 
 /** Show `message` as a new live turn and stream `path` (POST `body`) into it; false when refused. */
@@ -585,6 +636,7 @@ function renderTree() {
 }
 
 // -- wiring --------------------------------------------------------------------------------
+els.stop.addEventListener("click", stopTurn);
 els.composer.addEventListener("submit", (event) => {
   event.preventDefault();
   sendMessage(els.message.value);

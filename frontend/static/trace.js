@@ -124,6 +124,23 @@ function timeline(spans, width) {
   return svg;
 }
 
+/** A model span's exact request, fetched when opened: the trace loads without request bodies. */
+function requestBody(sp) {
+  const pre = h("pre", { class: "code" }, "Loading…");
+  const details = h("details", { class: "request-body" }, h("summary", {}, "request"), pre);
+  details.addEventListener("toggle", async () => {
+    if (!details.open || details.dataset.loaded) return;
+    try {
+      const span = await api(`/api/spans/${encodeURIComponent(sp.id)}`);
+      pre.textContent = JSON.stringify(span.request, null, 2);
+      details.dataset.loaded = "true";
+    } catch (exc) {
+      pre.textContent = `Could not load the request: ${exc.message}`;
+    }
+  });
+  return details;
+}
+
 function spanTable(spans, t0) {
   const head = ["Span", "Start", "Duration", "TTFT", "Prompt", "Reused", "Computed", "Output", "Cache", "Status"];
   return h("div", { class: "table-wrap" }, h("table", { class: "data spans" },
@@ -141,7 +158,8 @@ function spanTable(spans, t0) {
           h("td", {}, "✓ ok"));
       }
       return h("tr", { dataset: { kind: sp.kind } },
-        h("th", { scope: "row" }, model ? `model step ${attr(sp, "arbor.step") ?? ""}` : `tool ${attr(sp, "gen_ai.tool.name") || sp.name}`),
+        h("th", { scope: "row" }, model ? `model step ${attr(sp, "arbor.step") ?? ""}` : `tool ${attr(sp, "gen_ai.tool.name") || sp.name}`,
+          model ? requestBody(sp) : null),
         h("td", {}, `+${fmtMs((parseTime(sp.started_at) ?? t0) - t0)}`),
         h("td", {}, fmtMs(sp.duration_ms)),
         h("td", {}, model ? fmtMs(sp.ttft_ms) : ""),
@@ -195,11 +213,11 @@ function branchPath(branchId) {
 
 async function load() {
   try {
-    const [detail, trace] = await Promise.all([api(base), api(`${base}/trace`)]);
+    const [detail, trace] = await Promise.all([api(base), api(`${base}/trace?bodies=false`)]);
     state.detail = detail;
     state.trace = trace;
     const perBranch = await Promise.all(detail.branches.map((b) =>
-      api(`${base}/trace?branch_id=${encodeURIComponent(b.id)}`).then((t) => [b.id, t.summary]).catch(() => [b.id, null])));
+      api(`${base}/trace?bodies=false&branch_id=${encodeURIComponent(b.id)}`).then((t) => [b.id, t.summary]).catch(() => [b.id, null])));
     state.branchSummaries = new Map(perBranch.filter(([, sum]) => sum));
     replace(els.sub, `${detail.title || `${detail.scenario} session`} · ${detail.turns.length} turn(s) · ${detail.branches.length} branch(es) · `,
       h("a", { href: `/sessions/${encodeURIComponent(sessionId)}` }, "back to the conversation"));

@@ -57,10 +57,6 @@ class HostTier:
             segments.append(span.partial_node.values[TIER].slice(0, span.partial_tokens))
         return TierMatch(span.longest, segments, span.tip)
 
-    def match(self, tokens: list[int]) -> TierMatch:
-        with self.tree.mutex:
-            return self.take(self.tree.match_prefix(tokens))
-
     def store(self, tokens: list[int], extract: Callable[[int, int], KVSegment]) -> InsertResult | None:
         """Add the path; extract(start, end) is called only for ranges H does not hold yet.
         Returns None when the budget cannot make room (the store is declined)."""

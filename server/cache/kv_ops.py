@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from server.cache.kv_format import KVFormatError, KVSegment, parse_seq_state, state_blob
+from server.cache.kv_format import KVFormatError, KVSegment, count_state_cells, parse_seq_state, state_blob
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
 
@@ -88,3 +88,10 @@ class KVOps:
             self.runtime.seq_rm(scratch, -1, -1)
             self.seq_ids.give("scratch", scratch)
         return RestoreResult(end - start, len(blob), (time.perf_counter() - t0) * 1000.0)
+
+
+def used_cells(runtime: LlamaRuntime) -> int:
+    """Cells of the unified KV owned by at least one sequence (read from a full state dump,
+    so it is exact but costs a copy of the KV: for /cache/stats checks, tests and
+    benchmarks, never on the request path). Engine thread."""
+    return count_state_cells(runtime.state_seq_get(-1))

@@ -42,13 +42,13 @@ is not thread-safe: every user holds ``tree.mutex``
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from server.cache.eviction_queue import EvictionQueue
 
 if TYPE_CHECKING:
     from server.cache.eviction import EvictionPolicy
@@ -128,6 +128,7 @@ class RadixNode:
         "lock_ref",
         "parent",
         "sessions",
+        "tier_children",
         "values",
     )
 
@@ -141,6 +142,7 @@ class RadixNode:
         self.last_access = last_access
         self.lock_ref = 0
         self.sessions: set[str] = set()
+        self.tier_children: dict[str, int] = {}  # per tier: children holding a value in it
         self.attached = True
 
     @property
@@ -161,11 +163,6 @@ class RadixNode:
     def start(self) -> int:
         """Number of tokens on the path before this node's own key."""
         return sum(len(n.key) for n in self.iter_up()) - len(self.key)
-
-    def token_path(self) -> Tokens:
-        """All tokens from the root through the end of this node's key."""
-        parts = [n.key for n in self.iter_up()]
-        return tuple(itertools.chain.from_iterable(reversed(parts)))
 
     def __repr__(self) -> str:
         head = ",".join(map(str, self.key[:4])) + ("..." if len(self.key) > 4 else "")
@@ -260,10 +257,6 @@ class InsertResult:
     last_node: RadixNode
     path: tuple[RadixNode, ...]
 
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(n.key) for n in self.new_nodes)
-
 
 @dataclass(frozen=True)
 class EvictResult:
@@ -280,10 +273,6 @@ class EvictResult:
     freed: tuple[tuple[RadixNode, SegmentPayload], ...]
     freed_bytes: int
     freed_tokens: int
-
-    @property
-    def freed_nodes(self) -> tuple[RadixNode, ...]:
-        return tuple(node for node, _ in self.freed)
 
     @property
     def satisfied(self) -> bool:
@@ -380,6 +369,14 @@ class RadixTree:
         self.n_tokens = 0
         self.held_tokens = 0
         self._tiers: dict[str, TierCounters] = {}
+        # Per tier, the nodes eviction may take a value from: those holding one that no child
+        # holds one under (the bottom of the tier's paths). Kept as values come and go, so
+        # eviction never walks the whole tree (as SGLang's radix cache keeps evictable leaves).
+        self._bottoms: dict[str, set[RadixNode]] = {}
+        # Leaves that may index nothing (inserted as structure only, or left bare under a
+        # lock): pruned at the next eviction if nothing came to hang on them.
+        self._maybe_bare: set[RadixNode] = set()
+        self._queues: dict[str, EvictionQueue] = {}  # per tier: its bottoms in eviction order
 
     def tier(self, name: str) -> TierCounters:
         """The counters of tier ``name`` (all zero for a tier that never held a value)."""
@@ -485,21 +482,12 @@ class RadixTree:
             self.n_tokens += len(leaf.key)
             if payload is not None:
                 self._attach(leaf, tier, payload)
+            else:
+                self._maybe_bare.add(leaf)
             path.append(leaf)
             new_nodes = (leaf,)
             node = leaf
         return InsertResult(prefix_len, new_nodes, tuple(filled), node, tuple(path))
-
-    def split_node(self, node: RadixNode, offset: int) -> RadixNode:
-        """Split ``node``'s edge after ``offset`` tokens; return the new upper node.
-
-        ``node`` keeps its identity and becomes the lower part (so references
-        to a path tip stay valid); every value is split with it.
-        """
-        self._require_attached(node)
-        if node.is_root or not 0 < offset < len(node.key):
-            raise ValueError(f"cannot split {node!r} at offset {offset}")
-        return self._split(node, offset)
 
     def _split(self, child: RadixNode, offset: int) -> RadixNode:
         halves: dict[str, tuple[SegmentPayload, SegmentPayload]] = {}
@@ -565,11 +553,34 @@ class RadixTree:
         self._check_size(payload, len(node.key))
         node.values[tier] = payload
         self._account(node, tier, payload, +1)
+        self._count_child(node.parent, tier, +1)
+        self._place_bottom(node, tier)
 
     def _detach_value(self, node: RadixNode, tier: str) -> SegmentPayload:
         payload = node.values.pop(tier)
         self._account(node, tier, payload, -1)
+        self._count_child(node.parent, tier, -1)
+        self._place_bottom(node, tier)
         return payload
+
+    def _count_child(self, parent: RadixNode | None, tier: str, sign: int) -> None:
+        if parent is None:
+            return
+        parent.tier_children[tier] = parent.tier_children.get(tier, 0) + sign
+        self._place_bottom(parent, tier)
+
+    def _place_bottom(self, node: RadixNode, tier: str) -> None:
+        """Keep ``node`` in tier's bottoms exactly while it holds a value no child holds under
+        (and in the tier's eviction queue from the moment it becomes one)."""
+        bottoms = self._bottoms.setdefault(tier, set())
+        if node.attached and not node.is_root and tier in node.values and not node.tier_children.get(tier):
+            if node not in bottoms:
+                bottoms.add(node)
+                queue = self._queues.get(tier)
+                if queue is not None:
+                    queue.push(node)
+        else:
+            bottoms.discard(node)
 
     @staticmethod
     def _check_size(payload: SegmentPayload, n_tokens: int) -> None:
@@ -616,6 +627,8 @@ class RadixTree:
                 if not n.holders:
                     self.held_tokens -= len(n.key)
         self._prune_up(node)
+        if node.attached and _bare(node):
+            self._maybe_bare.add(node)  # kept by a lock: pruned at an eviction once unlocked
 
     # ------------------------------------------------------------------ locks
 
@@ -644,15 +657,6 @@ class RadixTree:
                     c = self.tier(tier)
                     c.protected_bytes -= value.nbytes
                     c.evictable_bytes += value.nbytes
-
-    @contextmanager
-    def locked(self, node: RadixNode) -> Iterator[RadixNode]:
-        """``with tree.locked(span.tip): ...`` locks for the block."""
-        self.lock(node)
-        try:
-            yield node
-        finally:
-            self.unlock(node)
 
     # --------------------------------------------------------------- eviction
 
@@ -685,34 +689,30 @@ class RadixTree:
         def priority(node: RadixNode) -> Hashable | None:
             return (node.last_access,) if policy is None else policy.priority(node)
 
-        heap: list[tuple[Hashable, int, RadixNode]] = []
-
-        def offer(node: RadixNode) -> None:
-            if node.is_root or not node.attached or node.lock_ref > 0:
-                return  # (a parent pruned with the bare chain its child's eviction left)
-            if _bare(node) and node.is_leaf:
-                self._prune_up(node)  # indexes nothing: not worth a place in any tier
-                return
-            if tier not in node.values or any(tier in c.values for c in node.children.values()):
-                return
-            key = priority(node)
-            if key is not None:  # None: the policy refuses to evict this node now
-                heapq.heappush(heap, (key, node.id, node))
-
-        for node in list(self.nodes()):
-            offer(node)
-        while heap and (limit is None or freed_bytes < limit):
-            _, _, node = heapq.heappop(heap)
-            if not node.attached or node.lock_ref > 0 or tier not in node.values:
-                continue  # defensive: state changed since it was offered
-            parent = node.parent
-            value = self._detach_value(node, tier)
-            freed.append((node, value))
-            freed_bytes += value.nbytes
-            freed_tokens += len(node.key)
-            self._prune_up(node)
-            if parent is not None:
-                offer(parent)
+        bare, self._maybe_bare = self._maybe_bare, set()
+        for node in bare:
+            if node.attached and node.lock_ref > 0:
+                self._maybe_bare.add(node)  # pruned at an eviction after its unlock, or it gets a value
+            elif node.attached:
+                self._prune_up(node)
+        bottoms = self._bottoms.setdefault(tier, set())
+        queue = self._queues.get(tier)
+        if queue is None or queue.policy is not policy:
+            queue = self._queues[tier] = EvictionQueue(policy, priority, bottoms)
+        else:
+            queue.compact(bottoms)
+        candidates = queue.pop_candidates(lambda n: n in bottoms)
+        try:
+            for node in candidates:  # each one is evicted: a parent becoming a bottom joins the queue
+                value = self._detach_value(node, tier)
+                freed.append((node, value))
+                freed_bytes += value.nbytes
+                freed_tokens += len(node.key)
+                self._prune_up(node)
+                if limit is not None and freed_bytes >= limit:
+                    break
+        finally:
+            candidates.close()
         return EvictResult(tier, limit, tuple(freed), freed_bytes, freed_tokens)
 
     def _detach_leaf(self, node: RadixNode) -> None:
@@ -720,6 +720,9 @@ class RadixTree:
         assert parent is not None and node.is_leaf and node.lock_ref == 0 and _bare(node)
         del parent.children[node.key[0]]
         node.attached = False
+        self._maybe_bare.discard(node)
+        for bottoms in self._bottoms.values():
+            bottoms.discard(node)
         self.n_nodes -= 1
         self.n_tokens -= len(node.key)
 
@@ -780,6 +783,14 @@ class RadixTree:
                 stack.append(child)
             if node is not self.root and node.lock_ref < child_locks:
                 fail(f"{node!r} has lock_ref below its children's sum {child_locks}")
+        for node in self.nodes():
+            for tier in set(node.tier_children) | {t for c in node.children.values() for t in c.values}:
+                if node.tier_children.get(tier, 0) != sum(tier in c.values for c in node.children.values()):
+                    fail(f"{node!r}: children holding {tier} miscounted")
+        for tier, bottoms in self._bottoms.items():
+            want = {n for n in self.nodes() if tier in n.values and not any(tier in c.values for c in n.children.values())}
+            if bottoms != want:
+                fail(f"tier {tier}: evictable bottoms {sorted(n.id for n in bottoms)} != {sorted(n.id for n in want)}")
         counted, kept_counts = (n_nodes, n_tokens, held_tokens), (self.n_nodes, self.n_tokens, self.held_tokens)
         if counted != kept_counts:
             fail(f"counted nodes/tokens/held tokens {counted}, kept {kept_counts}")

@@ -55,7 +55,7 @@ class ResidentOwners:
     name = "S"
 
     def __init__(self, tree: RadixTree, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
-                 registry: SessionRegistry):
+                 registry: SessionRegistry, on_evict: Callable[[int, list[int]], None] | None = None):
         self.tree = tree
         self.runtime = runtime
         self.seq_ids = seq_ids
@@ -64,7 +64,7 @@ class ResidentOwners:
         self.owners: list[Owner] = []
         self._by_seq: dict[int, Owner] = {}
         # Called with (seq_id, tokens) before an evicted owner's cells are dropped (write-back).
-        self.on_evict: Callable[[int, list[int]], None] | None = None
+        self.on_evict = on_evict  # (seq_id, tokens): write an owner's KV back before it goes
         self.hits = 0
         self.evictions = 0
         self.publishes = 0

@@ -80,7 +80,7 @@ class _Loading:
 class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tiers: set[str], tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None,
-                 resident: ResidentOwners | None, registry: SessionRegistry, min_tokens: int, route: str = "cost",
+                 resident_cells: int | None, registry: SessionRegistry, min_tokens: int, route: str = "cost",
                  write_back_step_bytes: int = 0, idle_cells: int | None = None):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
@@ -92,7 +92,9 @@ class CacheRouter:
         self.tree = tree  # the one tree indexing the resident owners, H and D
         self.host = host
         self.disk = disk
-        self.resident = resident
+        # Resident owners (tier S, when `resident_cells` is given) write back through this router.
+        self.resident = (ResidentOwners(tree, runtime, kv.seq_ids, resident_cells, registry,
+                                        on_evict=self._write_back_owner) if resident_cells is not None else None)
         self.registry = registry
         self.min_tokens = min_tokens
         self.route = route
@@ -107,8 +109,6 @@ class CacheRouter:
         self.idle_offloads = 0  # idle slots written back and freed for that limit
         self.engine_ms = 0.0  # engine-thread time spent in the cache (routing, restores, write-back)
         self.write_back_ms = 0.0
-        if resident is not None:
-            resident.on_evict = self._write_back_owner
         # Parking needs the host tier (a stored path grows piece by piece there) and parked ids.
         self.parked = (WriteBackQueue(runtime, kv.seq_ids, self._store, lambda: host.bytes_per_token,
                                       write_back_step_bytes)

@@ -333,9 +333,6 @@ class LlamaRuntime:
     def seq_pos_min(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
 
-    def clear_memory(self) -> None:
-        llama_cpp.llama_memory_clear(self.memory, True)
-
     def state_seq_get(self, seq_id: int) -> memoryview:
         """The serialized KV state of one sequence (llama.cpp's own format), or of the whole
         context for seq_id -1. llama.cpp writes straight into a fresh, uninitialised buffer:
@@ -353,14 +350,6 @@ class LlamaRuntime:
         arr = np.frombuffer(data, dtype=np.uint8)
         ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         return llama_cpp.llama_state_seq_set_data_ext(self.ctx, ptr, arr.nbytes, seq_id, 0) > 0
-
-    def used_cells(self) -> int:
-        """Cells of the unified KV owned by at least one sequence (read from a full state
-        dump, so it is exact but costs a copy of the KV: for /cache/stats checks, tests
-        and benchmarks, never on the request path)."""
-        from server.cache.kv_format import count_state_cells  # local: cache depends on engine, not vice versa
-
-        return count_state_cells(self.state_seq_get(-1))
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

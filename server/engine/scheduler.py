@@ -47,7 +47,7 @@ class Admission:
 
 class Scheduler:
     def __init__(self, slots: SlotPool, *, max_batch_tokens: int, max_waiting: int, reuse: bool,
-                 kv_cells: int | None = None):
+                 kv_cells: int | None = None, defer: Callable[[Sequence], bool] | None = None):
         if max_batch_tokens < len(slots.slots):
             raise ValueError("the batch must fit at least one decode token per slot")
         self.kv_cells = kv_cells  # cells running requests may reserve in all (None: no limit)
@@ -59,7 +59,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order
         # Asked before admitting a waiting sequence: True keeps it waiting this step (the
         # cache router uses it for in-flight sharing). Later arrivals may be admitted meanwhile.
-        self.defer: Callable[[Sequence], bool] | None = None
+        self.defer = defer
 
     # ------------------------------------------------------------- admission
     def add(self, seq: Sequence) -> None:
@@ -100,13 +100,6 @@ class Scheduler:
                 self.running.append(seq)
             return Admission(seq, slot, lcp)
         return None
-
-    def admit(self) -> list[Admission]:
-        """Admit as many as the slots allow, without preparing between them (tests)."""
-        admitted = []
-        while (adm := self.admit_one()) is not None:
-            admitted.append(adm)
-        return admitted
 
     @property
     def reserved_cells(self) -> int:

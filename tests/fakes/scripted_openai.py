@@ -24,6 +24,8 @@ Contract of the responses (mirrors arbor-server, see the helper brief):
 - streaming sends one chunk per word of content, tool calls as deltas (name first, then the
   arguments in two pieces), a finish chunk, and a usage chunk when
   ``stream_options.include_usage`` is true, then ``data: [DONE]``;
+- with ``token_delay_s`` each streamed chunk waits that long first; a stream the client closes
+  before its end is counted in ``aborted``;
 - ``status`` other than 200 answers an OpenAI-style error body with that status;
 - an exhausted reply list answers 500 with a message saying so (the test then fails loudly);
 - ``POST /cache/hint`` (arbor-server's bare lifecycle hint) is checked with the server's own
@@ -68,6 +70,7 @@ class ScriptedReply:
     content: str = ""
     tool_calls: list[dict] | None = None
     delay_s: float = 0.0
+    token_delay_s: float = 0.0  # a pause before each streamed chunk: a slow generation to stop
     cached_tokens: int = 0
     cache_source: str | None = None
     status: int = 200
@@ -114,6 +117,7 @@ class ScriptedOpenAI:
     hint_refusals: int = 0  # hints answered 404 because hint_endpoint is False
     hints: list[dict] = field(default_factory=list)
     timeline: list[tuple[str, dict | None]] = field(default_factory=list)
+    aborted: int = 0  # streams the client closed before their end (a cancelled turn's request)
 
     def __post_init__(self) -> None:
         self._queue = None if callable(self.replies) else list(self.replies)
@@ -221,10 +225,24 @@ class ScriptedOpenAI:
             extras = _extras(prompt, reply)
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return StreamingResponse(_stream(reply, extras, include_usage), media_type="text/event-stream")
+                return StreamingResponse(self._counted(_stream(reply, extras, include_usage), reply.token_delay_s),
+                                         media_type="text/event-stream")
             return JSONResponse(_completion(reply, extras))
 
         return app
+
+    async def _counted(self, chunks: Iterator[str], delay_s: float):
+        """The chunks, `delay_s` apart; a stream the client leaves before its end counts in `aborted`."""
+        finished = False
+        try:
+            for chunk in chunks:
+                if delay_s:
+                    await asyncio.sleep(delay_s)
+                yield chunk
+            finished = True
+        finally:
+            if not finished:
+                self.aborted += 1
 
 
 def _error(status: int, message: str, code: str | int | None = None) -> JSONResponse:

@@ -8,8 +8,11 @@ from scenarios.registry import Scenario, UnknownScenario, get_scenario, list_sce
 from tools.base import Tool, ToolError
 
 NAMES = ["financial_research", "field_maintenance", "edge_incident", "story_writer"]
-# story_writer's prompt carries the whole manuscript on purpose (a long shared prefix)
-PROMPT_LIMIT = {"story_writer": 2000}
+# story_writer is the long-context scenario on purpose (seed 002): its prompt carries the whole
+# manuscript and a generated reference library whose size is a setting (tests/scenarios/
+# test_story_corpus.py checks what the default costs in tokens), and it has fifteen tools.
+PROMPT_LIMIT = {"story_writer": 6000}
+SCHEMA_LIMIT = {"story_writer": 5000}
 
 
 def test_four_scenarios_in_fixed_order():
@@ -31,7 +34,7 @@ def test_scenario_is_complete_and_compact(name):
         assert schema["function"]["parameters"]["type"] == "object"
         assert len(tool.description) <= 90
     tool_schemas = json.dumps([t.openai_schema() for t in scenario.tools])
-    assert len(tool_schemas) < 3000
+    assert len(tool_schemas) < SCHEMA_LIMIT.get(name, 3000)
     json.dumps(scenario.data_summary())  # serialisable for the home page
 
 

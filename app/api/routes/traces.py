@@ -14,8 +14,17 @@ router = APIRouter(tags=["traces"])
 
 
 @router.get("/sessions/{session_id}/trace")
-def get_trace(session: AgentSessionDep, db: DbDep, turn_id: str | None = None, branch_id: str | None = None) -> dict:
-    return traces_service.trace(db, session, turn_id, branch_id)
+def get_trace(session: AgentSessionDep, db: DbDep, turn_id: str | None = None, branch_id: str | None = None,
+              bodies: bool = True) -> dict:
+    """Spans with a token summary; `bodies=false` leaves each span's request body out (null):
+    what the pages load. GET /api/spans/{id} has one span's in full."""
+    return traces_service.trace(db, session, turn_id, branch_id, bodies)
+
+
+@router.get("/spans/{span_id}")
+def get_span(span_id: str, db: DbDep) -> dict:
+    """One span with its request body (a model call's exact request)."""
+    return traces_service.span_public(db, span_id)
 
 
 @router.get("/sessions/{session_id}/manifest")

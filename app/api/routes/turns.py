@@ -1,6 +1,8 @@
 """POST /api/sessions/{id}/turns runs a turn (SSE by default); GET /api/turns/{id} reads one;
-POST /api/turns/{id}/retry runs a failed turn's message again; POST
-/api/sessions/{id}/branches/{id}/continue runs the turn a branch forked inside of on from there."""
+POST /api/turns/{id}/retry runs a failed (or cancelled) turn's message again; POST
+/api/sessions/{id}/branches/{id}/continue runs the turn a branch forked inside of on from there;
+POST /api/turns/{id}/cancel stops a running turn; GET /api/turns/{id}/events replays a turn's
+events and follows it while it runs."""
 
 from __future__ import annotations
 
@@ -46,3 +48,18 @@ async def retry_turn(turn_id: str, turns: TurnServiceDep, request: TurnRetry | N
     if request is None or request.stream:
         return event_stream(handle)
     return await collected(handle, turns)
+
+
+@router.post("/turns/{turn_id}/cancel")
+async def cancel_turn(turn_id: str, turns: TurnServiceDep) -> TurnPublic:
+    """Stop a running turn (its model request is closed) or one waiting for an approval, and
+    answer the turn: `cancelled`, or how it ended when it was already recording its outcome.
+    The branch keeps its last completed turn as its head. 409 for a turn that had ended."""
+    return await turns.cancel_turn(turn_id)
+
+
+@router.get("/turns/{turn_id}/events")
+async def turn_events(turn_id: str, turns: TurnServiceDep):
+    """Server-Sent Events: what a running turn has streamed so far, then what follows, until it
+    ends; for a turn that has ended, its first and terminal events as recorded."""
+    return event_stream(await turns.follow(turn_id))

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server.api.deps import ModelDep, require_api_key
 from server.api.errors import invalid
+from server.cache.kv_ops import used_cells
 from server.cache.lifecycle import CacheHintError, parse_cache_hint
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -38,7 +39,7 @@ def _stats(model, measure: bool) -> dict:
         running = {q.slot.index: q.kv_tokens() for q in model.engine.scheduler.running if q.slot is not None}
         held = [running.get(x.index, list(x.tokens) if not x.busy else []) for x in s.slots]
         held += [o.tokens for o in r.resident.owners] if r and r.resident else []
-        out["kv"]["used_cells"] = model.runtime.used_cells()
+        out["kv"]["used_cells"] = used_cells(model.runtime)
         out["kv"]["union_bound"] = union_positions([h for h in held if h])
     return out
 

@@ -37,7 +37,7 @@ def _choice(got: Collected, tool_names: frozenset[str], piece) -> R.ChoiceOut:
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: StateDep, model: ModelDep):
     prepared = prepare_chat(body, model, state.settings, request)
     choices = Choices(model.engine, prepared.generation, body.n, state.metrics)
-    rid, name = R.new_id("chatcmpl"), model.served
+    rid, name = R.new_id("chatcmpl"), R.ServedModel(model.model_name, model.system_fingerprint)
     piece = functools.partial(model.runtime.piece, special=True) if body.logprobs_k is not None else None
 
     if not body.stream:

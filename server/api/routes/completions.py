@@ -25,7 +25,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 async def completions(body: CompletionRequest, request: Request, state: StateDep, model: ModelDep):
     prepared = prepare_completion(body, model, state.settings, request)
     choices = Choices(model.engine, prepared.generation, body.n, state.metrics)
-    rid, name = R.new_id("cmpl"), model.served
+    rid, name = R.new_id("cmpl"), R.ServedModel(model.model_name, model.system_fingerprint)
     prefix = prepared.prompt_text if body.echo and prepared.prompt_text else ""
     piece = functools.partial(model.runtime.piece, special=True) if body.logprobs_k is not None else None
 

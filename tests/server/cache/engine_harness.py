@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from server.cache.kv_ops import used_cells as kv_used_cells
 from server.engine.sampling_params import SamplingParams
 from server.engine.sequence import Finished, GenerationRequest, TextDelta
 
@@ -53,7 +54,7 @@ def chat_tokens(model, system: str, user: str) -> list[int]:
 
 
 def used_cells(model) -> int:
-    return model.engine.run_exclusive(model.runtime.used_cells)
+    return model.engine.run_exclusive(lambda: kv_used_cells(model.runtime))
 
 
 def kept_cells(model) -> int:

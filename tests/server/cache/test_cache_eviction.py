@@ -13,6 +13,7 @@ from server.cache.eviction import (
 )
 from server.cache.lifecycle import CacheHint, SessionRegistry
 from tests.server.cache.sim_payload import simulated_tree
+from tests.server.cache.tree_helpers import freed_nodes, locked
 
 
 def counter():
@@ -27,7 +28,7 @@ def test_lru_policy_evicts_oldest_leaf_first():
     c = insert([3, 3]).last_node
     tree.match_prefix([1, 1])  # a is now the most recent
     res = tree.evict(6, "H", LRUPolicy())
-    assert res.freed_nodes == (b, c, a)
+    assert freed_nodes(res) == (b, c, a)
 
 
 def test_lifecycle_order_done_then_active_then_tool_wait():
@@ -50,11 +51,11 @@ def test_lifecycle_order_done_then_active_then_tool_wait():
     assert policy.classify(active) is LifecycleClass.NORMAL
 
     res = tree.evict(2, "H", policy)
-    assert res.freed_nodes == (done,)
+    assert freed_nodes(res) == (done,)
     res = tree.evict(4, "H", policy)
-    assert res.freed_nodes == (finished_late, plain)
+    assert freed_nodes(res) == (finished_late, plain)
     res = tree.flush("H", policy)
-    assert res.freed_nodes == (active, wait), "tool_wait goes last even though it is oldest"
+    assert freed_nodes(res) == (active, wait), "tool_wait goes last even though it is oldest"
 
 
 def test_lru_would_have_evicted_the_tool_wait_session_first():
@@ -63,7 +64,7 @@ def test_lru_would_have_evicted_the_tool_wait_session_first():
     wait = insert([1, 1]).last_node
     insert([2, 2])
     reg.observe(CacheHint("w", "tool_wait"), wait)
-    assert tree.evict(1, "H", LRUPolicy()).freed_nodes == (wait,)
+    assert freed_nodes(tree.evict(1, "H", LRUPolicy())) == (wait,)
 
 
 def test_pinned_session_is_never_evicted_until_done():
@@ -75,7 +76,7 @@ def test_pinned_session_is_never_evicted_until_done():
     reg.observe(CacheHint("p", "active", pin=True), pinned)
     assert policy.classify(pinned) is None and policy.classify(pinned.parent) is None
     res = tree.flush("H", policy)
-    assert res.freed_nodes == (other,)
+    assert freed_nodes(res) == (other,)
     assert pinned.attached and pinned.parent.attached
     assert not tree.evict(100, "H", policy).satisfied
 
@@ -84,7 +85,7 @@ def test_pinned_session_is_never_evicted_until_done():
     reg.observe(CacheHint("p", "done"))
     assert not reg.is_pinned("p")
     res = tree.flush("H", policy)
-    assert set(res.freed_nodes) == {pinned, pinned.parent}
+    assert set(freed_nodes(res)) == {pinned, pinned.parent}
     tree.check_invariants()
 
 
@@ -101,7 +102,7 @@ def test_mixed_sessions_on_a_shared_prefix():
     assert policy.classify(shared) is LifecycleClass.TOOL_WAIT
     assert policy.classify(a) is LifecycleClass.DONE
     res = tree.evict(1, "H", policy)
-    assert res.freed_nodes == (a,)
+    assert freed_nodes(res) == (a,)
 
 
 def test_split_keeps_session_tags_on_both_halves():
@@ -129,6 +130,6 @@ def test_byte_budget_over_by_and_enforce():
     res = enforce_budget(tree, "H", ByteBudget(90))
     assert res.freed == () and res.satisfied
 
-    with tree.locked(mid), tree.locked(new):
+    with locked(tree, mid), locked(tree, new):
         res = enforce_budget(tree, "H", ByteBudget(0))
         assert not res.satisfied and res.freed_bytes == 0

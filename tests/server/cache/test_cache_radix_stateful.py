@@ -21,6 +21,7 @@ from server.cache.eviction import LifecyclePolicy, LRUPolicy
 from server.cache.lifecycle import CACHE_STATES, CacheHint, SessionRegistry
 from server.cache.radix_tree import RadixNode, RadixTree
 from tests.server.cache.sim_payload import FakePayload
+from tests.server.cache.tree_helpers import new_tokens, token_path
 
 TIERS = ("H", "D")
 BPT = {"H": 3, "D": 5}  # bytes per token, different per tier so a mixed-up counter shows
@@ -36,7 +37,7 @@ def prefixes(seq: Prefix) -> set[Prefix]:
 
 def node_positions(node: RadixNode) -> set[Prefix]:
     """The token-path prefixes ending inside ``node``'s own edge (works detached too)."""
-    path = node.token_path()
+    path = token_path(node)
     start = len(path) - len(node.key)
     return {path[:i] for i in range(start + 1, len(path) + 1)}
 
@@ -69,7 +70,7 @@ class RadixMachine(RuleBasedStateMachine):
         return head + tuple(suffix)
 
     def locked_positions(self) -> set[Prefix]:
-        return set().union(*(prefixes(n.token_path()) for n in self.locks))
+        return set().union(*(prefixes(token_path(n)) for n in self.locks))
 
     def device_positions(self) -> set[Prefix]:
         return set().union(*(prefixes(seq) for _, seq in self.holders.values()))
@@ -95,13 +96,13 @@ class RadixMachine(RuleBasedStateMachine):
 
         res = self.tree.insert(seq, tier, payload_for_range)
         assert res.prefix_len == expected_prefix
-        assert res.new_tokens == len(seq) - expected_prefix
+        assert new_tokens(res) == len(seq) - expected_prefix
         # Increments only: the tree asked exactly for the positions the tier lacked.
         asked_positions = [seq[:i] for s, e in asked for i in range(s + 1, e + 1)]
         assert len(asked_positions) == len(set(asked_positions))
         assert set(asked_positions) == missing
         if seq:
-            assert res.last_node.token_path() == seq
+            assert token_path(res.last_node) == seq
         self.present |= prefixes(seq)
         self.held[tier] |= prefixes(seq)
         self.seqs.append(seq)
@@ -120,7 +121,7 @@ class RadixMachine(RuleBasedStateMachine):
         m = self.tree.match_prefix(seq)
         assert m.longest == longest_in(seq, self.present)
         assert sum(len(n.key) for n in m.path) == m.length
-        assert m.last_node.token_path() == seq[: m.length]
+        assert token_path(m.last_node) == seq[: m.length]
         if m.partial_node is not None:
             assert 0 < m.partial_tokens < len(m.partial_node.key)
             assert m.partial_node.parent is m.last_node
@@ -162,7 +163,7 @@ class RadixMachine(RuleBasedStateMachine):
     def remove_holder(self, index):
         holder = sorted(self.holders)[index % len(self.holders)]
         tip, seq = self.holders.pop(holder)
-        assert tip.attached and tip.token_path() == seq, "a held tip moved or was pruned"
+        assert tip.attached and token_path(tip) == seq, "a held tip moved or was pruned"
         self.tree.remove_holder(tip, holder)
         cur = tip
         while not cur.is_root and not cur.attached:
@@ -183,7 +184,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert res.freed_tokens == sum(len(n.key) for n, _ in res.freed)
         for node, value in res.freed:
             assert node.lock_ref == 0 and tier not in node.values
-            assert value.path == node.token_path(), "a freed value came off another path"
+            assert value.path == token_path(node), "a freed value came off another path"
             if node.attached:
                 assert not any(tier in c.values for c in node.children.values()), "evicted above a held child"
             gone = node_positions(node)
@@ -277,7 +278,7 @@ class RadixMachine(RuleBasedStateMachine):
             structure |= pos
             for tier, value in node.values.items():
                 held[tier] |= pos
-                assert value.path == node.token_path(), "segment off its own radix path"
+                assert value.path == token_path(node), "segment off its own radix path"
         assert structure == self.present
         assert self.tree.n_tokens == len(self.present)
         device = self.device_positions()

@@ -13,19 +13,20 @@ from server.cache.radix_tree import (
     TreeInvariantError,
 )
 from tests.server.cache.sim_payload import FakePayload, simulated_tree
+from tests.server.cache.tree_helpers import freed_nodes, locked, new_tokens, split_node, token_path
 
 
 def assert_segments_on_own_path(tree: RadixTree) -> None:
     """Every FakePayload sits on exactly the token path it was made for."""
     for node in tree.nodes():
         if node.values.get("H") is not None:
-            assert node.values["H"].path == node.token_path()
+            assert node.values["H"].path == token_path(node)
 
 
 def test_insert_into_empty_tree_creates_one_segment():
     tree, insert = simulated_tree(bytes_per_token=4)
     res = insert([1, 2, 3])
-    assert res.prefix_len == 0 and res.new_tokens == 3
+    assert res.prefix_len == 0 and new_tokens(res) == 3
     assert len(res.new_nodes) == 1 and res.last_node is res.new_nodes[0]
     assert res.last_node.key == (1, 2, 3)
     assert (tree.n_nodes, tree.n_tokens, tree.tier("H").total_bytes, tree.tier("H").evictable_bytes) == (1, 3, 12, 12)
@@ -69,7 +70,7 @@ def test_insert_ending_inside_an_edge_splits_so_the_tip_ends_there():
     insert([1, 2, 3, 4])
     res = insert([1, 2])
     assert res.prefix_len == 2 and res.new_nodes == ()
-    assert res.last_node.key == (1, 2) and res.last_node.token_path() == (1, 2)
+    assert res.last_node.key == (1, 2) and token_path(res.last_node) == (1, 2)
     assert tree.n_nodes == 2 and tree.n_tokens == 4
     assert_segments_on_own_path(tree)
     tree.check_invariants()
@@ -98,7 +99,7 @@ def test_caller_split_makes_partial_match_usable():
     insert([1, 2, 3, 4, 5, 6])
     m = tree.match_prefix([1, 2, 3, 9])
     assert m.length == 0 and m.partial_tokens == 3
-    upper = tree.split_node(m.partial_node, m.partial_tokens)
+    upper = split_node(tree, m.partial_node, m.partial_tokens)
     assert upper.key == (1, 2, 3) and upper.values["H"].n_tokens == 3
     m2 = tree.match_prefix([1, 2, 3, 9])
     assert m2.length == 3 and m2.last_node is upper
@@ -111,16 +112,16 @@ def test_split_node_rejects_bad_offsets():
     node = insert([1, 2, 3]).last_node
     for offset in (0, 3, -1):
         with pytest.raises(ValueError):
-            tree.split_node(node, offset)
+            split_node(tree, node, offset)
     with pytest.raises(ValueError):
-        tree.split_node(tree.root, 1)
+        split_node(tree, tree.root, 1)
 
 
 def test_split_of_a_locked_node_keeps_the_lock_on_both_halves():
     tree, insert = simulated_tree(bytes_per_token=1)
     tip = insert([1, 2, 3, 4]).last_node
     tree.lock(tip)
-    upper = tree.split_node(tip, 2)
+    upper = split_node(tree, tip, 2)
     assert upper.lock_ref == 1 and tip.lock_ref == 1
     assert tree.tier("H").protected_bytes == 4 and tree.tier("H").evictable_bytes == 0
     tree.unlock(tip)
@@ -189,7 +190,7 @@ def test_remove_value_prunes_bare_leaves_up_the_path():
 def test_remove_value_refuses_locked_and_detached_nodes():
     tree, insert = simulated_tree()
     tip = insert([1, 2]).last_node
-    with tree.locked(tip), pytest.raises(NodeLockedError):
+    with locked(tree, tip), pytest.raises(NodeLockedError):
         tree.remove_value(tip, "H")
     tree.flush("H")
     with pytest.raises(DetachedNodeError):
@@ -208,7 +209,7 @@ def test_lock_protects_whole_path_and_counters_move():
     tree.lock(tip)
     assert tree.tier("H").protected_bytes == 5 and tree.tier("H").evictable_bytes == 1
     res = tree.flush("H")
-    assert res.freed_nodes == (other,) and res.freed_bytes == 1
+    assert freed_nodes(res) == (other,) and res.freed_bytes == 1
     assert tip.attached and tree.match_prefix([1, 2, 3, 4, 5]).length == 5
     tree.unlock(tip)
     assert tree.tier("H").protected_bytes == 5
@@ -222,7 +223,7 @@ def test_lock_protects_whole_path_and_counters_move():
 def test_lock_root_is_a_noop():
     tree, _ = simulated_tree()
     m = tree.match_prefix([1])
-    with tree.locked(m.last_node):
+    with locked(tree, m.last_node):
         pass
     tree.check_invariants()
 
@@ -236,13 +237,13 @@ def test_evict_lru_order_and_cascade_to_parents():
     shared = a.parent
     tree.match_prefix([1, 2, 3, 4])  # touches shared and a
     res = tree.evict(1, "H")
-    assert res.freed_nodes == (b,) and res.freed_bytes == 1 and res.satisfied
+    assert freed_nodes(res) == (b,) and res.freed_bytes == 1 and res.satisfied
     res = tree.evict(3, "H")
-    assert res.freed_nodes == (c, a), "c is older than a; stop once 3 bytes are freed"
+    assert freed_nodes(res) == (c, a), "c is older than a; stop once 3 bytes are freed"
     assert res.freed_bytes == 3 and res.freed_tokens == 3
     assert shared.is_leaf and shared.attached
     res = tree.evict(100, "H")
-    assert res.freed_nodes == (shared,) and not res.satisfied
+    assert freed_nodes(res) == (shared,) and not res.satisfied
     assert tree.n_nodes == 0 and tree.tier("H").total_bytes == 0
     tree.check_invariants()
 
@@ -250,7 +251,7 @@ def test_evict_lru_order_and_cascade_to_parents():
 def test_evict_zero_frees_nothing_and_negative_is_an_error():
     tree, insert = simulated_tree()
     insert([1])
-    assert tree.evict(0, "H").freed_nodes == ()
+    assert freed_nodes(tree.evict(0, "H")) == ()
     with pytest.raises(ValueError):
         tree.evict(-1, "H")
 
@@ -323,7 +324,7 @@ def test_one_walk_says_how_far_each_tier_holds_the_prompt():
 def test_a_split_splits_every_tier_value():
     tree = two_tier_tree()
     top = tree.match_prefix([1, 2, 3]).last_node
-    upper = tree.split_node(top, 1)
+    upper = split_node(tree, top, 1)
     assert set(upper.values) == set(top.values) == {"H", "D"}
     assert upper.values["D"].tokens == (1,) and top.values["D"].tokens == (2, 3)
     assert tree.tier("D").payload_tokens == 3 and tree.tier("D").n_payloads == 2
@@ -334,12 +335,12 @@ def test_evicting_one_tier_keeps_the_others_and_prunes_only_bare_nodes():
     tree = two_tier_tree()
     top = tree.match_prefix([1, 2, 3]).last_node
     res = tree.flush("H")
-    assert {n.key for n in res.freed_nodes} == {(1, 2, 3), (4, 5)}
+    assert {n.key for n in freed_nodes(res)} == {(1, 2, 3), (4, 5)}
     assert top.attached and set(top.values) == {"D"}, "evicting H never loses D"
     assert tree.n_nodes == 1, "(4, 5) held nothing else: pruned"
     assert tree.match_prefix([1, 2, 3]).span("D").length == 3
     res = tree.flush("D")
-    assert res.freed_nodes == (top,) and not top.attached and tree.n_nodes == 0
+    assert freed_nodes(res) == (top,) and not top.attached and tree.n_nodes == 0
     tree.check_invariants()
 
 
@@ -348,7 +349,7 @@ def test_eviction_takes_a_tier_from_the_bottom_of_its_paths():
     top = tree.match_prefix([1, 2, 3]).last_node
     tree.insert([1, 2, 3, 4, 5], "D", FakePayload.factory([1, 2, 3, 4, 5], 7))
     res = tree.evict(1, "D")
-    assert [n.key for n in res.freed_nodes] == [(4, 5)], "the child's D goes before its parent's"
+    assert [n.key for n in freed_nodes(res)] == [(4, 5)], "the child's D goes before its parent's"
     assert "D" in top.values and tree.match_prefix([1, 2, 3, 4, 5]).span("H").length == 5
     tree.check_invariants()
 
@@ -356,7 +357,7 @@ def test_eviction_takes_a_tier_from_the_bottom_of_its_paths():
 def test_a_locked_node_keeps_its_values_in_every_tier():
     tree = two_tier_tree()
     tip = tree.match_prefix([1, 2, 3, 4, 5]).last_node
-    with tree.locked(tip):
+    with locked(tree, tip):
         assert tree.tier("D").protected_bytes == 21 and tree.tier("H").protected_bytes == 10
         assert tree.flush("H").freed == () and tree.flush("D").freed == ()
         with pytest.raises(NodeLockedError):
@@ -418,6 +419,6 @@ def test_a_split_keeps_holders_on_both_halves():
     tree = RadixTree()
     tip = tree.insert([1, 2, 3, 4]).last_node
     tree.add_holder(tip, 1)
-    upper = tree.split_node(tip, 2)
+    upper = split_node(tree, tip, 2)
     assert upper.holders == tip.holders == {1} and tree.held_tokens == 4
     tree.check_invariants()

@@ -3,6 +3,7 @@ predicts exactly what a full prefill predicts (teacher-forced top-1 agreement)."
 
 from __future__ import annotations
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -31,10 +32,10 @@ def kv(rt):
     from server.engine.seq_ids import SequenceIdLayout, SequenceIdPool
 
     pool = SequenceIdPool(SequenceIdLayout(slots=3, owners=1, scratch=2))
-    rt.clear_memory()
+    llama_cpp.llama_memory_clear(rt.memory, True)
     yield KVOps(rt, pool)
     assert pool.in_use("scratch") == 0, "a scratch sequence leaked"
-    rt.clear_memory()
+    llama_cpp.llama_memory_clear(rt.memory, True)
 
 
 def prefill(rt, seq, tokens, start=0, logits_from=None):

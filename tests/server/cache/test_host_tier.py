@@ -6,6 +6,7 @@ from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
 from server.cache.radix_tree import RadixTree
 from tests.server.cache.sim_payload import FakePayload
+from tests.server.cache.tree_helpers import host_match
 
 
 class KeepEverything:
@@ -34,7 +35,7 @@ def test_store_is_declined_when_pinned_nodes_fill_the_budget():
     assert host.store(b, extractor(b, calls)) is None
     assert calls == [], "nothing is extracted for a store that cannot fit"
     assert host.tree.tier("H").total_bytes == 100 and host.declined == 1
-    assert host.match(b).length == 0 and host.match(a).length == 50
+    assert host_match(host, b).length == 0 and host_match(host, a).length == 50
     host.tree.check_invariants()
 
 
@@ -51,7 +52,7 @@ def test_lru_makes_room_before_extracting():
     a, b = list(range(50)), list(range(1000, 1050))
     host.store(a, extractor(a, []))
     assert host.store(b, extractor(b, [])) is not None
-    assert host.tree.tier("H").total_bytes == 100 and host.match(a).length == 0 and host.match(b).length == 50
+    assert host.tree.tier("H").total_bytes == 100 and host_match(host, a).length == 0 and host_match(host, b).length == 50
 
 
 def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):
@@ -68,11 +69,11 @@ def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):
         disk.wait_idle()
         assert tree.n_nodes == 1 and set(stored.last_node.values) == {"H", "D"}, "one node, two tiers"
         host.flush()
-        assert host.match(a).length == 0 and disk.match(a).length == len(a), "evicting H keeps D"
+        assert host_match(host, a).length == 0 and disk.match(a).length == len(a), "evicting H keeps D"
         assert len(disk.load(disk.match(a)).segments) == 1
         host.store(a, lambda s, e: kv_for(a, s, e))
         disk.flush()
-        assert disk.match(a).length == 0 and host.match(a).length == len(a), "evicting D keeps H"
+        assert disk.match(a).length == 0 and host_match(host, a).length == len(a), "evicting D keeps H"
         assert not list(disk.dir.glob("*.kvseg"))
         tree.check_invariants()
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from server.cache.kv_ops import used_cells as kv_used_cells
 from server.engine.slots import common_prefix_len
 from tests.server.cache.engine_harness import (
     chat_tokens, fail_next_restore, generate, generate_many, kept_cells, reset_kv, used_cells,
@@ -334,7 +335,7 @@ def _slot_taken_then_back(step_kib: int) -> tuple[object, dict, object]:
     stats = model.engine.run_exclusive(lambda: {  # on the engine thread, after its idle drain
         "parked": model.router.parked.stats() if model.router.parked else None,
         "write_backs": model.router.write_backs, "max_step_cache_ms": model.router.max_step_cache_ms,
-        "parked_ids": model.seq_ids.in_use("parked"), "leak_free": model.runtime.used_cells() == kept_cells(model)})
+        "parked_ids": model.seq_ids.in_use("parked"), "leak_free": kv_used_cells(model.runtime) == kept_cells(model)})
     got = generate(model, first + chat_tokens(model, "", QUESTIONS[2])[3:], max_tokens=6)
     assert got.final.cache.source == "H" and got.final.cache.reused_tokens >= len(first), got.final.cache
     return got, stats, model
@@ -423,7 +424,7 @@ def test_idle_slots_beyond_the_idle_cell_limit_are_written_back_while_others_run
         state = model.engine.run_exclusive(lambda: {
             "kept": [list(s.tokens) for s in model.slots.slots if s.tokens],
             "host_tokens": model.router.host.stats()["tokens"], "parked_ids": model.seq_ids.in_use("parked"),
-            "leak_free": model.runtime.used_cells() == kept_cells(model)})
+            "leak_free": kv_used_cells(model.runtime) == kept_cells(model)})
         assert state["host_tokens"] >= len(first) and state["parked_ids"] == 0 and state["leak_free"], state
         assert all(common_prefix_len(k, first) < len(first) for k in state["kept"])  # first's slot was freed
         got = generate(model, follow, max_tokens=6)

@@ -11,6 +11,7 @@ from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
 from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
 from server.cache.radix_tree import RadixTree
+from tests.server.cache.tree_helpers import host_match
 
 LAYOUT = KVLayout(False, (1,), (8,), (1,), (8,), (0,))  # 16 bytes a token
 BPT = LAYOUT.bytes_per_token
@@ -62,7 +63,7 @@ def test_a_slice_that_outlives_its_buffer_is_copied_out():
     host.store(c, extract_one_buffer(c))  # splits a at 30: both halves view a's buffer
     assert really_held(host.tree, "H") == host.tree.tier("H").held_bytes == 170 * BPT
     assert host.store(d, extract_one_buffer(d)) is not None  # evicts a's tail, the oldest leaf
-    assert host.match(a).length == 30 and host.match(c).length == 100 and host.match(d).length == 60
+    assert host_match(host, a).length == 30 and host_match(host, c).length == 100 and host_match(host, d).length == 60
     # a's buffer is freed: its first 30 tokens survive in a buffer of their own
     assert host.copied_out == 1
     assert really_held(host.tree, "H") == host.tree.tier("H").held_bytes == 160 * BPT
@@ -79,7 +80,7 @@ def test_pinned_host_values_fill_the_budget_and_nothing_more_is_held():
         b = a[:40] + [150 + i] * 30
         assert host.store(b, extract_one_buffer(b)) is None
         assert really_held(host.tree, "H") <= host.budget_bytes
-    assert host.declined == 5 and host.match(a).length == 100
+    assert host.declined == 5 and host_match(host, a).length == 100
     host.tree.check_invariants()
 
 

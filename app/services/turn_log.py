@@ -1,0 +1,73 @@
+"""A running turn's events, kept so that any number of readers can replay and follow them.
+
+The turn's background task appends every event it emits (`emit`) and closes the log when it
+stops (`close`); a reader (`events(start)`) gets everything from `start` on, then waits for
+what comes next, until the log is closed. The response to the POST that started a turn is one
+reader; `GET /api/turns/{id}/events` (a page rejoining after a reload) is another, and reading
+never consumes anything, so a reader that leaves (a closed tab) changes nothing for the others.
+
+Cancellation (`request_cancel`) only ever cancels the task while the graph runs (`phase`
+"graph"): cancelled there, the turn is marked `cancelled` by the task itself. Before that the
+task sees the request and stops at the start; after that (recording the outcome) the turn
+ends as it was going to, and the cancel request is answered with that outcome.
+
+Everything here runs on the event loop's thread (asyncio primitives are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+@dataclass
+class TurnHandle:
+    """A running (or resumed) turn: its ids, its event log and its task."""
+
+    turn_id: str
+    run_id: str
+    log: list[dict] = field(default_factory=list)
+    closed: bool = False
+    task: asyncio.Task | None = None
+    phase: str = "starting"  # then "graph" (running the agent), then "finishing" (recording how it ended)
+    cancel_requested: bool = False
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def emit(self, event: dict) -> None:
+        """Append `event` and wake the readers."""
+        self.log.append(event)
+        self._notify()
+
+    def close(self) -> None:
+        """No event follows: readers stop once they have read the log."""
+        self.closed = True
+        self._notify()
+
+    def _notify(self) -> None:
+        wake, self._wake = self._wake, asyncio.Event()
+        wake.set()
+
+    async def events(self, start: int = 0) -> AsyncIterator[dict]:
+        """The events from index `start` on, as they come, until the log is closed."""
+        index = start
+        while True:
+            wake = self._wake  # taken before reading: an emit after this point sets it
+            while index < len(self.log):
+                yield self.log[index]
+                index += 1
+            if self.closed:
+                return
+            await wake.wait()
+
+    async def collect(self) -> list[dict]:
+        return [event async for event in self.events()]
+
+    def request_cancel(self) -> None:
+        """Ask the turn to stop: in the graph its task is cancelled (the model request is closed,
+        the turn ends `cancelled`); before it, the task stops as it gets there; once finishing,
+        nothing changes (the turn ends as it was going to)."""
+        if self.phase == "finishing" or self.task is None or self.task.done():
+            return
+        self.cancel_requested = True
+        if self.phase == "graph":
+            self.task.cancel()
