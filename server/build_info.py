@@ -24,8 +24,12 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def arbor_version() -> str:
+    return _version("arbor")
+
+
 def build_string() -> str:
-    return f"arbor-server {_version('arbor')} over llama-cpp-python {_version('llama_cpp_python')}"
+    return f"arbor-server {arbor_version()} over llama-cpp-python {_version('llama_cpp_python')}"
 
 
 def version_text() -> str:

@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pooling", choices=["model", "mean", "cls", "last"], help="embedding pooling (default: the model's)")
     a("--embeddings-ctx", type=int, help="most tokens of one embeddings input (default 512)")
     a("--log-level", choices=["debug", "info", "warning", "error"])
+    events = p.add_argument_group("KV events", "the radix tree's changes as vLLM/SGLang-format ZMQ events, for "
+                                  "KV-event routers (Dynamo, llm-d)")
+    events.add_argument("--kv-events-endpoint", help="ZMQ endpoint to publish on: tcp://*:5557 binds, "
+                        "tcp://host:port connects, ipc://PATH binds (default: off)")
+    events.add_argument("--kv-events-topic", help="ZMQ topic (default: empty)")
+    events.add_argument("--kv-events-block-size", type=int, help="tokens per announced block (default 16)")
     limits = p.add_argument_group("request limits", "larger requests get a 4xx answer that names the flag")
     limits.add_argument("--max-body-kib", type=int, help="largest request body in KiB (default 4096; 413 beyond)")
     limits.add_argument("--max-json-depth", type=int, help="deepest nesting of a JSON body (default 64)")

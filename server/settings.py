@@ -75,6 +75,13 @@ class ServerSettings(BaseSettings):
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
         "kept cell slows every running request's steps: bench/idle_cells.py). Default: no limit")
+    # KV events for exact-routing routers (server/cache/kv_events.py)
+    kv_events_endpoint: str | None = Field(
+        None, description="publish the radix tree's KV block changes as vLLM/SGLang-format ZMQ events "
+        "(BlockStored/BlockRemoved/AllBlocksCleared) on this endpoint: tcp://*:5557 binds, tcp://host:port "
+        "connects; default: off")
+    kv_events_topic: str = Field("", description="ZMQ topic of the KV events")
+    kv_events_block_size: int = Field(16, ge=1, le=4096, description="tokens per block in the KV events")
     cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
                                           "'*' for any); default: localhost origins only")
     embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
@@ -134,6 +141,10 @@ class ServerSettings(BaseSettings):
         if self.paged_attn == "on" and self.flash_attn == "off":
             raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
                              "drop --flash-attn off or use --paged-attn auto|off")
+        if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
+            off = ", --no-cache" if self.no_cache else ""
+            raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "
+                             f"enable one (tiers: {','.join(self.cache_tiers)}{off})")
         if self.allow_cpu_fallback and self.n_gpu_layers == 0:
             raise ValueError("--allow-cpu-fallback only matters with --n-gpu-layers (layers asked of an accelerator); "
                              "with --n-gpu-layers 0 the server runs on the CPU anyway: drop it or set --n-gpu-layers")

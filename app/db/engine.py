@@ -9,7 +9,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel, create_engine
 
 from app.db import models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from app.db.migrate import add_missing_columns
+from app.db.migrate import add_missing_columns, add_missing_indexes
 from app.db.urls import sqlalchemy_url
 
 
@@ -34,4 +34,5 @@ def make_engine(database_url: str) -> Engine:
         engine = create_engine(sqlalchemy_url(database_url), pool_pre_ping=True)
     SQLModel.metadata.create_all(engine)
     add_missing_columns(engine)
+    add_missing_indexes(engine)
     return engine

@@ -22,7 +22,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Column, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 
@@ -118,8 +118,18 @@ class TurnRetry(SQLModel):
     stream: bool = True
 
 
+# The turn states that hold their branch: a branch has at most one such turn. A unique partial
+# index makes the database, not one process's memory, refuse a second (so two workbench
+# processes on one PostgreSQL cannot both start a turn on a branch).
+ACTIVE_TURN_STATES = ("running", "awaiting_approval")
+_HOLDS_BRANCH = text("status IN (%s)" % ", ".join(f"'{s}'" for s in ACTIVE_TURN_STATES))
+ONE_ACTIVE_TURN_INDEX = "uq_turns_one_active_per_branch"
+
+
 class Turn(TurnBase, table=True):
     __tablename__ = "turns"
+    __table_args__ = (Index(ONE_ACTIVE_TURN_INDEX, "branch_id", unique=True,
+                            sqlite_where=_HOLDS_BRANCH, postgresql_where=_HOLDS_BRANCH),)
     id: str = Field(default_factory=new_id, primary_key=True)
     session_id: str = Field(foreign_key="sessions.id", index=True)
     branch_id: str = Field(foreign_key="branches.id", index=True)
@@ -168,6 +178,8 @@ class Run(SQLModel, table=True):
     thread_id: str = Field(max_length=64)  # the LangGraph thread: its branch's ("turn-<id>" before)
     status: str = Field(default="running", max_length=32)
     options: dict | None = _json()  # force_tool, tool_choice, history_len, retry_of
+    # the workbench process running it (app/services/liveness.py); None: recorded before owners
+    owner: str | None = Field(default=None, max_length=128)
     started_at: datetime = Field(default_factory=utcnow)
     ended_at: datetime | None = None
     error: str | None = Field(default=None, sa_column=Column(Text))

@@ -24,6 +24,7 @@ branch's thread after every node. So after a crash:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -39,10 +40,14 @@ PAUSE_LOST = ("the workbench restarted and the paused state of this turn's appro
               "it), so the decision could resume nothing; the turn can be retried")
 
 
-def mark_interrupted_turns(db: Session) -> int:
-    """Turns and runs left `running` by a stopped process become `failed` (INTERRUPTED)."""
-    turns = db.exec(select(Turn).where(Turn.status == "running")).all()
-    runs = db.exec(select(Run).where(Run.status == "running")).all()
+def mark_interrupted_turns(db: Session, alive: Callable[[str | None], bool] = lambda owner: False) -> int:
+    """Turns and runs left `running` by a stopped process become `failed` (INTERRUPTED).
+    `alive(run.owner)` (app/services/liveness.py) spares those another live workbench process
+    on the same database is running."""
+    running = db.exec(select(Run).where(Run.status == "running")).all()
+    live_turns = {r.turn_id for r in running if alive(r.owner)}
+    runs = [r for r in running if r.turn_id not in live_turns]
+    turns = [t for t in db.exec(select(Turn).where(Turn.status == "running")).all() if t.id not in live_turns]
     for row in [*turns, *runs]:
         _fail(row, INTERRUPTED)
         db.add(row)

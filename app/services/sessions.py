@@ -13,12 +13,10 @@ from sqlmodel import Session, col, select
 
 from app.db.checkpoints import branch_thread_id
 from app.db.models import (
-    AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail, Span, Turn,
-    TurnPublic, WorkspaceFile,
+    ACTIVE_TURN_STATES, AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail,
+    Span, Turn, TurnPublic, WorkspaceFile,
 )
 from app.errors import Conflict, NotFound, WorkbenchError
-
-ACTIVE_TURN_STATES = ("running", "awaiting_approval")
 
 
 def create_session(db: Session, scenario: str, title: str = "") -> AgentSession:

@@ -53,7 +53,8 @@ from typing import Any
 
 from langgraph.types import Command, Overwrite
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select, update
 
 from app.agent.cache_hints import CacheHints, hint_key
 from app.agent.context import TurnContext
@@ -100,7 +101,8 @@ class TurnStart:
 
 class TurnService:
     def __init__(self, settings: WorkbenchSettings, engine: Engine, graph: Any, adapter: ModelAdapter,
-                 catalog: ScenarioCatalog, budget: ContextBudget) -> None:
+                 catalog: ScenarioCatalog, budget: ContextBudget, owner: str | None = None) -> None:
+        self.owner = owner  # this process's id, recorded on the runs it runs (app/services/liveness.py)
         self.settings, self.engine, self.graph, self.adapter, self.catalog = settings, engine, graph, adapter, catalog
         self.budget = budget
         self.hints = CacheHints(settings.llm_base_url, settings.llm_api_key)
@@ -148,8 +150,7 @@ class TurnService:
                 _check_tool_choice(request.tool_choice, scenario)
             busy = sessions_service.busy_turn(db, branch)
             if busy is not None:
-                raise Conflict(f"branch {branch.id!r} already has a turn that is {busy.status} ({busy.id}); "
-                               "wait for it, answer its approval, or fork a new branch", "branch_busy")
+                raise _branch_busy(branch.id, busy)
             parent = db.get(Turn, branch.head_turn_id) if branch.head_turn_id else None
             start = _turn_start(db, branch, parent)
             if start.cut is not None and message != start.cut.user_message:
@@ -158,9 +159,16 @@ class TurnService:
             turn = Turn(session_id=session.id, branch_id=branch.id, parent_turn_id=branch.head_turn_id,
                         depth=(parent.depth + 1) if parent else 0, user_message=message, status="running")
             db.add(turn)
-            db.flush()
+            try:  # the database holds the branch lock (models.Turn's unique partial index)
+                db.flush()
+            except IntegrityError:
+                db.rollback()  # another workbench process started a turn on the branch just now
+                busy = sessions_service.busy_turn(db, branch)
+                if busy is None:
+                    raise
+                raise _branch_busy(branch.id, busy) from None
             run = Run(session_id=session.id, branch_id=branch.id, turn_id=turn.id, thread_id=start.thread_id,
-                      options={"force_tool": request.force_tool, "tool_choice": request.tool_choice,
+                      owner=self.owner, options={"force_tool": request.force_tool, "tool_choice": request.tool_choice,
                                **({"retry_of": retry_of} if retry_of else {})})
             db.add(run)
             db.commit()
@@ -308,11 +316,18 @@ class TurnService:
                 raise Conflict(f"the turn of approval {approval_id!r} is not waiting for a decision",
                                "approval_stale")
             scenario = self.catalog.get(session.scenario)
-            approval.status = "approved" if approved else "rejected"
-            approval.comment = comment
-            approval.decided_at = utcnow()
+            # Claimed in the database: of two processes deciding at once, one updates the
+            # pending row, the other finds it decided (PostgreSQL re-checks the WHERE after the
+            # first commits) and answers 409, so one turn never resumes twice.
+            claimed = db.execute(update(Approval).where(Approval.id == approval_id, Approval.status == "pending")
+                                 .values(status="approved" if approved else "rejected", comment=comment,
+                                         decided_at=utcnow()))
+            if claimed.rowcount != 1:
+                db.rollback()
+                raise Conflict(f"approval {approval_id!r} was decided meanwhile", "approval_decided")
             turn.status = run.status = "running"
-            for row in (approval, turn, run):
+            run.owner = self.owner  # the process resuming it runs it now
+            for row in (turn, run):
                 db.add(row)
             db.commit()
             handle = TurnHandle(turn.id, run.id)
@@ -548,3 +563,8 @@ def _check_tool_choice(choice: Any, scenario: Any) -> None:
     if name not in known:
         raise WorkbenchError(f"tool_choice names unknown tool {name!r}; known: {', '.join(known)}",
                              "invalid_tool_choice", 422)
+
+
+def _branch_busy(branch_id: str, busy: Turn) -> Conflict:
+    return Conflict(f"branch {branch_id!r} already has a turn that is {busy.status} ({busy.id}); "
+                    "wait for it, answer its approval, or fork a new branch", "branch_busy")

@@ -21,6 +21,7 @@ from server.api.generation import LoopDelivery
 from server.api.request_guard import RequestGuard
 from server.api.routes import cache, chat, completions, embeddings, info, native_completion, tokens
 from server.api.state import ServerState
+from server.api.vllm_metrics import VllmAliases
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -28,18 +29,23 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: ServerSettings) -> FastAPI:
     state = ServerState(settings=settings, model_name=bootstrap.default_model_name(settings))
+    state.metrics.registry.register(VllmAliases(state))  # for routers that read vLLM's names
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         deliver = LoopDelivery(asyncio.get_running_loop())
 
+        kv_events = None
+
         async def load():
+            nonlocal kv_events
             try:
                 loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
                 info = loaded.runtime.info
-                try:
+                try:  # a template or a KV-event publisher that cannot start fails the load, loudly
                     loaded.template = ChatTemplate(loaded.template_source, bos_token=info.bos_token,
                                                    eos_token=info.eos_token)
+                    kv_events = _start_kv_events(settings, loaded)
                 except Exception:
                     await asyncio.to_thread(loaded.close)
                     raise
@@ -54,6 +60,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
             yield
         finally:
             await task
+            if kv_events is not None:
+                kv_events.close()
             if state.loaded is not None:
                 await asyncio.to_thread(state.loaded.close)
             deliver.close()
@@ -73,6 +81,18 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.add_middleware(UnprefixedAliases)
     install_cors(app, settings.cors_origins)
     return app
+
+
+def _start_kv_events(settings: ServerSettings, loaded):
+    """The KV-event publisher when --kv-events-endpoint asks for one (its ZMQ and msgpack
+    libraries come with the `scale` extra, so they are imported only then)."""
+    if settings.kv_events_endpoint is None:
+        return None
+    try:
+        from server.cache.kv_events import start_kv_events
+    except ImportError as exc:
+        raise RuntimeError(f"--kv-events-endpoint needs pyzmq and msgspec (pip install 'arbor[scale]'): {exc}") from exc
+    return start_kv_events(settings, loaded.router.tree if loaded.router else None)
 
 
 def _live_gauges(state: ServerState) -> dict[str, tuple[str, float]]:

@@ -55,6 +55,13 @@ def test_version_says_whether_paged_attention_is_compiled_in(capsys):
     assert ("paged attention: compiled in" in out) == paged_attention.compiled_in()
 
 
+def test_kv_events_need_a_tier_the_tree_holds():
+    assert settings_from_args(["--kv-events-endpoint", "tcp://*:5557"]).kv_events_block_size == 16
+    for flags in (["--cache-tiers", "A"], ["--no-cache"]):
+        with pytest.raises(ValidationError, match="kv-events-endpoint publishes the radix tree"):
+            settings_from_args(["--kv-events-endpoint", "tcp://*:5557", *flags])
+
+
 def test_cpu_fallback_flag_needs_layers_asked_of_an_accelerator(monkeypatch):
     assert settings_from_args(["--n-gpu-layers", "99", "--allow-cpu-fallback"]).allow_cpu_fallback
     assert not settings_from_args(["-ngl", "-1"]).allow_cpu_fallback

@@ -1,4 +1,4 @@
-"""GET /health, /v1/models, /props, /slots, /metrics."""
+"""GET /health, /version, /v1/models, /props, /slots, /metrics."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
-from server.build_info import build_string
+from server.build_info import arbor_version, build_string
 from server.engine.offload import OffloadReport
 
 public = APIRouter()
@@ -26,6 +26,15 @@ async def health(state: StateDep):
         return JSONResponse(APIError(f"model failed to load: {state.load_error}", status=500,
                                      type="server_error").body(), status_code=500)
     return JSONResponse(APIError("Loading model", status=503, type="unavailable_error").body(), status_code=503)
+
+
+@public.get("/version")
+async def version():
+    """vLLM's `/version`. Routers probe it to classify a worker whose `/v1/models` `owned_by`
+    they do not know (SMG: model_gateway/src/workflow/steps/local/detect_backend.rs); a
+    worker answering it is scraped for vLLM's metric names, which server/api/vllm_metrics.py
+    provides. Unauthenticated, as vLLM's."""
+    return {"version": arbor_version(), "build": build_string()}
 
 
 @router.get("/v1/models")

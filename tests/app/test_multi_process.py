@@ -1,0 +1,138 @@
+"""Several workbench processes (`arbor serve`) on one real PostgreSQL.
+
+- A branch's "turn running" lock is the database's (a unique partial index on turns): two
+  processes asked at the same moment for a turn on one branch run one, and the other answers
+  409 branch_busy; a decision on one approval is claimed in the database.
+- A process starting up fails only the turns of dead processes: a turn another live process
+  is running keeps running; one whose process was killed is failed, and its branch is free.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.servers import free_port, wait_healthy
+from tests.fakes.scripted_openai import MODEL_ID, ScriptedReply, scripted_server
+from tests.pg_cluster import TempCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def database(postgres_cluster: TempCluster):
+    name = postgres_cluster.create_database()
+    try:
+        yield postgres_cluster.url(name)
+    finally:
+        postgres_cluster.drop_database(name)
+
+
+@contextmanager
+def workbench(tmp_path: Path, name: str, database_url: str, llm_base_url: str):
+    """`arbor serve` as its own process on a free port; yields (base_url, process)."""
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url, "LLM_BASE_URL": llm_base_url, "LLM_MODEL": MODEL_ID,
+           "LLM_TIMEOUT_S": "60", "ARBOR_DATA_DIR": str(tmp_path / name)}
+    log = tmp_path / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url + "/api", 120, name, lambda: log.read_text(errors="replace")[-3000:])
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _session(url: str) -> str:
+    r = httpx.post(url + "/api/sessions", json={"scenario": "edge_incident"}, timeout=30)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _turn(url: str, session_id: str, message: str, out: list, timeout: float = 120) -> None:
+    """POST a turn and wait for its end; the answer (or the transport error) goes to `out`."""
+    try:
+        out.append(httpx.post(f"{url}/api/sessions/{session_id}/turns", json={"message": message, "stream": False},
+                              timeout=timeout))
+    except httpx.HTTPError as exc:  # the process was killed under it
+        out.append(exc)
+
+
+def _turns(url: str, session_id: str) -> list[dict]:
+    return httpx.get(f"{url}/api/sessions/{session_id}", timeout=30).json()["turns"]
+
+
+def _slow(delay_s: float):
+    return lambda body: ScriptedReply(content="All gauges report.", delay_s=delay_s)
+
+
+def test_two_processes_never_run_two_turns_on_one_branch(tmp_path, database):
+    with scripted_server(_slow(1.5)) as fake, ExitStack() as stack:
+        a, _ = stack.enter_context(workbench(tmp_path, "a", database, fake.base_url))
+        b, _ = stack.enter_context(workbench(tmp_path, "b", database, fake.base_url))
+        for attempt in range(4):  # the same moment, on the same branch, through two processes
+            session = _session(a)
+            results: list[httpx.Response] = []
+            threads = [threading.Thread(target=_turn, args=(url, session, f"check {i}", results))
+                       for i, url in enumerate((a, b))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            codes = sorted(r.status_code for r in results)
+            assert codes == [200, 409], [r.text for r in results]
+            refused = next(r for r in results if r.status_code == 409).json()["error"]
+            assert refused["type"] == "branch_busy" and "already has a turn" in refused["message"], refused
+            assert [t["status"] for t in _turns(b, session)] == ["completed"]
+
+
+def test_a_starting_process_fails_only_the_turns_of_dead_ones(tmp_path, database):
+    def reply(body: dict) -> ScriptedReply:  # a turn asking for it stays in its model call a minute
+        slow = "slowly" in str(body["messages"][-1].get("content"))
+        return ScriptedReply(content="All gauges report.", delay_s=60 if slow else 0.5)
+
+    with scripted_server(reply) as fake, ExitStack() as stack:
+        a, proc_a = stack.enter_context(workbench(tmp_path, "a", database, fake.base_url))
+        session = _session(a)
+        cut: list = []
+        t = threading.Thread(target=_turn, args=(a, session, "check the gauges slowly", cut, 90), daemon=True)
+        t.start()
+        _wait(lambda: len(fake.requests) == 1)  # A's turn is in its model call
+        # a second process starts while A's turn runs: it leaves that turn alone
+        b, _ = stack.enter_context(workbench(tmp_path, "b", database, fake.base_url))
+        assert [x["status"] for x in _turns(b, session)] == ["running"]
+
+        # A dies (kill -9) in the middle of the turn: the next process to start fails it
+        os.kill(proc_a.pid, signal.SIGKILL)
+        proc_a.wait(timeout=10)
+        assert _turns(b, session)[0]["status"] == "running"  # B looked only at its own start
+        c, _ = stack.enter_context(workbench(tmp_path, "c", database, fake.base_url))
+        failed = _turns(c, session)[0]
+        assert failed["status"] == "failed" and "stopped while this turn was running" in failed["error"], failed
+        # and the branch is free again, through any process
+        after: list = []
+        _turn(b, session, "once more", after)
+        assert after[0].status_code == 200 and _turns(c, session)[-1]["status"] == "completed", after[0]
+
+
+def _wait(cond, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.1)

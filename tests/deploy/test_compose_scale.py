@@ -1,0 +1,62 @@
+"""compose.scale.yaml over compose.yaml, rendered by Debian's docker-compose (v1) `config`:
+replicas behind the router, the workbenches on PostgreSQL through the router, no host port
+or cache directory shared. No Docker engine needed."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.deploy.test_compose_cli import COMPOSE, config, env_with
+
+pytestmark = pytest.mark.skipif(COMPOSE is None, reason="docker-compose (v1) is not installed")
+
+FILES = ["compose.yaml", "compose.scale.yaml"]
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory) -> dict:
+    done = config(FILES, env_with(tmp_path_factory.mktemp("env"), POSTGRES_PASSWORD="s3cret"))
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)["services"]
+
+
+def _flag(command: list[str], name: str) -> list[str]:
+    """The values after `name` up to the next flag."""
+    i = command.index(name) + 1
+    out = []
+    while i < len(command) and not command[i].startswith("--"):
+        out.append(command[i])
+        i += 1
+    return out
+
+
+def test_the_router_fronts_every_replica(services):
+    replicas = {n for n, s in services.items() if s.get("command", [None])[0] == "arbor-server"}
+    assert replicas == {"server", "server-2"}
+    router = services["router"]["command"]
+    assert set(_flag(router, "--worker-urls")) == {f"http://{n}:8080" for n in replicas}
+    assert _flag(router, "--policy") == ["cache_aware"]
+    # every replica serves the same model name (the router routes by it)
+    assert len({tuple(_flag(services[n]["command"], "--alias")) for n in replicas}) == 1
+    caches = [v for n in replicas for v in services[n]["volumes"] if v.split(":")[1] == "/var/lib/arbor/cache"]
+    assert len(caches) == len({c.split(":")[0] for c in caches}) == 2, caches  # no shared disk tier
+
+
+def test_the_workbenches_use_the_router_and_one_postgresql(services):
+    for name in ("workbench", "workbench-2"):
+        env = services[name]["environment"]
+        assert env["LLM_BASE_URL"] == "http://router:8000/v1"
+        assert env["DATABASE_URL"] == "postgresql://arbor:s3cret@postgres:5432/arbor"
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["workbench"]["volumes"] != services["workbench-2"]["volumes"]
+
+
+def test_no_host_port_is_published_twice(services):
+    published = [p.rsplit(":", 2)[-2] for s in services.values() for p in s.get("ports", [])]
+    assert len(published) == len(set(published)), published
+
+
+def test_the_database_password_is_required(tmp_path):
+    done = config(FILES, env_with(tmp_path))
+    assert done.returncode != 0 and "POSTGRES_PASSWORD" in done.stderr, done.stderr
