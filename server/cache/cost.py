@@ -157,9 +157,12 @@ class CostModel:
         return longest
 
     def stats(self) -> dict:
+        """Read from other threads (/metrics) while the engine updates the rates: the dicts
+        are copied first (a copy is atomic; iterating one that gains a key is not)."""
+        restore, overhead = tuple(self.restore.items()), tuple(self.overhead)
         return {"prefill_tokens_per_s": self.prefill.per_second,
-                "restore_bytes_per_s": {k: r.per_second for k, r in self.restore.items()},
-                "restore_overhead_ms": {k: self.overhead_ms(k) for k in self.overhead},
+                "restore_bytes_per_s": {k: r.per_second for k, r in restore},
+                "restore_overhead_ms": {k: self.overhead_ms(k) for k in overhead},
                 "kv_bytes_per_token": self.bytes_per_token,
                 "probes": self.probes,
-                "samples": {"prefill": self.prefill.samples, **{k: r.samples for k, r in self.restore.items()}}}
+                "samples": {"prefill": self.prefill.samples, **{k: r.samples for k, r in restore}}}

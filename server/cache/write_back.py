@@ -112,7 +112,8 @@ class WriteBackQueue:
         return freed
 
     def cells(self) -> int:
-        return sum(len(c.tokens) for c in self.queue)
+        # a copy first: /metrics reads this while the engine thread changes the queue
+        return sum(len(c.tokens) for c in tuple(self.queue))
 
     def stats(self) -> dict:
         return {"pending": len(self.queue), "pending_cells": self.cells(), "parked": self.parked,
