@@ -74,7 +74,7 @@ class ServerSettings(BaseSettings):
     cache_shared: str | None = Field(
         None, description="URL of a Redis/Valkey store shared by replicas of this model (tier R, e.g. "
         "redis://127.0.0.1:6379/0): chunks of the host tier's KV are written there and restored from there")
-    cache_shared_chunk: int = Field(256, ge=16, le=8192, description="tokens per chunk in the shared store")
+    cache_shared_chunk: int = Field(64, ge=16, le=8192, description="tokens per chunk in the shared store")
     cache_shared_timeout_ms: float = Field(50.0, gt=0, description="timeout of the shared store lookup at "
                                            "admission (engine thread); a failure leaves the store alone 5 s")
     cache_shared_queue: int = Field(64, ge=1, description="MiB of KV waiting for the shared-store writer; "

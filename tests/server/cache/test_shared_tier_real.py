@@ -80,7 +80,12 @@ def test_a_prefix_computed_on_one_replica_is_restored_on_another(tmp_path):
             cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
             assert got["arbor"]["cache"]["source"] == "R", got["arbor"]
             assert cached >= 2 * CHUNK and cached % CHUNK == 0, got["usage"]
-            assert shared_stats(r2)["hits"] == 1
+            st = shared_stats(r2)
+            assert st["hits"] == 1
+            print(f"\nshared tier: {cached} of {got['usage']['prompt_tokens']} prompt tokens from R, "
+                  f"restore {got['arbor']['cache']['restore_ms']:.1f} ms (read + restore), "
+                  f"prompt {got.get('timings', {}).get('prompt_ms')} ms; lookups {st['lookups']}, "
+                  f"max {st['max_lookup_ms']:.2f} ms")
 
             # The store stops mid-run: requests compute, nothing fails, the failures are counted.
             before = metrics(r2.base_url).get("arbor:cache_shared_errors_total", 0)
@@ -102,6 +107,7 @@ def test_a_prefix_computed_on_one_replica_is_restored_on_another(tmp_path):
             want = complete(ref, turn2)
         finally:
             stop_server(ref)
+        print(f"recompute (--no-cache): prompt {want.get('timings', {}).get('prompt_ms')} ms")
         assert got["choices"][0]["text"] == want["choices"][0]["text"]
     finally:
         store.stop()
