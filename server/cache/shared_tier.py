@@ -127,7 +127,10 @@ class SharedTier:
     def __init__(self, url: str, fingerprint: str, chunk: int = DEFAULT_CHUNK, *,
                  lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S, io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
                  queue_bytes: int = DEFAULT_QUEUE_BYTES):
-        import redis  # the `scale` extra; imported here so servers without the tier do not need it
+        try:
+            import redis  # the `scale` extra; imported here so servers without the tier do not need it
+        except ImportError as exc:
+            raise RuntimeError("--cache-shared needs the PyPI package redis: pip install -e '.[scale]'") from exc
 
         self.url = url
         self.fingerprint = fingerprint
