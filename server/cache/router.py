@@ -541,8 +541,8 @@ class CacheRouter:
         self.costs.observe_prefill(len(seq.prompt) - seq.n_cached, seconds)
 
     def _store(self, slot_seq: int, tokens: list[int], to_disk: bool = True):
-        """Store what the host (and, with `to_disk`, the disk and the shared store) lacks of `tokens`, read from
-        `slot_seq`; returns the host path's tip, or None."""
+        """Store what the host (and, with `to_disk`, the disk and the shared store) lacks of
+        `tokens`, read from `slot_seq`; returns the host path's tip, or None."""
         if self.host is None and self.disk is None:
             return None
         try:

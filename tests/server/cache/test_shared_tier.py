@@ -4,6 +4,8 @@ redis-server (tests/server/cache/redis_store.py); the KV is synthetic."""
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
@@ -157,6 +159,20 @@ def test_a_store_that_is_down_counts_failures_and_raises_nothing():
         assert t.errors == 2
     finally:
         t.close()
+
+
+def test_a_store_that_accepts_but_never_answers_costs_one_timeout_then_nothing():
+    with socket.socket() as listener:  # the kernel completes the handshake; nobody ever reads
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        t = SharedTier(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", "fpA", CHUNK, lookup_timeout_s=0.05)
+        try:
+            toks = list(range(64))
+            assert t.lookup(toks).length == 0
+            assert t.errors == 1 and t.lookups == 1
+            assert t.lookup(toks).length == 0 and t.skipped == 1 and t.lookups == 1  # back-off: not asked
+        finally:
+            t.close()
 
 
 def test_a_write_to_a_store_that_went_down_is_counted(tmp_path):
