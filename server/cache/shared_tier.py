@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.cache.disk_tier import MAGIC, _DIGEST, _layout_from_json, _MAX_HEADER, _cover, encode_segment
+from server.cache.disk_tier import DIGEST_BYTES, MAGIC, MAX_HEADER, cover, encode_segment, layout_from_json
 from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
 
 log = logging.getLogger(__name__)
@@ -95,10 +95,10 @@ def decode_chunk(data: bytes, fingerprint: str, path_tokens: list[int], start: i
     if len(data) < head or data[:len(MAGIC)] != MAGIC:
         raise SharedTierError("not an Arbor KV chunk (another format version, or garbage)")
     (hlen,) = struct.unpack_from("<I", data, len(MAGIC))
-    if hlen > _MAX_HEADER or len(data) < head + hlen + _DIGEST:
+    if hlen > MAX_HEADER or len(data) < head + hlen + DIGEST_BYTES:
         raise SharedTierError("the chunk ends inside its header (torn value)")
     raw = data[head:head + hlen]
-    if hashlib.sha256(raw).digest() != data[head + hlen:head + hlen + _DIGEST]:
+    if hashlib.sha256(raw).digest() != data[head + hlen:head + hlen + DIGEST_BYTES]:
         raise SharedTierError("chunk header checksum mismatch")
     try:
         header = json.loads(raw)
@@ -111,8 +111,8 @@ def decode_chunk(data: bytes, fingerprint: str, path_tokens: list[int], start: i
     if header.get("tokens") != list(path_tokens) or header.get("start") != start:
         raise SharedTierError("the chunk holds another token path (hash collision?)")
     n = len(path_tokens) - start
-    layout: KVLayout = _layout_from_json(header["layout"])
-    body = memoryview(data)[head + hlen + _DIGEST:]
+    layout: KVLayout = layout_from_json(header["layout"])
+    body = memoryview(data)[head + hlen + DIGEST_BYTES:]
     if header.get("n") != n or len(body) != n * int(layout.bytes_per_token):
         raise SharedTierError("chunk size does not match its header (truncated value)")
     if hashlib.sha256(body).hexdigest() != header.get("sha256"):
@@ -273,7 +273,7 @@ class SharedTier:
             if have:
                 continue
             s, e = i * self.chunk, (i + 1) * self.chunk
-            seg = _cover(ranges, s, e)
+            seg = cover(ranges, s, e)
             if seg is None:
                 continue  # the caller does not hold this chunk's KV
             pipe.set(key, encode_chunk(self.fingerprint, tokens[:e], seg))
