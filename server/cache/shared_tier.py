@@ -117,7 +117,7 @@ def decode_chunk(data: bytes, fingerprint: str, path_tokens: list[int], start: i
         raise SharedTierError("chunk size does not match its header (truncated value)")
     if hashlib.sha256(body).hexdigest() != header.get("sha256"):
         raise SharedTierError("chunk body checksum mismatch")
-    return segment_from_arrays(layout, start, n, bytearray(body))
+    return segment_from_arrays(layout, start, n, body)  # read-only views: a restore only reads them
 
 
 @dataclass(frozen=True)
