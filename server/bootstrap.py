@@ -21,6 +21,7 @@ from server.cache.kv_ops import KVOps
 from server.cache.lifecycle import SessionRegistry
 from server.cache.radix_tree import RadixTree
 from server.cache.router import CacheRouter
+from server.cache.shared_tier import SharedTier
 from server.engine.embedder import Embedder, EmbeddingsUnavailable
 from server.engine.engine import Deliver, Engine, deliver_inline
 from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
@@ -89,19 +90,27 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
     host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers else None
-    disk = None
-    if "D" in tiers:
+    disk = shared = None
+    if "D" in tiers or settings.cache_shared:
         info = runtime.info
+        # D and R share one fingerprint: only replicas of the same model file, KV types and
+        # layout ever read each other's KV (the shared store's keys start with it).
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
+    if "D" in tiers:
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
                         queue_bytes=settings.cache_disk_queue * 1024 * 1024)
+    if settings.cache_shared and "H" in tiers:  # written from the host tier
+        shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
+                            lookup_timeout_s=settings.cache_shared_timeout_ms / 1000.0,
+                            queue_bytes=settings.cache_shared_queue * 1024 * 1024)
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=running,
         tiers=tiers, tree=tree, host=host, disk=disk,
         resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners else None, registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
+        shared=shared,
     )
 
 

@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-min-tokens", type=int, help="shortest prefix worth storing (default 32)")
     a("--cache-write-back-step", type=int, help="KiB of a parked slot's KV written back to host per engine step "
                                                 "(default 4096; 0: write a slot back at once when it is reused)")
+    a("--cache-shared", help="Redis/Valkey URL of a KV store shared by replicas of this model (tier R; needs "
+                             "tier H), e.g. redis://127.0.0.1:6379/0 (default: off)")
+    a("--cache-shared-chunk", type=int, help="tokens per chunk in the shared store (default 64, bench/shared_chunk.py)")
+    a("--cache-shared-timeout-ms", type=float, help="timeout of the shared-store lookup at admission (default 50)")
+    a("--cache-shared-queue", type=int, help="MiB of KV waiting for the shared-store writer (default 64)")
     a("--cache-idle-cells", type=int, help="KV cells idle slots may keep while other requests run; beyond it "
                                            "the least recently used one is written back and freed (default: no limit)")
     a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")

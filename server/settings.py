@@ -71,6 +71,14 @@ class ServerSettings(BaseSettings):
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
     cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
                                        "engine step; 0: write back at once (stalls decoding for the whole copy)")
+    cache_shared: str | None = Field(
+        None, description="URL of a Redis/Valkey store shared by replicas of this model (tier R, e.g. "
+        "redis://127.0.0.1:6379/0): chunks of the host tier's KV are written there and restored from there")
+    cache_shared_chunk: int = Field(64, ge=16, le=8192, description="tokens per chunk in the shared store")
+    cache_shared_timeout_ms: float = Field(50.0, gt=0, description="timeout of the shared store lookup at "
+                                           "admission (engine thread); a failure leaves the store alone 5 s")
+    cache_shared_queue: int = Field(64, ge=1, description="MiB of KV waiting for the shared-store writer; "
+                                    "a store beyond it is dropped and counted")
     cache_idle_cells: int | None = Field(
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
@@ -151,6 +159,11 @@ class ServerSettings(BaseSettings):
         if self.cache_idle_cells is not None and not (self.tier_enabled("H") or self.tier_enabled("D")):
             raise ValueError("--cache-idle-cells writes idle slots back to host or disk: it needs tier H or D "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
+        if self.cache_shared is not None and not self.tier_enabled("H"):
+            raise ValueError("--cache-shared writes the host tier's KV to the store: it needs tier H "
+                             f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
+        if self.cache_shared is not None and not self.cache_shared.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"--cache-shared {self.cache_shared!r}: expected a redis://, rediss:// or unix:// URL")
         return self
 
     @property

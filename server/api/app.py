@@ -143,6 +143,12 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
         out["arbor:cache_disk_foreign_total"] = (
             "Disk segment files of another model, KV layout or format version (skipped, never loaded).",
             tiers["D"]["foreign_files"])
+    if tiers["R"].get("enabled", True):
+        out["arbor:cache_shared_errors_total"] = (
+            "Shared KV store calls that failed (lookup, read, write): each one computed instead.",
+            tiers["R"]["errors"])
+        for key in ("hits", "lookups", "stored_chunks", "rejected", "dropped_writes", "pending_bytes"):
+            out[f"arbor:cache_shared_{key}"] = (f"shared tier {key}.", tiers["R"][key])
     if tiers["S"].get("enabled", True):
         for key in ("entries", "cells", "hits", "evictions"):
             out[f"arbor:cache_resident_{key}"] = (f"resident tier {key}.", tiers["S"][key])

@@ -5,8 +5,8 @@ Rates are exponentially weighted sums (amount, seconds) so one outlier does not 
 prefill tokens/s of this model on this hardware (from finished requests: computed prompt
 tokens over the time from admission to the first token, minus the cache's own work, so
 it includes the batching with other requests that a new request will also see), restore
-bytes/s per tier (H, D; measured on every restore, file read included for D) and the
-KV bytes per token. Until the prefill rate is measured the router takes the longest
+bytes/s per tier (H, D, R; measured on every restore, the file or network read included for
+D and R) and the KV bytes per token. Until the prefill rate is measured the router takes the longest
 match; a tier whose restore rate is not measured yet is assumed as fast as the slowest
 measured one (free when none is), so it gets tried without betting on a known loss.
 
@@ -18,7 +18,7 @@ restore look slower than computing).
 
 A plan restores (or attaches) a prefix and computes the rest; its estimate is
 restore overhead + restore_bytes / restore_rate + computed_tokens / prefill_rate. Attaching
-(S) and keeping (A) cost no copy. The lowest estimate wins; ties keep A > S > H > D > none.
+(S) and keeping (A) cost no copy. The lowest estimate wins; ties keep A > S > H > D > R > none.
 
 Estimates only correct themselves for sources that get chosen: one slow sample (a restore
 that ran while the machine was busy) could keep a tier out for good. So when a tier has
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TIE_ORDER = {"A": 0, "S": 1, "H": 2, "D": 3, "none": 4}
+TIE_ORDER = {"A": 0, "S": 1, "H": 2, "D": 3, "R": 4, "none": 5}
 
 
 class Rate:
@@ -60,7 +60,7 @@ class PlanOption:
     """One way to serve a prompt: reuse `length` tokens from `source`, restoring
     `restore_tokens` of them, and compute the rest."""
 
-    source: str  # "A" | "S" | "H" | "D" | "none"
+    source: str  # "A" | "S" | "H" | "D" | "R" | "none"
     length: int
     restore_tokens: int = 0
 
@@ -85,10 +85,11 @@ class CostModel:
 
     def __init__(self):
         self.prefill = Rate()  # tokens/s
-        self.restore = {"H": Rate(), "D": Rate()}  # bytes/s
-        self.overhead = {"H": Rate(), "D": Rate()}  # restores per second of fixed cost (1 / seconds per call)
+        self.restore = {"H": Rate(), "D": Rate(), "R": Rate()}  # bytes/s
+        # restores per second of fixed cost (1 / seconds per call)
+        self.overhead = {"H": Rate(), "D": Rate(), "R": Rate()}
         self.bytes_per_token = 0
-        self._plans_since_sample = {"H": 0, "D": 0}
+        self._plans_since_sample = {"H": 0, "D": 0, "R": 0}
         self.probes = 0
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
@@ -127,7 +128,7 @@ class CostModel:
         return rate if rate is not None else (min(known) if known else float("inf"))
 
     def choose(self, options: list[PlanOption], prompt_len: int, *, longest: bool = False) -> Plan:
-        """The cheapest option; the longest (ties A > S > H > D) with `longest` or while the
+        """The cheapest option; the longest (ties A > S > H > D > R) with `longest` or while the
         prefill rate is unknown."""
         options = options + [PlanOption("none", 0)]
         est = {o.source: self.estimate_ms(o, prompt_len) for o in options}

@@ -60,9 +60,9 @@ MAGIC = b"ARBORKV3"
 FAMILY = b"ARBORKV"  # any version of the format: an older one is foreign, not corrupt
 VERSION = 3
 SUFFIX = ".kvseg"
-_DIGEST = 32  # SHA-256 bytes after the header
+DIGEST_BYTES = 32  # SHA-256 bytes after the header
 DEFAULT_QUEUE_BYTES = 64 << 20  # KV waiting for the writer: past it, stores are dropped
-_MAX_HEADER = 64 << 20  # a longer header length is garbage (a path of 8M tokens is far beyond any context)
+MAX_HEADER = 64 << 20  # a longer header length is garbage (a path of 8M tokens is far beyond any context)
 
 
 class DiskSegmentError(RuntimeError):
@@ -126,7 +126,7 @@ def _layout_to_json(layout: KVLayout) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in layout.__dict__.items()}
 
 
-def _layout_from_json(d: dict) -> KVLayout:
+def layout_from_json(d: dict) -> KVLayout:
     return KVLayout(bool(d["v_trans"]), *(tuple(d[k]) for k in ("k_types", "k_row_bytes", "v_types",
                                                                    "v_row_bytes", "v_el_bytes")))
 
@@ -188,11 +188,11 @@ def read_header(path: Path) -> tuple[dict, int, str]:
         if len(head) < len(MAGIC) + 4 or head[: len(MAGIC)] != MAGIC:
             raise CorruptSegmentFile(f"{path.name}: not a whole Arbor KV segment file (torn or garbage)")
         (hlen,) = struct.unpack("<I", head[len(MAGIC):])
-        if hlen > _MAX_HEADER:
+        if hlen > MAX_HEADER:
             raise CorruptSegmentFile(f"{path.name}: implausible header length {hlen}")
         raw = f.read(hlen)
-        digest = f.read(_DIGEST)
-    if len(raw) != hlen or len(digest) != _DIGEST:
+        digest = f.read(DIGEST_BYTES)
+    if len(raw) != hlen or len(digest) != DIGEST_BYTES:
         raise CorruptSegmentFile(f"{path.name}: the file ends inside its header (torn write)")
     if hashlib.sha256(raw).digest() != digest:
         raise CorruptSegmentFile(f"{path.name}: header checksum mismatch (corrupt file)")
@@ -202,7 +202,7 @@ def read_header(path: Path) -> tuple[dict, int, str]:
         raise CorruptSegmentFile(f"{path.name}: unreadable header") from exc
     if not isinstance(header, dict):
         raise CorruptSegmentFile(f"{path.name}: unreadable header")
-    return header, len(MAGIC) + 4 + hlen + _DIGEST, digest.hex()
+    return header, len(MAGIC) + 4 + hlen + DIGEST_BYTES, digest.hex()
 
 
 def _check_header(path: Path, header: dict, fingerprint: str, size: int, offset: int) -> tuple[list[int], KVLayout]:
@@ -212,7 +212,7 @@ def _check_header(path: Path, header: dict, fingerprint: str, size: int, offset:
         raise ForeignSegmentFile(f"{path.name}: written for another model or KV layout")
     try:
         start, n, tokens = header["start"], header["n"], header["tokens"]
-        layout = _layout_from_json(header["layout"])
+        layout = layout_from_json(header["layout"])
         ok = (isinstance(tokens, list) and all(type(t) is int for t in tokens) and type(start) is int
               and type(n) is int and 0 <= start and 0 < n and start + n == len(tokens))
         expected = offset + n * int(layout.bytes_per_token)
@@ -292,7 +292,7 @@ def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str) ->
     return blob.segment()
 
 
-def _cover(ranges: list[tuple[int, KVSegment]], s: int, e: int) -> KVSegment | None:
+def cover(ranges: list[tuple[int, KVSegment]], s: int, e: int) -> KVSegment | None:
     """The KV of [s, e) cut from consecutive (start, segment) ranges, or None if not covered."""
     parts = []
     pos = s
@@ -549,7 +549,7 @@ class DiskTier:
         cover it and the budget can make room for the whole file: decide under the lock,
         write without it, index under it."""
         have = self.held(tokens)
-        seg = _cover(ranges, have, len(tokens)) if have < len(tokens) else None
+        seg = cover(ranges, have, len(tokens)) if have < len(tokens) else None
         if seg is None:
             return
         encoded = encode_segment(self.fingerprint, tokens, seg)

@@ -5,10 +5,12 @@
      slot (idle or running) whose computed tokens share the prefix; attached with seq_cp,
 - H: segments in host RAM, restored,
 - D: segment files on disk, restored,
+- R: chunks in a store shared by replicas (Redis/Valkey, server/cache/shared_tier.py),
+     asked at admission, read ahead like D, restored,
 
 one plan committed per request: with route `cost` (the default) the plan with the lowest
 estimated time to first token from rates measured online (server/cache/cost.py), with
-route `longest` the longest match; ties A > S > H > D. Any failure while
+route `longest` the longest match; ties A > S > H > D > R. Any failure while
 attaching or restoring clears the slot's sequence and falls back to computing the prompt:
 a cache may make a request faster, never wrong. After a request completes (never before),
 its common prefix may be published as resident. Copies to host (and disk) are made
@@ -44,6 +46,7 @@ from server.cache.kv_ops import ExtractError, KVOps, RestoreError
 from server.cache.lifecycle import SessionRegistry
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
+from server.cache.shared_tier import SharedMatch, SharedTier
 from server.cache.write_back import WriteBackQueue
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
@@ -62,11 +65,12 @@ class Candidate:
     owner: object | None = None  # S: the resident owner, when it is one
     host: TierMatch | None = None
     disk: DiskMatch | None = None
+    shared: SharedMatch | None = None
 
 
 @dataclass(eq=False)
 class _Loading:
-    """A plan's disk part being read ahead for a request that waits (LOADING)."""
+    """A plan's disk (D) or shared-store (R) part being read ahead for a request that waits (LOADING)."""
 
     seq: Sequence
     cand: Candidate
@@ -81,7 +85,7 @@ class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tiers: set[str], tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None,
                  resident_cells: int | None, registry: SessionRegistry, min_tokens: int, route: str = "cost",
-                 write_back_step_bytes: int = 0, idle_cells: int | None = None):
+                 write_back_step_bytes: int = 0, idle_cells: int | None = None, shared: SharedTier | None = None):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime = runtime
@@ -92,6 +96,7 @@ class CacheRouter:
         self.tree = tree  # the one tree indexing the resident owners, H and D
         self.host = host
         self.disk = disk
+        self.shared = shared  # tier R: not on the tree (the store changes under every replica)
         # Resident owners (tier S, when `resident_cells` is given) write back through this router.
         self.resident = (ResidentOwners(tree, runtime, kv.seq_ids, resident_cells, registry,
                                         on_evict=self._write_back_owner) if resident_cells is not None else None)
@@ -99,7 +104,7 @@ class CacheRouter:
         self.min_tokens = min_tokens
         self.route = route
         self.costs = CostModel()
-        self.by_plan: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "compute")}
+        self.by_plan: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R", "compute")}
         self.shorter_than_longest = 0  # plans that left a longer match unused because it cost more
         self.recent_plans: deque[dict] = deque(maxlen=16)
         self._overhead: weakref.WeakKeyDictionary[Sequence, float] = weakref.WeakKeyDictionary()
@@ -116,14 +121,16 @@ class CacheRouter:
         # The longest stretch of cache work between two decodes (other streams wait for it): one
         # admission (routing, restore, a write-back in one go) or one step's write-back pieces.
         self.max_step_cache_ms = 0.0
-        self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "none")}
-        self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D")}
+        self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R", "none")}
+        self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R")}
         self.fallbacks = 0
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
         self._deferred: weakref.WeakSet[Sequence] = weakref.WeakSet()
         self.store_errors = 0
         # Disk reads run here, ahead of compute: one thread, as a disk serves one read best at a time.
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-disk-read") if disk else None
+        # Shared-store reads get their own thread: a slow store must not hold up disk reads.
+        self._net = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-shared-read") if shared else None
         self._loading: list[_Loading] = []
 
     # -------------------------------------------------------------- choosing
@@ -152,7 +159,16 @@ class CacheRouter:
             if rn > n:
                 n, src, owner = rn, rowner.seq_id, rowner
             out.append(Candidate("S", min(n, limit), src_seq=src, owner=owner))
-        return out + stored
+        out += stored
+        if self.shared is not None:
+            # Asked only when it could beat every local source by a whole chunk: a lookup is a
+            # network round trip on this (the engine) thread, bounded by the tier's timeout.
+            local = max((c.length for c in out), default=0)
+            if limit - local >= self.shared.chunk:
+                sm = self.shared.lookup(prompt[:limit])
+                if sm.length > local:
+                    out.append(Candidate("R", sm.length, shared=sm))
+        return out
 
     def _best_live(self, adm: Admission) -> tuple[int, int | None, None]:
         """Another slot's sequence holding the longest prefix (kept idle KV or computed tokens)."""
@@ -175,9 +191,9 @@ class CacheRouter:
         """The candidate to commit (None: compute everything) and the plan behind it."""
         a_len = next((c.length for c in cands if c.source == "A"), 0)
         s_len = next((c.length for c in cands if c.source == "S"), 0)
-        # H and D restore only what neither the slot (A) nor a shared device copy (S) holds
+        # H, D and R restore only what neither the slot (A) nor a shared device copy (S) holds
         device = max(a_len, s_len)
-        options = [PlanOption(c.source, c.length, c.length - min(device, c.length) if c.source in "HD" else 0)
+        options = [PlanOption(c.source, c.length, c.length - min(device, c.length) if c.source in "HDR" else 0)
                    for c in cands if c.length > 0]
         plan = self.costs.choose(options, prompt_len, longest=self.route == "longest")
         chosen = next((c for c in cands if c.source == plan.option.source), None)
@@ -201,7 +217,7 @@ class CacheRouter:
         slot_seq = adm.slot.seq_id
         self._note_plan(adm, cands, plan)
         kept = {"A": plan.option.length, "H": min(a_len, plan.option.length),
-                "D": min(a_len, plan.option.length)}.get(plan.option.source, 0)
+                "D": min(a_len, plan.option.length), "R": min(a_len, plan.option.length)}.get(plan.option.source, 0)
         if kept < len(adm.slot.tokens):
             # Parked only when other requests are decoding: a store in one go then stalls them.
             # Alone, the store goes now, and the new prompt lands in the cells it frees (the
@@ -214,7 +230,7 @@ class CacheRouter:
             return CacheReport(est_ms=plan.est_ms)
         try:
             report = self._commit(best, slot_seq, a_len, next((c for c in cands if c.source == "S"), None))
-            if best.source == "D" and report.source == "D":
+            if best.source in ("D", "R") and report.source == best.source:
                 self._read_ahead(adm.seq, best, report.reused_tokens, slot_seq, plan)
                 return replace(report, loading=True, plan=plan.label, est_ms=plan.est_ms)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
@@ -249,7 +265,7 @@ class CacheRouter:
         if c.source == "S":
             self._attach(c, slot_seq, c.length)
             return CacheReport("S", c.length)
-        # H or D: keep what the slot already holds (A), or attach the longer part another device
+        # H, D or R: keep what the slot already holds (A), or attach the longer part another device
         # copy holds (S: the restored suffix then shares its prefix's cells instead of
         # duplicating them), and restore only the rest.
         keep = min(a_len, c.length)
@@ -261,8 +277,8 @@ class CacheRouter:
         elif not self.runtime.seq_rm(slot_seq, keep, -1):
             self.runtime.seq_rm(slot_seq, -1, -1)
             keep = 0
-        if c.source == "D":  # read on the I/O thread; the restore follows in advance_loads
-            return CacheReport("D", keep)
+        if c.source in ("D", "R"):  # read on an I/O thread; the restore follows in advance_loads
+            return CacheReport(c.source, keep)
         t0 = time.perf_counter()
         result = self._restore_host(c.host, keep, c.length, slot_seq)
         self.host.hits += 1
@@ -270,18 +286,21 @@ class CacheRouter:
         self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
 
-    # ------------------------------------------------------------ read ahead (D)
+    # -------------------------------------------------------- read ahead (D, R)
     def _read_ahead(self, seq: Sequence, c: Candidate, keep: int, slot_seq: int, plan: Plan) -> None:
-        """Start reading the disk part of a plan on the I/O thread; the slot already holds
-        prompt[:keep]. The engine decodes other requests meanwhile (as SGLang's HiCache loads
-        back ahead of compute); `advance_loads` restores what was read."""
-        disk = self.disk
+        """Start reading the disk (or shared-store) part of a plan on an I/O thread; the slot
+        already holds prompt[:keep]. The engine decodes other requests meanwhile (as SGLang's
+        HiCache loads back ahead of compute); `advance_loads` restores what was read."""
+        disk, shared = self.disk, self.shared
 
         def read() -> tuple[TierMatch, float]:
             t0 = time.perf_counter()
+            if c.source == "R":
+                return TierMatch(c.length, shared.load(c.shared, keep), None), time.perf_counter() - t0
             return disk.load(c.disk, keep), time.perf_counter() - t0
 
-        self._loading.append(_Loading(seq, c, keep, slot_seq, plan, self._io.submit(read), time.perf_counter()))
+        pool = self._net if c.source == "R" else self._io
+        self._loading.append(_Loading(seq, c, keep, slot_seq, plan, pool.submit(read), time.perf_counter()))
 
     def loads_ready(self) -> bool:
         return any(ld.future.done() for ld in tuple(self._loading))
@@ -311,17 +330,20 @@ class CacheRouter:
             t0 = time.perf_counter()
             result = self.kv.restore(match.segments, ld.slot_seq)
         except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
-            log.warning("cache D failed for request %d (%s); computing the prompt instead", ld.seq.id, exc)
+            log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
+                        ld.seq.id, exc)
             self.runtime.seq_rm(ld.slot_seq, -1, -1)
             self.fallbacks += 1
             self.by_source["none"] += 1
             return CacheReport(est_ms=ld.plan.est_ms)
         seconds = read_s + time.perf_counter() - t0
-        self.disk.hits += 1
-        self.costs.observe_restore("D", result.nbytes, seconds, result.n_tokens)
-        self.by_source["D"] += 1
-        self.reused_tokens["D"] += ld.cand.length
-        return CacheReport("D", ld.cand.length, result.nbytes, seconds * 1000.0, plan=ld.plan.label,
+        src = ld.cand.source
+        if src == "D":
+            self.disk.hits += 1
+        self.costs.observe_restore(src, result.nbytes, seconds, result.n_tokens)
+        self.by_source[src] += 1
+        self.reused_tokens[src] += ld.cand.length
+        return CacheReport(src, ld.cand.length, result.nbytes, seconds * 1000.0, plan=ld.plan.label,
                            est_ms=ld.plan.est_ms)
 
     def _attach(self, c: Candidate, slot_seq: int, length: int) -> None:
@@ -519,8 +541,8 @@ class CacheRouter:
         self.costs.observe_prefill(len(seq.prompt) - seq.n_cached, seconds)
 
     def _store(self, slot_seq: int, tokens: list[int], to_disk: bool = True):
-        """Store what the host (and, with `to_disk`, the disk) lacks of `tokens`, read from
-        `slot_seq`; returns the host path's tip, or None."""
+        """Store what the host (and, with `to_disk`, the disk and the shared store) lacks of
+        `tokens`, read from `slot_seq`; returns the host path's tip, or None."""
         if self.host is None and self.disk is None:
             return None
         try:
@@ -528,11 +550,13 @@ class CacheRouter:
                 result = self.host.store(tokens, lambda s, e: self.kv.extract(slot_seq, s, e))
                 if result is None:
                     return None
-                if to_disk and self.disk is not None and result.last_node.attached:
+                below = [t for t in (self.disk, self.shared) if t is not None]  # each queues for its writer
+                if to_disk and below and result.last_node.attached:
                     with self.tree.mutex:
                         path = [n for n in result.last_node.iter_up()][::-1]
                         ranges = [(n.start(), n.values["H"]) for n in path if "H" in n.values]
-                    self.disk.store(tokens, ranges)
+                    for tier in below:
+                        tier.store(tokens, ranges)
                 return result.last_node if result.last_node.attached else None
             have = self.disk.held(tokens)  # whole or partial: what is on disk already
             if have < len(tokens):
@@ -588,6 +612,7 @@ class CacheRouter:
                 "S": self.resident.stats() if self.resident else {"enabled": False},
                 "H": self.host.stats() if self.host else {"enabled": False},
                 "D": self.disk.stats() if self.disk else {"enabled": False},
+                "R": self.shared.stats() if self.shared else {"enabled": False},
             },
             # the shared tree's size: nodes, tokens on them, and tokens some owner holds
             "tree": None if tree is None else {"nodes": tree.n_nodes, "tokens": tree.n_tokens,
@@ -601,11 +626,15 @@ class CacheRouter:
         }
 
     def close(self) -> None:
-        """After the engine stopped: finish the reads ahead and the disk writes."""
+        """After the engine stopped: finish the reads ahead, the disk and shared-store writes."""
         if self._io is not None:
             self._io.shutdown(wait=True)
+        if self._net is not None:
+            self._net.shutdown(wait=True)
         if self.disk is not None:
             self.disk.close()
+        if self.shared is not None:
+            self.shared.close()
 
     def flush(self) -> dict:
         freed = {}

@@ -78,9 +78,9 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class CacheReport:
-    """Where the reused prefix of a request came from (DESIGN.md sources A/S/H/D)."""
+    """Where the reused prefix of a request came from (DESIGN.md sources A/S/H/D/R)."""
 
-    source: str = "none"  # "A" | "S" | "H" | "D" | "none"
+    source: str = "none"  # "A" | "S" | "H" | "D" | "R" | "none"
     reused_tokens: int = 0
     restored_bytes: int = 0
     restore_ms: float = 0.0

@@ -33,6 +33,15 @@ def test_the_idle_cell_limit_needs_a_tier_to_write_back_to():
         settings_from_args(["--no-cache", "--cache-idle-cells", "1024"])
 
 
+def test_the_shared_tier_needs_the_host_tier_and_a_redis_url():
+    s = settings_from_args(["--cache-shared", "redis://127.0.0.1:6379/0", "--cache-shared-chunk", "128"])
+    assert (s.cache_shared, s.cache_shared_chunk) == ("redis://127.0.0.1:6379/0", 128)
+    with pytest.raises(ValidationError, match="needs tier H"):
+        settings_from_args(["--cache-tiers", "A,S", "--cache-shared", "redis://127.0.0.1:6379/0"])
+    with pytest.raises(ValidationError, match="expected a redis://"):
+        settings_from_args(["--cache-shared", "127.0.0.1:6379"])
+
+
 def test_paged_attention_flags():
     s = settings_from_args([])
     assert (s.paged_attn, s.page_size) == ("auto", 16)

@@ -26,7 +26,7 @@ def _stats(model, measure: bool) -> dict:
                "reused_tokens_by_source": None, "fallbacks": 0, "deferrals": 0,
                "tiers": {"A": {"enabled": True, "slots": len(s.slots),
                                "idle_tokens_kept": sum(len(x.tokens) for x in s.slots if not x.busy),
-                               "idle_cells_limit": None, "idle_offloads": 0}, "S": off, "H": off, "D": off},
+                               "idle_cells_limit": None, "idle_offloads": 0}, "S": off, "H": off, "D": off, "R": off},
                "tree": None, "parked_cells": 0, "write_back": off, "lifecycle": None,
                "engine_thread": {"cache_ms": 0.0, "write_backs": 0, "write_back_ms": 0.0, "max_step_cache_ms": 0.0}}
     out["note"] = model.cache_note
