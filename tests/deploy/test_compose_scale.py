@@ -43,6 +43,17 @@ def test_the_router_fronts_every_replica(services):
     assert len(caches) == len({c.split(":")[0] for c in caches}) == 2, caches  # no shared disk tier
 
 
+def test_every_replica_uses_the_one_shared_kv_store(services):
+    replicas = [n for n, s in services.items() if s.get("command", [None])[0] == "arbor-server"]
+    assert {services[n]["environment"]["ARBOR_SERVER_CACHE_SHARED"] for n in replicas} == {"redis://valkey:6379/0"}
+    for n in replicas:
+        assert services[n]["depends_on"]["valkey"]["condition"] == "service_healthy"
+        assert "H" in _flag(services[n]["command"], "--cache-tiers")[0].split(","), "the shared tier needs tier H"
+    valkey = services["valkey"]["command"]
+    assert _flag(valkey, "--maxmemory-policy") == ["allkeys-lru"] and _flag(valkey, "--maxmemory") == ["4gb"]
+    assert "ports" not in services["valkey"]  # only the replicas talk to it
+
+
 def test_the_workbenches_use_the_router_and_one_postgresql(services):
     for name in ("workbench", "workbench-2"):
         env = services[name]["environment"]
