@@ -35,6 +35,7 @@ class Turn:
     error: str | None = None
     latency_s: float = 0.0  # client-side, request sent to answer read
     prompt_ms: float | None = None  # the server's prefill time (its `timings`): its time to first token
+    prompt_n: int | None = None  # the prompt tokens the server says it computed (its `timings.prompt_n`)
 
     @property
     def computed(self) -> int:
@@ -60,7 +61,14 @@ class SessionRun:
         """Per session: its most used replica."""
         return {s: Counter(t.replica for t in ts).most_common(1)[0][0] for s, ts in self.by_session().items()}
 
-    def computed(self) -> int:
+    def computed(self, source: str = "usage") -> int:
+        """Computed prompt tokens of the answered turns: from `usage` (prompt_tokens less
+        cached_tokens, what arbor-server reports) or from the server's own `timings.prompt_n`
+        (what stock llama-server counts it computed; a turn without it counts as usage says)."""
+        if source == "timings":
+            return sum(t.computed if t.prompt_n is None else t.prompt_n for t in self.turns if t.status == 200)
+        if source != "usage":
+            raise ValueError(f"unknown source of computed tokens: {source!r}")
         return sum(t.computed for t in self.turns if t.status == 200)
 
     def statuses(self) -> Counter:
@@ -98,10 +106,15 @@ async def drive(router_url: str, lines: Sequence[ManifestLine], concurrency: int
     return SessionRun(turns)
 
 
+def endpoint(body: dict) -> str:
+    """A chat body (messages) goes to /v1/chat/completions, a prompt body to /v1/completions."""
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
+
 async def _send(client: httpx.AsyncClient, session: str, k: int, line: ManifestLine) -> Turn:
     t0 = time.perf_counter()
     try:
-        r = await client.post("/v1/chat/completions", json={**line.body, "cache": {"session": session}})
+        r = await client.post(endpoint(line.body), json={**line.body, "cache": {"session": session}})
     except httpx.HTTPError as exc:
         return Turn(session, k, 0, None, 0, 0, error=f"{type(exc).__name__}: {exc}")
     latency = time.perf_counter() - t0
@@ -111,5 +124,6 @@ async def _send(client: httpx.AsyncClient, session: str, k: int, line: ManifestL
     answer = r.json()
     usage = answer["usage"]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    timings = answer.get("timings") or {}
     return Turn(session, k, 200, r.headers.get(ROUTED_HEADER), usage["prompt_tokens"], cached,
-                latency_s=latency, prompt_ms=(answer.get("timings") or {}).get("prompt_ms"))
+                latency_s=latency, prompt_ms=timings.get("prompt_ms"), prompt_n=timings.get("prompt_n"))
