@@ -27,9 +27,9 @@ radix_tree.py): a node's D value is a `DiskSegment`, a token range of one file; 
 a node (by either tier) splits the range (no I/O) and a file is deleted when no node
 refers to it any more. Evicting D values never drops a node's H value, and the D budget
 counts the files D values use, each whole (a file stays until its last range goes); a
-write that the budget cannot make room for (pinned or locked files) is refused, and the
-writer's queue is bounded in bytes (a full queue drops the store, counted). Files are written by a writer thread, so storing never waits on the
-disk, and the tree lock is never held during file I/O: the writer decides what is missing
+write that the budget cannot make room for (pinned or locked files) is refused. Files are
+written by a writer thread whose queue is bounded in bytes (server/cache/bounded_writer.py: a
+full queue drops the store, counted), so storing never waits on the disk, and the tree lock is never held during file I/O: the writer decides what is missing
 under the lock, writes the file without it, then indexes it under the lock.
 """
 
@@ -39,15 +39,14 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import struct
-import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from server.cache.bounded_writer import BoundedWriter
 from server.cache.eviction import BudgetResult, ByteBudget, EvictionPolicy, enforce_budget
 from server.cache.host_tier import TierMatch
 from server.cache.kv_format import EmptyStateBlob, KVLayout, KVSegment, segment_from_arrays
@@ -332,11 +331,7 @@ class DiskTier:
         self.tree = tree
         self._lock = tree.mutex  # shared with tier H: every use of the tree holds it
         self._doomed: list[Path] = []  # files no node uses any more; unlinked outside the lock
-        self._queue: queue.Queue = queue.Queue()
         self.queue_bytes = queue_bytes  # KV the writer's queue may hold (see store)
-        self._queued_bytes = 0
-        self._queue_guard = threading.Lock()
-        self.dropped_writes = 0  # stores dropped because the queue was full
         self.declined = 0  # writes refused because pinned or locked files filled the budget
         self.hits = 0
         self.evictions = 0
@@ -345,8 +340,8 @@ class DiskTier:
         self.foreign_files = 0  # another model, KV layout or format version
         self.write_errors = 0
         self._load_index()
-        self._writer = threading.Thread(target=self._write_loop, name="arbor-disk-writer", daemon=True)
-        self._writer.start()
+        self._writer = BoundedWriter("arbor-disk-writer", lambda item: self._write(*item), self._write_failed,
+                                     queue_bytes)
 
     # ------------------------------------------------------------------ files
     def _use(self, file: SegmentFile, s: int, e: int) -> DiskSegment:
@@ -518,31 +513,16 @@ class DiskTier:
         Never waits: when the queue already holds `queue_bytes` of KV (the disk is slower
         than the stores), the write is dropped (counted) and False returned, since queued
         ranges keep host memory alive outside every budget."""
-        nbytes = sum(seg.nbytes for _, seg in ranges)
-        with self._queue_guard:
-            if self._queued_bytes and self._queued_bytes + nbytes > self.queue_bytes:
-                self.dropped_writes += 1
-                return False
-            self._queued_bytes += nbytes
-        self._queue.put((list(tokens), ranges, nbytes))
-        return True
+        return self._writer.submit((list(tokens), ranges), sum(seg.nbytes for _, seg in ranges))
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
-            tokens, ranges, nbytes = item
-            try:
-                self._write(tokens, ranges)
-            except Exception:
-                self.write_errors += 1
-                log.exception("disk cache: writing segments failed")
-            finally:
-                with self._queue_guard:
-                    self._queued_bytes -= nbytes
-                self._queue.task_done()
+    @property
+    def dropped_writes(self) -> int:
+        """Stores dropped because the queue was full."""
+        return self._writer.dropped
+
+    def _write_failed(self, exc: Exception) -> None:
+        self.write_errors += 1
+        log.error("disk cache: writing segments failed: %s", exc, exc_info=exc)
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Write one file for the part of `tokens` past what the disk holds, if `ranges`
@@ -576,7 +556,7 @@ class DiskTier:
 
     def wait_idle(self) -> None:
         """Block until every queued segment is written (tests, benchmarks, shutdown)."""
-        self._queue.join()
+        self._writer.wait_idle()
 
     def flush(self) -> int:
         self.wait_idle()
@@ -587,17 +567,16 @@ class DiskTier:
         return res.freed_bytes
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._writer.join(timeout=30)
+        self._writer.close(timeout=30)
 
     def stats(self) -> dict:
         """Counters, read without the tree's lock (a scrape never waits for the cache)."""
         c = self.tree.counters(TIER)
         return {"entries": c.n_payloads, "files": len(c.memory), "tokens": c.payload_tokens, "bytes": c.total_bytes,
                 "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "declined": self.declined,
-                "pending_bytes": self._queued_bytes, "queue_bytes": self.queue_bytes,
+                "pending_bytes": self._writer.pending_bytes, "queue_bytes": self.queue_bytes,
                 "dropped_writes": self.dropped_writes,
                 "hits": self.hits, "evictions": self.evictions,
                 "skipped_files": self.skipped_files, "corrupt_files": self.corrupt_files,
                 "foreign_files": self.foreign_files, "write_errors": self.write_errors,
-                "pending_writes": self._queue.qsize()}
+                "pending_writes": self._writer.pending}

@@ -40,14 +40,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import queue
 import struct
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from server.cache.bounded_writer import BoundedWriter
 from server.cache.disk_tier import DIGEST_BYTES, MAGIC, MAX_HEADER, cover, encode_segment, layout_from_json
 from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
 
@@ -135,9 +134,9 @@ class SharedTier:
                  lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S, io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
                  queue_bytes: int = DEFAULT_QUEUE_BYTES):
         try:
-            import redis  # the `scale` extra; imported here so servers without the tier do not need it
+            import redis  # imported here: only a server with the shared tier talks to a store
         except ImportError as exc:
-            raise RuntimeError("--cache-shared needs the PyPI package redis: pip install -e '.[scale]'") from exc
+            raise RuntimeError("--cache-shared needs the PyPI package redis: pip install redis") from exc
 
         self.url = url
         self.fingerprint = fingerprint
@@ -157,12 +156,8 @@ class SharedTier:
         self.skipped = 0  # lookups not made during a back-off
         self.rejected = 0  # values read that were not the chunk asked for
         self.stored_chunks = 0
-        self.dropped_writes = 0
-        self._queued_bytes = 0
-        self._guard = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="arbor-shared-writer", daemon=True)
-        self._writer.start()
+        self._writer = BoundedWriter("arbor-shared-writer", lambda item: self._write(*item),
+                                     lambda exc: self._failed("write", exc), queue_bytes)
 
     # ------------------------------------------------------------------ failures
     def _failed(self, what: str, exc: Exception) -> None:
@@ -235,30 +230,12 @@ class SharedTier:
         n = (len(tokens) // self.chunk) * self.chunk
         if n == 0 or not self.available():
             return False
-        nbytes = sum(seg.nbytes for _, seg in ranges)
-        with self._guard:
-            if self._queued_bytes and self._queued_bytes + nbytes > self.queue_bytes:
-                self.dropped_writes += 1
-                return False
-            self._queued_bytes += nbytes
-        self._queue.put((list(tokens[:n]), ranges, nbytes))
-        return True
+        return self._writer.submit((list(tokens[:n]), ranges), sum(seg.nbytes for _, seg in ranges))
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
-            tokens, ranges, nbytes = item
-            try:
-                self._write(tokens, ranges)
-            except Exception as exc:  # noqa: BLE001 - a lost write costs the cache only
-                self._failed("write", exc)
-            finally:
-                with self._guard:
-                    self._queued_bytes -= nbytes
-                self._queue.task_done()
+    @property
+    def dropped_writes(self) -> int:
+        """Stores dropped because the writer's queue was full."""
+        return self._writer.dropped
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """SET the chunks the store lacks (one EXISTS round trip, then one pipeline of SETs)."""
@@ -284,11 +261,10 @@ class SharedTier:
 
     def wait_idle(self) -> None:
         """Block until every queued write is done (tests, benchmarks, shutdown)."""
-        self._queue.join()
+        self._writer.wait_idle()
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._writer.join(timeout=10)
+        self._writer.close(timeout=10)
         self._fast.close()
         self._slow.close()
 
@@ -299,4 +275,4 @@ class SharedTier:
                 "max_lookup_ms": round(self.max_lookup_ms, 3), "lookups_skipped": self.skipped,
                 "hits": self.hits, "errors": self.errors, "rejected": self.rejected,
                 "stored_chunks": self.stored_chunks, "dropped_writes": self.dropped_writes,
-                "pending_bytes": self._queued_bytes, "pending_writes": self._queue.qsize()}
+                "pending_bytes": self._writer.pending_bytes, "pending_writes": self._writer.pending}

@@ -14,5 +14,5 @@ from bench.redis_store import start_redis as _start
 def start_redis(tmp_dir: Path, maxmemory: str = "64mb") -> RedisStore:
     if redis_server() is None:
         pytest.skip("redis-server is not installed (Debian package redis-server: scripts/setup.sh --test-tools)")
-    pytest.importorskip("redis", reason="PyPI redis is not installed (pip install -e '.[scale]')")
+    pytest.importorskip("redis", reason="PyPI redis is not installed (run scripts/setup.sh)")
     return _start(tmp_dir, maxmemory)
