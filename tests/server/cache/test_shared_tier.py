@@ -177,12 +177,15 @@ def test_a_store_that_accepts_but_never_answers_costs_one_timeout_then_nothing()
 
 def test_a_write_to_a_store_that_went_down_is_counted(tmp_path):
     s = start_redis(tmp_path)
-    t = SharedTier(s.url, "fpA", CHUNK)
     try:
-        s.stop()
-        toks = list(range(32))
-        assert t.store(toks, [(0, kv_for(toks, 0, 32))])
-        t.wait_idle()
-        assert t.errors == 1 and t.stored_chunks == 0
+        t = SharedTier(s.url, "fpA", CHUNK)
+        try:
+            s.stop()
+            toks = list(range(32))
+            assert t.store(toks, [(0, kv_for(toks, 0, 32))])
+            t.wait_idle()
+            assert t.errors == 1 and t.stored_chunks == 0
+        finally:
+            t.close()
     finally:
-        t.close()
+        s.stop()  # whatever failed above, no redis-server outlives the test
