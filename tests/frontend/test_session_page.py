@@ -267,6 +267,11 @@ def test_keyboard_alone_starts_a_session_and_sends(page, workbench, script):
     page.keyboard.type("keyboard only")
     page.keyboard.press("Control+Enter")
     expect(last_turn(page)).to_contain_text("Typed without a mouse.")
+    # the page has finished the turn (Stop gone, the page reloaded, Send enabled again) before
+    # focus moves: Tab while it redraws could land on an element it then removes
+    expect(page.locator("#stop")).to_be_hidden()
+    expect(page.locator("#send")).to_be_enabled()
+    page.get_by_label("Message").focus()
     # focus is visible: the focused button draws an outline
     page.keyboard.press("Tab")
     outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
