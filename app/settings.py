@@ -55,6 +55,12 @@ class WorkbenchSettings(BaseSettings):
                                           "sqlite:///FILE or postgresql://USER:PASSWORD@HOST:PORT/DB; "
                                           "empty = sqlite file arbor.db in the data dir")
 
+    # -- turn event journal (following a turn from any workbench process) -----------------------
+    event_flush_s: float = Field(0.2, gt=0, le=5, validation_alias="ARBOR_EVENT_FLUSH_S",
+                                 description="seconds a turn's events gather before they are written to the database")
+    follow_poll_s: float = Field(0.25, gt=0, le=5, validation_alias="ARBOR_FOLLOW_POLL_S",
+                                 description="seconds between reads of a turn followed from another process")
+
     # -- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", validation_alias="ARBOR_HOST")
     port: int = Field(8090, ge=1, le=65535, validation_alias="ARBOR_PORT")

@@ -55,7 +55,8 @@ class Workbench:
         adapter = ModelAdapter(settings)
         budget = ContextBudget(settings)
         catalog = catalog or ScenarioCatalog()
-        turns = TurnService(settings, engine, graph, adapter, catalog, budget, owner=liveness.owner)
+        turns = TurnService(settings, engine, graph, adapter, catalog, budget, owner=liveness.owner,
+                            alive=liveness.alive)
         branches = BranchService(engine, graph, saver, turns.hints)
         stack.callback(liveness.close)
         return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, branches, stack)

@@ -185,6 +185,28 @@ class Run(SQLModel, table=True):
     error: str | None = Field(default=None, sa_column=Column(Text))
 
 
+# -- turn event journal ---------------------------------------------------------------------
+class TurnEvent(SQLModel, table=True):
+    """One event a turn streamed (app/services/turn_journal.py), so that any workbench process
+    on the database can replay and follow the turn, not only the one running it.
+
+    A turn's events come in segments: segment 0 from its start to its first pause for an
+    approval (or its end), segment k from its k-th resume. `seq` counts within a segment;
+    consecutive tokens are stored merged, so a row's `payload` is the event as emitted,
+    except that a `token` row's text may join several tokens."""
+    __tablename__ = "turn_events"
+    __table_args__ = (UniqueConstraint("turn_id", "segment", "seq"),)
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True)
+    branch_id: str = Field(foreign_key="branches.id", index=True)
+    turn_id: str = Field(foreign_key="turns.id")
+    segment: int
+    seq: int
+    type: str = Field(max_length=32)
+    payload: dict = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 # -- trace spans ----------------------------------------------------------------------------
 class Span(SQLModel, table=True):
     """One model call (kind "model") or tool call (kind "tool").

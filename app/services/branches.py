@@ -11,7 +11,7 @@ The state is copied into the new thread (app/services/branch_threads.py); the SQ
 the tree (`fork_turn_id`, `head_turn_id`, `fork_checkpoint_id`) and the name, and the
 branch gets copies of its parent's files at the fork point (app/services/workspace.py).
 
-Deleting a branch deletes its turns, runs, traces, artifacts, approvals and files, its checkpoint
+Deleting a branch deletes its turns, runs, traces, event journals, artifacts, approvals and files, its checkpoint
 thread, and tells the inference server the branch is done (a cache hint release). Refused:
 the session's first branch (main: the root its other branches fork from), a branch with a
 running turn (it writes to the thread), and a branch that other branches fork from (their
@@ -31,7 +31,7 @@ from sqlmodel import Session, col, select
 
 from app.agent.cache_hints import CacheHints, hint_key
 from app.db.checkpoints import branch_thread_id, delete_threads
-from app.db.models import AgentSession, Approval, Artifact, Branch, BranchCreate, Run, Span, Turn, new_id
+from app.db.models import AgentSession, Approval, Artifact, Branch, BranchCreate, Run, Span, Turn, TurnEvent, new_id
 from app.errors import Conflict, NotFound, WorkbenchError
 from app.services import branch_threads, workspace
 from app.services import sessions as sessions_service
@@ -152,7 +152,7 @@ class BranchService:
             branch = self._refuse_delete(db, session_id, branch_id)  # again: a turn may have started since
             turns = db.exec(select(Turn).where(Turn.branch_id == branch.id)).all()
             ids = [t.id for t in turns]
-            for model in (Span, Approval, Run):
+            for model in (Span, Approval, TurnEvent, Run):
                 for row in db.exec(select(model).where(model.branch_id == branch.id)).all():
                     db.delete(row)
             for row in db.exec(select(Artifact).where(col(Artifact.turn_id).in_(ids))).all():

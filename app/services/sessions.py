@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 from app.db.checkpoints import branch_thread_id
 from app.db.models import (
     ACTIVE_TURN_STATES, AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail,
-    Span, Turn, TurnPublic, WorkspaceFile,
+    Span, Turn, TurnEvent, TurnPublic, WorkspaceFile,
 )
 from app.errors import Conflict, NotFound, WorkbenchError
 
@@ -158,7 +158,7 @@ def _refuse_while_running(db: Session, session: AgentSession) -> None:
 def delete_session(db: Session, session: AgentSession) -> None:
     """Delete the rows of `session` (its checkpoints are the caller's: `Workbench.delete_session`)."""
     _refuse_while_running(db, session)
-    for model in (Span, Artifact, Approval, Run, WorkspaceFile):
+    for model in (Span, Artifact, Approval, TurnEvent, Run, WorkspaceFile):
         for row in db.exec(select(model).where(model.session_id == session.id)).all():
             db.delete(row)
     db.flush()

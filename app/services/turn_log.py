@@ -5,6 +5,8 @@ stops (`close`); a reader (`events(start)`) gets everything from `start` on, the
 what comes next, until the log is closed. The response to the POST that started a turn is one
 reader; `GET /api/turns/{id}/events` (a page rejoining after a reload) is another, and reading
 never consumes anything, so a reader that leaves (a closed tab) changes nothing for the others.
+Every event also goes to the turn's journal in the database, for readers in other workbench
+processes (app/services/turn_journal.py).
 
 Cancellation (`request_cancel`) only ever cancels the task while the graph runs (`phase`
 "graph"): cancelled there, the turn is marked `cancelled` by the task itself. Before that the
@@ -20,6 +22,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from app.services.turn_journal import TurnJournal
+
 @dataclass
 class TurnHandle:
     """A running (or resumed) turn: its ids, its event log and its task."""
@@ -31,16 +35,21 @@ class TurnHandle:
     task: asyncio.Task | None = None
     phase: str = "starting"  # then "graph" (running the agent), then "finishing" (recording how it ended)
     cancel_requested: bool = False
+    journal: TurnJournal | None = None  # the copy other processes read (app/services/turn_journal.py)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def emit(self, event: dict) -> None:
         """Append `event` and wake the readers."""
         self.log.append(event)
+        if self.journal is not None:
+            self.journal.add(event)
         self._notify()
 
     def close(self) -> None:
         """No event follows: readers stop once they have read the log."""
         self.closed = True
+        if self.journal is not None:
+            self.journal.close()
         self._notify()
 
     def _notify(self) -> None:

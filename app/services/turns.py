@@ -49,6 +49,7 @@ import logging
 import threading
 from dataclasses import dataclass, replace
 from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 from langgraph.types import Command, Overwrite
@@ -69,8 +70,9 @@ from app.scenario_catalog import ScenarioCatalog
 from app.services import branch_threads
 from app.services import sessions as sessions_service
 from app.services.traces import session_artifact_text
+from app.services.turn_journal import TurnJournal, append_event, segment_of
 from app.services.turn_log import TurnHandle
-from app.services.turn_replay import recorded_events
+from app.services.turn_replay import FollowTiming, RecordedTurn
 from app.services.workspace import BranchWorkspace
 from app.settings import WorkbenchSettings
 from app.tracing import TraceRecorder
@@ -78,7 +80,6 @@ from tools.base import ToolContext
 
 log = logging.getLogger(__name__)
 
-TERMINAL_EVENTS = ("final", "error", "approval_request", "cancelled")
 CANCELLED = "stopped by the user; the branch continues from its last completed turn"
 
 
@@ -101,8 +102,11 @@ class TurnStart:
 
 class TurnService:
     def __init__(self, settings: WorkbenchSettings, engine: Engine, graph: Any, adapter: ModelAdapter,
-                 catalog: ScenarioCatalog, budget: ContextBudget, owner: str | None = None) -> None:
+                 catalog: ScenarioCatalog, budget: ContextBudget, owner: str | None = None,
+                 alive: Callable[[str | None], bool] = lambda owner: False) -> None:
         self.owner = owner  # this process's id, recorded on the runs it runs (app/services/liveness.py)
+        self.alive = alive  # whether the process of a run's owner still runs (for followers)
+        self.follow_timing = FollowTiming(poll_s=settings.follow_poll_s)
         self.settings, self.engine, self.graph, self.adapter, self.catalog = settings, engine, graph, adapter, catalog
         self.budget = budget
         self.hints = CacheHints(settings.llm_base_url, settings.llm_api_key)
@@ -172,7 +176,7 @@ class TurnService:
                                **({"retry_of": retry_of} if retry_of else {})})
             db.add(run)
             db.commit()
-            handle = TurnHandle(turn.id, run.id)
+            handle = TurnHandle(turn.id, run.id, journal=self._journal(turn, segment=0))
             first = {"type": "turn", "turn_id": turn.id, "run_id": run.id, "session_id": session.id,
                      "branch_id": branch.id, "parent_turn_id": turn.parent_turn_id, "resumed": False,
                      "retry_of": retry_of}
@@ -329,8 +333,9 @@ class TurnService:
             run.owner = self.owner  # the process resuming it runs it now
             for row in (turn, run):
                 db.add(row)
+            segment = segment_of(db, turn.id)  # counts the decision just claimed
             db.commit()
-            handle = TurnHandle(turn.id, run.id)
+            handle = TurnHandle(turn.id, run.id, journal=self._journal(turn, segment))
             first = {"type": "turn", "turn_id": turn.id, "run_id": run.id, "session_id": session.id,
                      "branch_id": turn.branch_id, "parent_turn_id": turn.parent_turn_id, "resumed": True,
                      "retry_of": (run.options or {}).get("retry_of")}
@@ -373,22 +378,22 @@ class TurnService:
                 db.add(approval)
             turn.status, turn.error, turn.finished_at = "cancelled", CANCELLED, now
             db.add(turn)
+            append_event(db, turn, {"type": "cancelled", "turn_id": turn.id, "message": CANCELLED})
             db.commit()
             return hint_key(turn.session_id, turn.branch_id)
 
-    async def follow(self, turn_id: str) -> TurnHandle:
-        """The events of turn `turn_id`: a running turn's log (replayed from its start, then
-        followed live), or, for a turn no task here runs, its first and terminal events as
-        recorded (app/services/turn_replay.py)."""
+    async def follow(self, turn_id: str) -> TurnHandle | RecordedTurn:
+        """The events of turn `turn_id`, replayed from its (current segment's) start and then
+        followed until it ends: from the live log of a turn this process runs, otherwise from
+        its journal in the database, whichever process runs it (app/services/turn_replay.py)."""
         handle = self._live.get(turn_id)
         if handle is not None:
             return handle
-        events = await asyncio.to_thread(self._recorded_events, turn_id)
-        return TurnHandle(turn_id, events[0]["run_id"] or "", log=events, closed=True)
+        return await asyncio.to_thread(RecordedTurn(self.engine, turn_id, self.alive, self.follow_timing).open)
 
-    def _recorded_events(self, turn_id: str) -> list[dict]:
-        with Session(self.engine) as db:
-            return recorded_events(db, sessions_service.get_turn(db, turn_id))
+    def _journal(self, turn: Turn, segment: int) -> TurnJournal:
+        return TurnJournal(self.engine, session_id=turn.session_id, branch_id=turn.branch_id, turn_id=turn.id,
+                           segment=segment, flush_s=self.settings.event_flush_s)
 
     async def shutdown(self) -> None:
         """Wait briefly for running turns, then cancel what is left (they are marked failed)."""
@@ -429,6 +434,8 @@ class TurnService:
             if self._live.get(handle.turn_id) is handle:
                 del self._live[handle.turn_id]
             handle.close()
+            if handle.journal is not None:  # written before the task ends (and before shutdown closes the database)
+                await handle.journal.wait_written()
 
     async def _run_graph(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> bool:
         """Run the graph from `config`, emit its events and record the outcome; False when it

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+import httpx
 from fastapi.testclient import TestClient
 
 from app.main import create_app
@@ -161,3 +162,29 @@ def live_server(app, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+class SseReader(threading.Thread):
+    """Reads one SSE response (a turn's events) to its end in the background; `events` grows as
+    they arrive."""
+
+    def __init__(self, method: str, url: str, **kwargs) -> None:
+        super().__init__(daemon=True)
+        self.method, self.url, self.kwargs, self.events = method, url, kwargs, []
+        self.error: httpx.HTTPError | None = None  # the transport error that cut the stream (a killed server)
+
+    def run(self) -> None:
+        try:
+            with httpx.stream(self.method, self.url, timeout=60, **self.kwargs) as response:
+                assert response.status_code == 200, response.read()
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        self.events.append(json.loads(line[5:]))
+        except httpx.HTTPError as exc:
+            self.error = exc
+
+    def wait_for(self, test, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not test(self.events):
+            assert time.monotonic() < deadline, f"no {what} within 30 s: {self.events[-3:]}"
+            time.sleep(0.02)

@@ -5,14 +5,13 @@ follows it live. Over real HTTP: the workbench under uvicorn, the scripted model
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import pytest
 
 from app.main import create_app
-from tests.app.support import lab_catalog, live_server, make_settings
+from tests.app.support import SseReader, lab_catalog, live_server, make_settings
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, tool_call
 
 pytestmark = [pytest.mark.usefixtures("workbench_database"), pytest.mark.timeout(120)]
@@ -32,29 +31,12 @@ def _script(body: dict) -> ScriptedReply:
     return ScriptedReply(content=f"Answer to {user}.")
 
 
-class Reader(threading.Thread):
-    """Reads one SSE response to its end in the background; `events` grows as they arrive."""
-
-    def __init__(self, method: str, url: str, **kwargs) -> None:
-        super().__init__(daemon=True)
-        self.method, self.url, self.kwargs, self.events = method, url, kwargs, []
-
-    def run(self) -> None:
-        with httpx.stream(self.method, self.url, timeout=60, **self.kwargs) as response:
-            assert response.status_code == 200, response.read()
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    self.events.append(json.loads(line[5:]))
-
-    def wait_for(self, test, what: str) -> None:
-        deadline = time.monotonic() + 30
-        while not test(self.events):
-            assert time.monotonic() < deadline, f"no {what} within 30 s: {self.events[-3:]}"
-            time.sleep(0.02)
-
-
 def _tokens(events: list[dict]) -> int:
     return sum(1 for e in events if e["type"] == "token")
+
+
+def _text(events: list[dict]) -> str:
+    return "".join(e["text"] for e in events if e["type"] == "token")
 
 
 @pytest.fixture
@@ -73,14 +55,14 @@ def test_cancel_closes_the_model_request_and_the_branch_goes_on_from_its_last_tu
     sid = api.post("/api/sessions", json={"scenario": "lab"}).json()["id"]
     t1 = api.post(f"/api/sessions/{sid}/turns", json={"message": "first", "stream": False}).json()["turn"]["id"]
 
-    poster = Reader("POST", f"{url}/api/sessions/{sid}/turns", json={"message": "long"})
+    poster = SseReader("POST", f"{url}/api/sessions/{sid}/turns", json={"message": "long"})
     poster.start()
     poster.wait_for(lambda events: _tokens(events) >= 3, "streamed tokens")
     turn_id = poster.events[0]["turn_id"]
     assert api.get(f"/api/turns/{turn_id}").json()["status"] == "running"
 
     # a second reader (a reloaded page) gets what was streamed so far, then follows live
-    rejoined = Reader("GET", f"{url}/api/turns/{turn_id}/events")
+    rejoined = SseReader("GET", f"{url}/api/turns/{turn_id}/events")
     rejoined.start()
     rejoined.wait_for(lambda events: _tokens(events) >= _tokens(poster.events[:4]) + 2, "replayed and new tokens")
     assert rejoined.events[0] == poster.events[0]
@@ -108,10 +90,11 @@ def test_cancel_closes_the_model_request_and_the_branch_goes_on_from_its_last_tu
     sent = [(m["role"], m["content"]) for m in fake.bodies[-1]["messages"][1:]]
     assert sent == [("user", "first"), ("assistant", "Answer to first."), ("user", "after")]
 
-    # an ended turn: its first and terminal events as recorded; it cannot be stopped again
+    # an ended turn: replayed from its journal (tokens merged into fewer events); it cannot be stopped again
     replay = api.get(f"/api/turns/{turn_id}/events")
     events = [json.loads(line[5:]) for line in replay.text.splitlines() if line.startswith("data:")]
-    assert [e["type"] for e in events] == ["turn", "cancelled"] and events[0]["replayed"] is True
+    assert events[0] == poster.events[0] and events[-1] == poster.events[-1]
+    assert _text(events) == _text(poster.events) and len(events) < len(poster.events)
     again = api.post(f"/api/turns/{turn_id}/cancel")
     assert again.status_code == 409 and again.json()["error"]["type"] == "turn_not_running"
     assert api.post("/api/turns/nope/cancel").status_code == 404
@@ -131,6 +114,9 @@ def test_a_turn_waiting_for_approval_is_cancelled_with_its_approval(stack):
     stopped = api.post(f"/api/turns/{paused['turn']['id']}/cancel")
     assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
     assert api.get(f"/api/approvals/{approval_id}").json()["status"] == "cancelled"
+    replay = api.get(f"/api/turns/{paused['turn']['id']}/events").text  # the journal tells the cancel too
+    types = [json.loads(line[5:])["type"] for line in replay.splitlines() if line.startswith("data:")]
+    assert types[-2:] == ["approval_request", "cancelled"], types
     assert fake.hints[-1]["state"] == "done"  # the server hears the branch is done with
     late = api.post(f"/api/approvals/{approval_id}", json={"approved": True, "stream": False})
     assert late.status_code == 409 and late.json()["error"]["type"] == "approval_decided"

@@ -5,10 +5,13 @@
   409 branch_busy; a decision on one approval is claimed in the database.
 - A process starting up fails only the turns of dead processes: a turn another live process
   is running keeps running; one whose process was killed is failed, and its branch is free.
+- A turn's events can be followed from any process (its journal in the database): live while
+  it runs, replayed once it has ended; a follower whose turn's process dies is told so.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +25,7 @@ import httpx
 import pytest
 
 from bench.servers import free_port, wait_healthy
+from tests.app.support import SseReader
 from tests.fakes.scripted_openai import MODEL_ID, ScriptedReply, scripted_server
 from tests.pg_cluster import TempCluster
 
@@ -136,3 +140,59 @@ def _wait(cond, timeout_s: float = 30.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition never held"
         time.sleep(0.1)
+
+
+LONG = " ".join(f"gauge{i}" for i in range(120))  # 120 chunks 50 ms apart: a turn of about 6 s
+
+
+def _tokens(events: list[dict]) -> list[str]:
+    return [e["text"] for e in events if e["type"] == "token"]
+
+
+def test_a_turn_is_followed_from_another_process_live_then_replayed(tmp_path, database):
+    def reply(body: dict) -> ScriptedReply:
+        return ScriptedReply(content=LONG, token_delay_s=0.05)
+
+    with scripted_server(reply) as fake, ExitStack() as stack:
+        a, proc_a = stack.enter_context(workbench(tmp_path, "a", database, fake.base_url))
+        b, _ = stack.enter_context(workbench(tmp_path, "b", database, fake.base_url))
+        session = _session(a)
+        poster = SseReader("POST", f"{a}/api/sessions/{session}/turns", json={"message": "read every gauge"})
+        poster.start()
+        poster.wait_for(lambda events: len(_tokens(events)) >= 3, "tokens from A")
+        turn_id = poster.events[0]["turn_id"]
+
+        # B does not run the turn; it follows it from the database, while it runs
+        follower = SseReader("GET", f"{b}/api/turns/{turn_id}/events")
+        follower.start()
+        follower.wait_for(lambda events: len(_tokens(events)) >= 1, "tokens through B")
+        seen_running = httpx.get(f"{b}/api/turns/{turn_id}", timeout=10).json()["status"]
+        poster.join(60)
+        follower.join(60)
+        assert not poster.is_alive() and not follower.is_alive() and follower.error is None
+        assert seen_running == "running"  # B streamed tokens before the turn ended: live, not a replay
+        assert follower.events[0] == poster.events[0] and follower.events[-1] == poster.events[-1]
+        assert follower.events[-1]["type"] == "final"
+        assert "".join(_tokens(follower.events)) == "".join(_tokens(poster.events)) == LONG
+        assert [e["type"] for e in follower.events if e["type"] != "token"] == \
+            [e["type"] for e in poster.events if e["type"] != "token"]
+
+        # once it has ended, either process replays it whole
+        for url in (a, b):
+            replay = httpx.get(f"{url}/api/turns/{turn_id}/events", timeout=30)
+            events = [json.loads(line[5:]) for line in replay.text.splitlines() if line.startswith("data:")]
+            assert "".join(_tokens(events)) == LONG and events[-1] == poster.events[-1]
+
+        # a second turn: its process is killed under it, and B's follower is told so
+        poster = SseReader("POST", f"{a}/api/sessions/{session}/turns", json={"message": "once more"})
+        poster.start()
+        poster.wait_for(lambda events: len(_tokens(events)) >= 3, "tokens from A")
+        follower = SseReader("GET", f"{b}/api/turns/{poster.events[0]['turn_id']}/events")
+        follower.start()
+        follower.wait_for(lambda events: len(_tokens(events)) >= 1, "tokens through B")
+        os.kill(proc_a.pid, signal.SIGKILL)
+        proc_a.wait(timeout=10)
+        follower.join(30)
+        assert not follower.is_alive() and follower.error is None
+        assert follower.events[-1]["type"] == "error" and follower.events[-1]["error_type"] == "process_lost"
+        assert 1 <= len(_tokens(follower.events)) < 120
