@@ -180,6 +180,8 @@ class Run(SQLModel, table=True):
     options: dict | None = _json()  # force_tool, tool_choice, history_len, retry_of
     # the workbench process running it (app/services/liveness.py); None: recorded before owners
     owner: str | None = Field(default=None, max_length=128)
+    # another workbench process asked the owner to cancel it (app/services/remote_cancel.py)
+    cancel_requested_at: datetime | None = None
     started_at: datetime = Field(default_factory=utcnow)
     ended_at: datetime | None = None
     error: str | None = Field(default=None, sa_column=Column(Text))

@@ -55,7 +55,7 @@ from typing import Any
 from langgraph.types import Command, Overwrite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select, update
+from sqlmodel import Session, col, select, update
 
 from app.agent.cache_hints import CacheHints, hint_key
 from app.agent.context import TurnContext
@@ -64,12 +64,15 @@ from app.agent.context_state import ContextState
 from app.agent.messages import from_openai
 from app.agent.model_client import ModelAdapter, ModelBackendError
 from app.db.checkpoints import branch_thread_id
-from app.db.models import AgentSession, Approval, Branch, Run, Turn, TurnCreate, TurnPublic, utcnow
+from app.db.models import (
+    ACTIVE_TURN_STATES, AgentSession, Approval, Branch, Run, Turn, TurnCreate, TurnPublic, utcnow,
+)
 from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
 from app.scenario_catalog import ScenarioCatalog
 from app.services import branch_threads
 from app.services import sessions as sessions_service
 from app.services.traces import session_artifact_text
+from app.services.remote_cancel import CancelWatcher, latest_run, stamp_request, wait_ended
 from app.services.turn_journal import TurnJournal, append_event, segment_of
 from app.services.turn_log import TurnHandle
 from app.services.turn_replay import FollowTiming, RecordedTurn
@@ -81,6 +84,7 @@ from tools.base import ToolContext
 log = logging.getLogger(__name__)
 
 CANCELLED = "stopped by the user; the branch continues from its last completed turn"
+CANCEL_WAIT_S = 30.0  # how long a cancel passed to another process waits for the turn to end
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class TurnService:
         self.hints = CacheHints(settings.llm_base_url, settings.llm_api_key)
         self._tasks: set[asyncio.Task] = set()
         self._live: dict[str, TurnHandle] = {}  # turn id -> the handle of a turn this process runs
+        self.cancels = CancelWatcher(engine, owner, self._live, settings.follow_poll_s)
         # Check-then-write steps (branch busy? approval pending?) run in worker threads now;
         # this keeps each one atomic against a concurrent request, as the event loop did.
         self._record_lock = threading.Lock()
@@ -348,28 +353,43 @@ class TurnService:
         """Stop turn `turn_id` and answer how it ended: `cancelled`, or, when it was already
         recording its outcome, that outcome. A running turn's model request is closed (its task
         is cancelled in the graph); a turn waiting for an approval is cancelled with its
-        approval. Conflict (`turn_not_running`) for a turn that had already ended, and
-        (`turn_elsewhere`) for one another workbench process runs."""
+        approval. A turn another workbench process runs is stopped by that process
+        (app/services/remote_cancel.py): this one waits for it to end (at most CANCEL_WAIT_S,
+        then answers the turn as it stands); one whose process died is ended here. Conflict
+        (`turn_not_running`) for a turn that had already ended, and (`turn_starting`) for one
+        this process is still recording."""
         handle = self._live.get(turn_id)
         if handle is not None:
             handle.request_cancel()
             await asyncio.wait({handle.task})  # not cancelled with this request: the turn ends regardless
         else:
-            session_key = await asyncio.to_thread(self._cancel_paused, turn_id)
-            await self.hints.turn_ended(session_key)
+            session_key = await asyncio.to_thread(self._cancel_recorded, turn_id)
+            if session_key is None:  # passed on to the process running it
+                await wait_ended(self.engine, turn_id, self.follow_timing.poll_s, CANCEL_WAIT_S)
+            else:
+                await self.hints.turn_ended(session_key)
         return await asyncio.to_thread(self.turn_public, turn_id)
 
-    def _cancel_paused(self, turn_id: str) -> str:
+    def _cancel_recorded(self, turn_id: str) -> str | None:
+        """Cancel a turn no task of this process runs: ask its running process (None), or end it
+        here (a paused turn, or one whose process died) and return its cache session key."""
         with self._record_lock, Session(self.engine) as db:
             turn = sessions_service.get_turn(db, turn_id)
             if turn.status == "running":
-                raise Conflict(f"turn {turn_id!r} is running where this process cannot stop it (another "
-                               "workbench process, or it is just starting); try again in a moment", "turn_elsewhere")
-            if turn.status != "awaiting_approval":
+                run = latest_run(db, turn.id)
+                owner = run.owner if run else None
+                if owner is not None and owner == self.owner:
+                    raise Conflict(f"turn {turn_id!r} is just starting; try again in a moment", "turn_starting")
+                if owner is not None and self.alive(owner):
+                    stamp_request(db, run)
+                    db.commit()
+                    return None
+            elif turn.status != "awaiting_approval":
                 raise Conflict(f"turn {turn_id!r} is {turn.status}; only a running turn can be stopped",
                                "turn_not_running")
-            now = utcnow()
-            for run in db.exec(select(Run).where(Run.turn_id == turn.id, Run.status == "awaiting_approval")).all():
+            now = utcnow()  # paused, or its process is dead: nothing runs it, it ends here
+            for run in db.exec(select(Run).where(Run.turn_id == turn.id,
+                                                 col(Run.status).in_(ACTIVE_TURN_STATES))).all():
                 run.status, run.error, run.ended_at = "cancelled", CANCELLED, now
                 db.add(run)
             for approval in db.exec(select(Approval).where(Approval.turn_id == turn.id,
@@ -402,6 +422,7 @@ class TurnService:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await self.cancels.stop()
         await self.hints.close()
 
     # -- the run itself --------------------------------------------------------------------------
@@ -424,6 +445,7 @@ class TurnService:
         handle.task = task
         self._tasks.add(task)
         self._live[handle.turn_id] = handle
+        self.cancels.ensure_running()
         task.add_done_callback(self._tasks.discard)
 
     async def _drive(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> None:

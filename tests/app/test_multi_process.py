@@ -6,7 +6,8 @@
 - A process starting up fails only the turns of dead processes: a turn another live process
   is running keeps running; one whose process was killed is failed, and its branch is free.
 - A turn's events can be followed from any process (its journal in the database): live while
-  it runs, replayed once it has ended; a follower whose turn's process dies is told so.
+  it runs, replayed once it has ended; a follower whose turn's process dies is told so. A Stop
+  sent to any process stops the turn (the running one cancels it; a dead one's turn ends).
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _tokens(events: list[dict]) -> list[str]:
     return [e["text"] for e in events if e["type"] == "token"]
 
 
-def test_a_turn_is_followed_from_another_process_live_then_replayed(tmp_path, database):
+def test_a_turn_is_followed_and_stopped_from_another_process(tmp_path, database):
     def reply(body: dict) -> ScriptedReply:
         return ScriptedReply(content=LONG, token_delay_s=0.05)
 
@@ -183,7 +184,17 @@ def test_a_turn_is_followed_from_another_process_live_then_replayed(tmp_path, da
             events = [json.loads(line[5:]) for line in replay.text.splitlines() if line.startswith("data:")]
             assert "".join(_tokens(events)) == LONG and events[-1] == poster.events[-1]
 
-        # a second turn: its process is killed under it, and B's follower is told so
+        # a Stop sent to B stops the turn A runs: A cancels it (closing its model request)
+        poster = SseReader("POST", f"{a}/api/sessions/{session}/turns", json={"message": "and again"})
+        poster.start()
+        poster.wait_for(lambda events: len(_tokens(events)) >= 3, "tokens from A")
+        stopped = httpx.post(f"{b}/api/turns/{poster.events[0]['turn_id']}/cancel", timeout=60)
+        assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled", stopped.text
+        poster.join(30)
+        assert poster.events[-1]["type"] == "cancelled" and len(_tokens(poster.events)) < 120
+        _wait(lambda: fake.aborted >= 1)  # the model server saw A's request closed
+
+        # a fourth turn: its process is killed under it, and B's follower is told so
         poster = SseReader("POST", f"{a}/api/sessions/{session}/turns", json={"message": "once more"})
         poster.start()
         poster.wait_for(lambda events: len(_tokens(events)) >= 3, "tokens from A")
@@ -196,3 +207,10 @@ def test_a_turn_is_followed_from_another_process_live_then_replayed(tmp_path, da
         assert not follower.is_alive() and follower.error is None
         assert follower.events[-1]["type"] == "error" and follower.events[-1]["error_type"] == "process_lost"
         assert 1 <= len(_tokens(follower.events)) < 120
+        # nobody runs it now: a Stop through B ends it at once, and the branch is free again
+        lost = poster.events[0]["turn_id"]
+        stopped = httpx.post(f"{b}/api/turns/{lost}/cancel", timeout=30)
+        assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled", stopped.text
+        after: list = []
+        _turn(b, session, "after the crash", after)
+        assert after[0].status_code == 200 and after[0].json()["turn"]["status"] == "completed", after[0].text

@@ -54,12 +54,14 @@ async def retry_turn(turn_id: str, turns: TurnServiceDep, request: TurnRetry | N
 async def cancel_turn(turn_id: str, turns: TurnServiceDep) -> TurnPublic:
     """Stop a running turn (its model request is closed) or one waiting for an approval, and
     answer the turn: `cancelled`, or how it ended when it was already recording its outcome.
-    The branch keeps its last completed turn as its head. 409 for a turn that had ended."""
+    Sent to any workbench process: the one running the turn stops it. The branch keeps its
+    last completed turn as its head. 409 for a turn that had ended."""
     return await turns.cancel_turn(turn_id)
 
 
 @router.get("/turns/{turn_id}/events")
 async def turn_events(turn_id: str, turns: TurnServiceDep):
     """Server-Sent Events: what a running turn has streamed so far, then what follows, until it
-    ends; for a turn that has ended, its first and terminal events as recorded."""
+    ends, from any workbench process on the database (one that does not run the turn reads its
+    journal: in batches, tokens merged); for a turn that has ended, its events replayed."""
     return event_stream(await turns.follow(turn_id))
