@@ -171,6 +171,7 @@ class SseReader(threading.Thread):
     def __init__(self, method: str, url: str, **kwargs) -> None:
         super().__init__(daemon=True)
         self.method, self.url, self.kwargs, self.events = method, url, kwargs, []
+        self.arrivals: list[float] = []  # time.monotonic() when each event arrived
         self.error: httpx.HTTPError | None = None  # the transport error that cut the stream (a killed server)
 
     def run(self) -> None:
@@ -179,6 +180,7 @@ class SseReader(threading.Thread):
                 assert response.status_code == 200, response.read()
                 for line in response.iter_lines():
                     if line.startswith("data:"):
+                        self.arrivals.append(time.monotonic())
                         self.events.append(json.loads(line[5:]))
         except httpx.HTTPError as exc:
             self.error = exc

@@ -15,22 +15,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from contextlib import ExitStack
 
 import httpx
 import pytest
 
-from bench.servers import free_port, wait_healthy
+from tests.app.processes import workbench
 from tests.app.support import SseReader
-from tests.fakes.scripted_openai import MODEL_ID, ScriptedReply, scripted_server
+from tests.fakes.scripted_openai import ScriptedReply, scripted_server
 from tests.pg_cluster import TempCluster
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -40,28 +35,6 @@ def database(postgres_cluster: TempCluster):
         yield postgres_cluster.url(name)
     finally:
         postgres_cluster.drop_database(name)
-
-
-@contextmanager
-def workbench(tmp_path: Path, name: str, database_url: str, llm_base_url: str):
-    """`arbor serve` as its own process on a free port; yields (base_url, process)."""
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url, "LLM_BASE_URL": llm_base_url, "LLM_MODEL": MODEL_ID,
-           "LLM_TIMEOUT_S": "60", "ARBOR_DATA_DIR": str(tmp_path / name)}
-    log = tmp_path / f"{name}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url + "/api", 120, name, lambda: log.read_text(errors="replace")[-3000:])
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def _session(url: str) -> str:
