@@ -33,10 +33,6 @@ class Cancellable(Protocol):
     def request_cancel(self) -> None: ...
 
 
-def latest_run(db: Session, turn_id: str) -> Run | None:
-    return db.exec(select(Run).where(Run.turn_id == turn_id).order_by(col(Run.started_at).desc())).first()
-
-
 def stamp_request(db: Session, run: Run) -> None:
     """Ask the process running `run` to cancel it (the caller commits)."""
     run.cancel_requested_at = utcnow()
@@ -68,6 +64,7 @@ class CancelWatcher:
     cancel requests other processes left for them every `poll_s`, and cancels those turns."""
 
     def __init__(self, engine: Engine, owner: str | None, live: Mapping[str, Cancellable], poll_s: float) -> None:
+        """`owner` None: nothing to watch (no other process can ask); `ensure_running` does nothing."""
         self.engine, self.owner, self.live, self.poll_s = engine, owner, live, poll_s
         self._task: asyncio.Task | None = None
 

@@ -33,6 +33,11 @@ def create_session(db: Session, scenario: str, title: str = "") -> AgentSession:
     return session
 
 
+def latest_run(db: Session, turn_id: str) -> Run | None:
+    """The newest run of turn `turn_id` (a retried turn has one; a resumed one keeps its run)."""
+    return db.exec(select(Run).where(Run.turn_id == turn_id).order_by(col(Run.started_at).desc())).first()
+
+
 def get_session(db: Session, session_id: str) -> AgentSession:
     session = db.get(AgentSession, session_id)
     if session is None:

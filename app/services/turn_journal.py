@@ -1,5 +1,5 @@
 """A turn's events written to the database as it streams them: the journal any workbench
-process reads to replay and follow a turn (app/services/turn_follow.py).
+process reads to replay and follow a turn (app/services/turn_replay.py).
 
 The process running a turn keeps its events in memory (app/services/turn_log.py) for its own
 readers; the journal copies them to `turn_events` rows in batches, from a worker thread, so a
@@ -39,9 +39,11 @@ def segment_of(db: Session, turn_id: str) -> int:
 def merged_tokens(events: list[dict]) -> list[dict]:
     """`events` with each run of consecutive `token` events joined into one (the text is the same)."""
     out: list[dict] = []
+    def plain_token(event: dict) -> bool:
+        return event.get("type") == "token" and set(event) == {"type", "text"}
+
     for event in events:
-        if event.get("type") == "token" and out and out[-1].get("type") == "token" and set(event) == {"type", "text"} \
-                and set(out[-1]) == {"type", "text"}:
+        if out and plain_token(event) and plain_token(out[-1]):
             out[-1] = {"type": "token", "text": out[-1]["text"] + event["text"]}
         else:
             out.append(event)
@@ -74,7 +76,6 @@ class TurnJournal:
                  flush_s: float) -> None:
         self.engine, self.flush_s = engine, flush_s
         self.ids = {"session_id": session_id, "branch_id": branch_id, "turn_id": turn_id, "segment": segment}
-        self.failed_writes = 0
         self._pending: list[dict] = []
         self._next_seq = 0
         self._closing = False
@@ -125,5 +126,4 @@ class TurnJournal:
                     db.add(TurnEvent(**self.ids, seq=first_seq + i, type=str(event.get("type")), payload=event))
                 db.commit()
         except Exception:  # noqa: BLE001 - the turn goes on; readers rebuild the terminal event
-            self.failed_writes += 1
             log.exception("turn %s: could not write %d journal event(s)", self.ids["turn_id"], len(batch))

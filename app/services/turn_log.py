@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from app.services.turn_journal import TurnJournal
 
+
 @dataclass
 class TurnHandle:
     """A running (or resumed) turn: its ids, its event log and its task."""

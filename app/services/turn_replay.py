@@ -29,6 +29,7 @@ from sqlmodel import Session, col, select
 
 from app.db.models import Approval, Run, Turn
 from app.errors import NotFound
+from app.services.sessions import latest_run
 from app.services.turn_journal import TERMINAL_EVENTS, read_events, segment_of
 
 PROCESS_LOST = ("the workbench process running this turn stopped; the next workbench to start marks the turn "
@@ -83,6 +84,10 @@ class RecordedTurn:
         next_liveness = time.monotonic() + self.timing.liveness_s
         while True:
             look = await asyncio.to_thread(self._look, after)
+            if look is None:  # too late for a 404: the stream has begun
+                yield {"type": "error", "turn_id": self.turn_id, "message": f"turn {self.turn_id!r} was deleted",
+                       "error_type": "unknown_turn", "retryable": False}
+                return
             after = look.last_seq
             for i, event in enumerate(look.rows):
                 if told >= start:
@@ -111,13 +116,14 @@ class RecordedTurn:
                     return
             await asyncio.sleep(self.timing.poll_s)
 
-    def _look(self, after: int) -> _Look:
+    def _look(self, after: int) -> _Look | None:
+        """None: the turn is gone (its session or branch was deleted meanwhile)."""
         with Session(self.engine) as db:
             turn = db.get(Turn, self.turn_id)
-            if turn is None:  # deleted meanwhile (its session or branch)
-                raise NotFound(f"unknown turn {self.turn_id!r}", "unknown_turn")
+            if turn is None:
+                return None
             rows = read_events(db, self.turn_id, self.segment, after)
-            run = db.exec(select(Run).where(Run.turn_id == turn.id).order_by(col(Run.started_at).desc())).first()
+            run = latest_run(db, turn.id)
             terminal = _terminal(db, turn) if turn.status != "running" else None
             return _Look(rows=[r.payload for r in rows], last_seq=rows[-1].seq if rows else after,
                          owner=run.owner if run else None, first=_first(turn, run),

@@ -47,9 +47,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from collections.abc import Callable
 from typing import Any
 
 from langgraph.types import Command, Overwrite
@@ -71,8 +71,8 @@ from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
 from app.scenario_catalog import ScenarioCatalog
 from app.services import branch_threads
 from app.services import sessions as sessions_service
+from app.services.remote_cancel import CancelWatcher, stamp_request, wait_ended
 from app.services.traces import session_artifact_text
-from app.services.remote_cancel import CancelWatcher, latest_run, stamp_request, wait_ended
 from app.services.turn_journal import TurnJournal, append_event, segment_of
 from app.services.turn_log import TurnHandle
 from app.services.turn_replay import FollowTiming, RecordedTurn
@@ -116,7 +116,9 @@ class TurnService:
         self.hints = CacheHints(settings.llm_base_url, settings.llm_api_key)
         self._tasks: set[asyncio.Task] = set()
         self._live: dict[str, TurnHandle] = {}  # turn id -> the handle of a turn this process runs
-        self.cancels = CancelWatcher(engine, owner, self._live, settings.follow_poll_s)
+        # On SQLite (one workbench process per database file) no other process can ask for a cancel.
+        self.cancels = CancelWatcher(engine, owner if engine.dialect.name == "postgresql" else None, self._live,
+                                     settings.follow_poll_s)
         # Check-then-write steps (branch busy? approval pending?) run in worker threads now;
         # this keeps each one atomic against a concurrent request, as the event loop did.
         self._record_lock = threading.Lock()
@@ -271,7 +273,7 @@ class TurnService:
                 raise Conflict(f"branch {branch.id!r} has moved on since turn {turn_id!r} failed (its head is now "
                                f"{branch.head_turn_id!r}); fork a branch from {turn.parent_turn_id!r} and send the "
                                "message there", "branch_moved")
-            run = db.exec(select(Run).where(Run.turn_id == turn.id).order_by(Run.started_at.desc())).first()
+            run = sessions_service.latest_run(db, turn.id)
             options = (run.options if run else None) or {}
             request = TurnCreate(message=turn.user_message, branch_id=turn.branch_id,
                                  force_tool=bool(options.get("force_tool")), tool_choice=options.get("tool_choice"))
@@ -376,7 +378,7 @@ class TurnService:
         with self._record_lock, Session(self.engine) as db:
             turn = sessions_service.get_turn(db, turn_id)
             if turn.status == "running":
-                run = latest_run(db, turn.id)
+                run = sessions_service.latest_run(db, turn.id)
                 owner = run.owner if run else None
                 if owner is not None and owner == self.owner:
                     raise Conflict(f"turn {turn_id!r} is just starting; try again in a moment", "turn_starting")
