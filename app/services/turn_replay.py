@@ -12,8 +12,8 @@ journal existed, or whose journal writes failed, gets its first event (`turn`) a
 terminal one (`final`, `error`, `cancelled`, or the `approval_request` it waits on); its
 steps are in the turn itself (`GET /api/turns/{id}`: messages) and its trace. A turn whose
 running process died (its liveness lock is free: app/services/liveness.py) ends its stream
-with an `error` event saying so; the next process to start marks it failed
-(app/services/recovery.py).
+with an `error` event saying so; a Stop ends it at once (app/services/remote_cancel.py), and
+otherwise the next process to start marks it failed (app/services/recovery.py).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from app.errors import NotFound
 from app.services.sessions import latest_run
 from app.services.turn_journal import TERMINAL_EVENTS, read_events, segment_of
 
-PROCESS_LOST = ("the workbench process running this turn stopped; the next workbench to start marks the turn "
-                "failed, and it can then be retried")
+PROCESS_LOST = ("the workbench process running this turn stopped; stop the turn to free its branch now (or the "
+                "next workbench to start marks it failed); either way it can then be retried")
 
 
 @dataclass(frozen=True)
