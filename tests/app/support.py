@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import uvicorn
 import httpx
+import uvicorn
 from fastapi.testclient import TestClient
 
 from app.main import create_app
