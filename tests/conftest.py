@@ -14,6 +14,23 @@ import os
 
 import pytest
 
+from tests.cores import model_threads
+
+# Every run ends with the slowest test files and a warning past 45 minutes (tests/suite_timing.py).
+from tests.suite_timing import (  # noqa: F401  (hooks: pytest finds them in this module)
+    pytest_runtest_logreport,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+)
+
+
+def pytest_configure(config):
+    """Each pytest process's models get its share of the cores (tests/cores.py): every arbor-server
+    a test starts without --threads reads ARBOR_SERVER_THREADS. Not set by an xdist controller, which
+    runs no test and whose environment its workers inherit."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        os.environ.setdefault("ARBOR_SERVER_THREADS", str(model_threads()))
+
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")

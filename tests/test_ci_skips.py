@@ -42,14 +42,14 @@ pytest.importorskip("no_such_module_anywhere")
 '''
 
 
-def run_suite(tmp_path: Path, ci: str | None, text: str = SKIPS) -> subprocess.CompletedProcess:
+def run_suite(tmp_path: Path, ci: str | None, text: str = SKIPS, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     (tmp_path / "test_suite.py").write_text(text)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PYTHONPATH"] = str(REPO)
     if ci is not None:
         env["CI"] = ci
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-rA", "-p",
-                           "no:cacheprovider", "-o", "addopts=", str(tmp_path)], cwd=tmp_path, env=env,
+                           "no:cacheprovider", "-o", "addopts=", *extra, str(tmp_path)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -62,6 +62,15 @@ def test_under_ci_every_skip_fails_with_its_reason(tmp_path, ci):
     assert out.splitlines()[-1].startswith("1 failed, 1 passed, 1 xfailed, 2 errors"), out
     for reason in ("chromium is missing", "shellcheck is not installed", "llama-cpp-python is not installed"):
         assert reason in out, reason
+
+
+def test_under_ci_every_skip_fails_in_parallel_processes_too(tmp_path):
+    """scripts/test.sh runs the suite in pytest-xdist processes: the rule holds in each of them."""
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (pip install -e '.[dev]')")
+    done = run_suite(tmp_path, "true", extra=("-n", "2", "--dist", "loadfile"))
+    assert done.returncode == 1, done.stdout
+    assert done.stdout.splitlines()[-1].startswith("1 failed, 1 passed, 1 xfailed, 2 errors"), done.stdout
+    assert "chromium is missing" in done.stdout and "shellcheck is not installed" in done.stdout
 
 
 def test_under_ci_a_module_level_skip_is_a_collection_error(tmp_path):

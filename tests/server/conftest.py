@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import servers as bench_servers
+from tests.cores import model_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +54,7 @@ def start_server(tmp_dir: Path, *args: str, env: dict | None = None, wait: bool 
         pytest.skip(why)
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "server", "--port", str(port), "--threads", "2", *args]
+    cmd = [sys.executable, "-m", "server", "--port", str(port), "--threads", str(model_threads()), *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})})
     server = RunningServer(f"http://127.0.0.1:{port}", proc, log_path)

@@ -17,6 +17,7 @@ import pytest
 
 from app.replay.generators import agent_sessions
 from app.replay.runner import ReplaySettings, replay
+from tests.cores import model_threads
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -38,7 +39,7 @@ def arbor_server(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("arbor-server") / "server.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--port", str(port), "--threads", "2",
+        proc = subprocess.Popen([sys.executable, "-m", "server", "--port", str(port), "--threads", str(model_threads()),
                                  "--parallel", "2", "--ctx-size", "4096"],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

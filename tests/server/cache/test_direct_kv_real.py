@@ -7,6 +7,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from tests.cores import model_threads
 from tests.server.conftest import embedded_model_available
 
 pytestmark = pytest.mark.model
@@ -21,7 +22,7 @@ def rt():
     from server.model_file import embedded_model_path
 
     runtime = LlamaRuntime(RuntimeConfig(embedded_model_path(), n_ctx=2048, n_batch=256, n_seq_max=6,
-                                         n_threads=2, n_threads_batch=2))
+                                         n_threads=model_threads(), n_threads_batch=model_threads()))
     yield runtime
     runtime.close()
 

@@ -17,6 +17,7 @@ import pytest
 
 from server.cache.kv_ops import used_cells as kv_used_cells
 from server.engine.slots import common_prefix_len
+from tests.cores import model_threads
 from tests.server.cache.engine_harness import (
     chat_tokens, fail_next_restore, generate, generate_many, kept_cells, reset_kv, used_cells,
 )
@@ -37,7 +38,7 @@ def load(tmp_path: Path | None, **overrides):
     from server import bootstrap
     from server.settings import ServerSettings
 
-    kw = dict(parallel=4, ctx_size=4096, batch_size=256, threads=2, cache_min_tokens=16, resident_cells=1024,
+    kw = dict(parallel=4, ctx_size=4096, batch_size=256, threads=model_threads(), cache_min_tokens=16, resident_cells=1024,
               cache_tiers=("A", "S", "H"), max_queue=64)
     if tmp_path is not None:
         kw.update(cache_tiers=("A", "S", "H", "D"), cache_dir=tmp_path / "kv")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.cores import model_threads
 from tests.server.conftest import embedded_model_available
 
 pytestmark = pytest.mark.model
@@ -17,7 +18,7 @@ def runtime():
     from server.model_file import embedded_model_path
 
     rt = LlamaRuntime(RuntimeConfig(model_path=embedded_model_path(), n_ctx=256, n_batch=32, n_seq_max=1,
-                                    n_threads=2, n_threads_batch=2))
+                                    n_threads=model_threads(), n_threads_batch=model_threads()))
     yield rt
     rt.close()
 
@@ -26,14 +27,14 @@ def test_generative_model_without_forced_pooling_is_refused(runtime):
     from server.engine.embedder import Embedder, EmbeddingsUnavailable
 
     with pytest.raises(EmbeddingsUnavailable, match="pooling is 'none'.*--pooling"):
-        Embedder(runtime.model, n_ctx=32, n_threads=2)
+        Embedder(runtime.model, n_ctx=32, n_threads=model_threads())
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_forced_pooling_embeds(runtime, pooling):
     from server.engine.embedder import Embedder
 
-    e = Embedder(runtime.model, n_ctx=32, n_threads=2, pooling=pooling)
+    e = Embedder(runtime.model, n_ctx=32, n_threads=model_threads(), pooling=pooling)
     try:
         toks = runtime.tokenize("hello world", add_special=True, parse_special=True)
         assert e.pooling == pooling and len(e.embed(toks)) == 576
