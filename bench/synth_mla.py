@@ -27,7 +27,13 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
-from bench.synth_model import TOKENIZER_VOCAB, WEIGHT_SCALE, embedded_tokenizer_path, tokenizer_fields
+from bench.synth_model import (
+    TOKENIZER_VOCAB,
+    WEIGHT_SCALE,
+    embedded_tokenizer_path,
+    tokenizer_fields,
+    write_tensors,
+)
 
 TYPES = {
     "f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
@@ -170,22 +176,17 @@ def write_model(shape: MLAShape, out: Path, *, type_name: str = "f16", seed: int
         for key, value, vtype, sub_type in tokenizer_fields(tokenizer_source or embedded_tokenizer_path(), s.vocab):
             writer.add_key_value(key, value, vtype, sub_type)
 
+    infos = []
     for name, np_shape in plan:
         stored = GGMLQuantizationType.F32 if len(np_shape) == 1 else qtype
-        if stored == GGMLQuantizationType.F32:
-            dtype, array_shape, nbytes = np.float32, np_shape, 4 * int(np.prod(np_shape))
-        elif stored == GGMLQuantizationType.F16:
-            dtype, array_shape, nbytes = np.float16, np_shape, 2 * int(np.prod(np_shape))
+        if stored in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            itemsize = 4 if stored == GGMLQuantizationType.F32 else 2
+            infos.append((name, stored, np_shape, itemsize * int(np.prod(np_shape))))
         else:
             array_shape = tuple(quant_shape_to_byte_shape(np_shape, stored))
-            dtype, nbytes = np.uint8, int(np.prod(array_shape))
-        writer.add_tensor_info(name, array_shape, np.dtype(dtype), nbytes, raw_dtype=stored)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for name, np_shape in plan:
-        writer.write_tensor_data(_tensor(name, np_shape, qtype, seed))
-    writer.close()
+            infos.append((name, stored, array_shape, int(np.prod(array_shape))))
+    shapes = dict(plan)
+    write_tensors(writer, infos, lambda name: _tensor(name, shapes[name], qtype, seed))
     return out
 
 

@@ -25,7 +25,7 @@ import importlib.metadata
 import shutil
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -240,19 +240,27 @@ def write_model(shape: ModelShape, type_name: str, out: Path, seed: int = 0, nam
     for key, value, vtype, sub_type in tokenizer_fields(tokenizer_source or embedded_tokenizer_path(), shape.vocab):
         writer.add_key_value(key, value, vtype, sub_type)
 
-    plan = tensor_plan(shape)
-    for p in plan:
-        stored_type, array_shape, nbytes = _stored(p, qtype)
+    plan = {p.name: p for p in tensor_plan(shape)}
+    write_tensors(writer, [(name, *_stored(p, qtype)) for name, p in plan.items()],
+                  lambda name: _tensor_data(plan[name], qtype, seed))
+    return out
+
+
+def write_tensors(writer: GGUFWriter, infos: list[tuple[str, GGMLQuantizationType, tuple[int, ...], int]],
+                  data: Callable[[str], np.ndarray]) -> None:
+    """Finish a GGUF file whose metadata is in `writer`: the tensor infos (name, stored type, array
+    shape, bytes), the header, metadata and infos, then each tensor's array from `data(name)`, one
+    tensor in memory at a time; closes the writer. Shared with bench/synth_mla.py."""
+    for name, stored_type, array_shape, nbytes in infos:
         dtype = np.float32 if stored_type == GGMLQuantizationType.F32 else (
             np.float16 if stored_type == GGMLQuantizationType.F16 else np.uint8)
-        writer.add_tensor_info(p.name, array_shape, np.dtype(dtype), nbytes, raw_dtype=stored_type)
+        writer.add_tensor_info(name, array_shape, np.dtype(dtype), nbytes, raw_dtype=stored_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for p in plan:  # one tensor in memory at a time
-        writer.write_tensor_data(_tensor_data(p, qtype, seed))
+    for name, *_ in infos:
+        writer.write_tensor_data(data(name))
     writer.close()
-    return out
 
 
 def _shape_from_args(args: argparse.Namespace) -> tuple[str, ModelShape]:
