@@ -48,13 +48,14 @@ def _workload(sessions: int, seed: int = 0):
                           tool_call_len=8, output_len=8, model=ALIAS, seed=seed).lines
 
 
-def _run(policy: str, lines, log_dir, concurrency: int, extra=()):
+def _run(policy: str, lines, log_dir, concurrency: int, extra=(), think_max_s: float = 1.5):
     """Fresh replicas behind SMG `policy`; the run, the replicas' URLs, the sessions each knows,
-    and what a router flush did: (S and H entries before, the answer, entries after)."""
+    and what a router flush did: (S and H entries before, the answer, entries after). Sessions
+    "run their tools" up to `think_max_s` between turns, so that concurrent ones interleave."""
     with replicas(2, REPLICA_ARGS, log_dir / policy) as servers:
         urls = [s.base_url for s in servers]
         with router(urls, log_dir / policy, policy, extra) as smg:
-            run = asyncio.run(drive(smg.base_url, lines, concurrency=concurrency, think_max_s=1.5))
+            run = asyncio.run(drive(smg.base_url, lines, concurrency=concurrency, think_max_s=think_max_s))
             sessions_known = {u: httpx.get(u + "/cache/stats", timeout=30).json()["lifecycle"]["sessions"]
                               for u in urls}
             held = {u: _held(u) for u in urls}
@@ -88,8 +89,9 @@ def test_cache_aware_keeps_sessions_home_and_balances(tmp_path):
 def test_cache_aware_computes_at_most_0_6x_round_robin(tmp_path):
     _needs()
     lines = _workload(8, seed=2)
-    aware, _, _, _ = _run("cache_aware", lines, tmp_path, 1, SMG_CACHE_AWARE)
-    rr, _, _, _ = _run("round_robin", lines, tmp_path, 1)
+    # one session at a time: nothing to interleave, so no time spent between turns
+    aware, _, _, _ = _run("cache_aware", lines, tmp_path, 1, SMG_CACHE_AWARE, think_max_s=0.0)
+    rr, _, _, _ = _run("round_robin", lines, tmp_path, 1, think_max_s=0.0)
     assert aware.statuses() == {200: 32} and rr.statuses() == {200: 32}, (aware.turns, rr.turns)
     assert aware.computed() <= 0.6 * rr.computed(), (aware.computed(), rr.computed())
 
