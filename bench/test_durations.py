@@ -4,6 +4,7 @@
     python -m bench.test_durations -- tests/server -m "not model"   # a subset: arguments go to pytest
     python -m bench.test_durations --from times.json    # render a run already made
                                                           (ARBOR_TEST_TIMES=times.json make test)
+    ... --before old.json --before-label "one process"  # an earlier run's figures beside it
 
 The figures come from tests/suite_timing.py, which every run of the suite loads: per file, the
 setup, call and teardown seconds of its tests added up (so a module's server start is charged
@@ -41,7 +42,10 @@ def run_suite(pytest_args: list[str]) -> tuple[dict, str, int]:
         return json.loads(out.read_text()), "scripts/test.sh " + shlex.join(pytest_args), done.returncode
 
 
-def render(times: dict, command: str, exit_code: int | None) -> str:
+def render(times: dict, command: str, exit_code: int | None, before: dict | None = None,
+           before_label: str = "") -> str:
+    """The markdown page; with `before` (an earlier run's figures) its wall time and a column of its
+    per-file seconds beside this run's."""
     files = times["files"]
     total_tests = sum(f["tests"] for f in files.values())
     lines = ["# Test durations", "",
@@ -53,13 +57,24 @@ def render(times: dict, command: str, exit_code: int | None) -> str:
              f"Machine: {machine()}.", "",
              f"Wall time **{times['wall_s'] / 60:.1f} min** for {total_tests} tests in {len(files)} files, "
              f"{times['workers']} process{'es' if times['workers'] > 1 else ''}; "
-             f"test time summed over files {times['test_s'] / 60:.1f} min.", "",
-             "| file | seconds | share | tests | slowest test (s) |", "|---|---|---|---|---|"]
+             f"test time summed over files {times['test_s'] / 60:.1f} min.", ""]
+    if before:
+        lines += [f"Before ({before_label or 'an earlier run'}): wall time **{before['wall_s'] / 60:.1f} min** in "
+                  f"{before['workers']} process{'es' if before['workers'] > 1 else ''} "
+                  f"({before['wall_s'] / max(times['wall_s'], 1e-9):.2f}x this run's). Its per-file seconds are in "
+                  "the column `before`; with several processes a file's own seconds grow (it shares the cores), "
+                  "so compare wall times, and files within one column.", ""]
+    head = "| file | seconds | share | tests | slowest test (s) |" + (" before |" if before else "")
+    lines += [head, "|---|---|---|---|---|" + ("---|" if before else "")]
     test_s = max(times["test_s"], 1e-9)
     for path, f in files.items():
         slowest = f["slowest_test"].split("::", 1)[-1]
-        lines.append(f"| `{path}` | {f['seconds']:.1f} | {100 * f['seconds'] / test_s:.1f}% | {f['tests']} | "
-                     f"`{slowest}` ({f['slowest_test_s']:.1f}) |")
+        row = (f"| `{path}` | {f['seconds']:.1f} | {100 * f['seconds'] / test_s:.1f}% | {f['tests']} | "
+               f"`{slowest}` ({f['slowest_test_s']:.1f}) |")
+        if before:
+            old = before["files"].get(path)
+            row += f" {old['seconds']:.1f} |" if old else " – |"
+        lines.append(row)
     return "\n".join(lines) + "\n"
 
 
@@ -72,15 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", type=Path, help="render this ARBOR_TEST_TIMES file instead of running")
     ap.add_argument("--command", default="make test", help="with --from: the command that made the file")
+    ap.add_argument("--before", type=Path, help="an earlier ARBOR_TEST_TIMES file to show beside this run")
+    ap.add_argument("--before-label", default="", help="what the earlier run was (its command, its revision)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
+    before = json.loads(args.before.read_text()) if args.before else None
     if args.source:
         times, command, code = json.loads(args.source.read_text()), args.command, None
     else:
         times, command, code = run_suite(pytest_args)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(times, indent=1) + "\n")
-    args.out.write_text(render(times, command, code))
+    args.out.write_text(render(times, command, code, before, args.before_label))
     print(f"wrote {args.out} ({len(times['files'])} files, {times['wall_s'] / 60:.1f} min wall)")
     return code or 0
 
