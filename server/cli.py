@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-messages", type=int, help="messages per chat request (default 1024)")
     limits.add_argument("--max-tools", type=int, help="tools per chat request (default 128)")
     limits.add_argument("--max-stop", type=int, help="stop strings per request (default 16)")
+    limits.add_argument("--max-stop-chars", type=int, help="characters in one stop string (default 256)")
     return p
 
 

@@ -104,6 +104,7 @@ class ServerSettings(BaseSettings):
     max_messages: int = Field(1024, ge=1, description="messages per chat request")
     max_tools: int = Field(128, ge=0, description="tools per chat request")
     max_stop: int = Field(16, ge=0, description="stop strings per request")
+    max_stop_chars: int = Field(256, ge=1, description="characters in one stop string")
     max_choices: int = Field(8, ge=1, le=64, description="largest n (choices sampled from one prompt per request)")
 
     @field_validator("cache_tiers", mode="before")

@@ -9,7 +9,8 @@ request with a body it:
   decoder would otherwise hit its recursion limit), a string holding a lone UTF-16 surrogate
   (``"\\ud800"`` decodes to a Python str that cannot be encoded as UTF-8, so it would fail deep
   in tokenization or while writing the reply), more than ``--max-messages`` messages, more than
-  ``--max-tools`` tools, and more than ``--max-stop`` stop strings;
+  ``--max-tools`` tools, more than ``--max-stop`` stop strings, and a stop string longer than
+  ``--max-stop-chars`` characters (the engine holds back output that could begin one);
 - then hands the app the same bytes, so FastAPI's own parsing and validation run as before.
 
 A body that is not JSON passes through: the routes answer it with their own 400. Errors use the
@@ -33,10 +34,12 @@ class Limits:
     messages: int
     tools: int
     stop: int
+    stop_chars: int = 256
 
     @classmethod
     def from_settings(cls, s: ServerSettings) -> Limits:
-        return cls(s.max_body_kib * 1024, s.max_json_depth, s.max_messages, s.max_tools, s.max_stop)
+        return cls(s.max_body_kib * 1024, s.max_json_depth, s.max_messages, s.max_tools, s.max_stop,
+                   s.max_stop_chars)
 
 
 class _TooLarge(Exception):
@@ -112,6 +115,11 @@ def check_body(body: bytes, limits: Limits) -> None:
         if isinstance(value, list) and len(value) > limit:
             raise APIError(f"{key}: {len(value)} given; this server accepts at most {limit} ({flag})", param=key,
                            code=f"too_many_{key}")
+    stops = data.get("stop")
+    for stop in [stops] if isinstance(stops, str) else stops if isinstance(stops, list) else ():
+        if isinstance(stop, str) and len(stop) > limits.stop_chars:
+            raise APIError(f"stop: a stop string of {len(stop)} characters; this server accepts at most "
+                           f"{limits.stop_chars} (--max-stop-chars)", param="stop", code="stop_too_long")
 
 
 def _check_values(data: Any, limits: Limits) -> None:

@@ -74,6 +74,9 @@ HOSTILE = [
     ("17 stop strings", CHAT, chat(stop=[str(i) for i in range(17)]), 400, "too_many_stop"),
     ("17 stop strings, completions", "/v1/completions", {"json": {"prompt": "x", "stop": list("abcdefghijklmnopq")}},
      400, "too_many_stop"),
+    ("a 100 kB stop string", CHAT, chat(stop=["x" * 100_000]), 400, "stop_too_long"),
+    ("a 257-character stop string, completions", "/v1/completions", {"json": {"prompt": "x", "stop": "y" * 257}},
+     400, "stop_too_long"),
     ("schema pattern unbalanced", CHAT, schema({"type": "string", "pattern": "^a)$"}), 400, "response_format.json_schema"),
     ("schema pattern inverted range", CHAT, schema({"type": "string", "pattern": "^[z-a]$"}), 400, "invalid_schema"),
     ("schema $ref to nowhere", CHAT, schema({"$ref": "#/definitions/nope"}), 400, "response_format.json_schema"),
@@ -144,7 +147,7 @@ ODD_BUT_VALID = [
     ("unknown fields with absurd values", CHAT, chat(n_probs=-1, best_of=10**30, frobnicate={"a": [None]})),
     ("seed beyond 64 bits", CHAT, chat(seed=2**70)),
     ("top_k beyond 64 bits", CHAT, chat(top_k=2**63)),
-    ("a 100 kB stop string", CHAT, chat(stop=["x" * 100_000])),
+    ("a stop string at --max-stop-chars (256)", CHAT, chat(stop=["x" * 256])),
     ("schema pattern ending in an escaped backslash", CHAT, schema({"type": "string", "pattern": "^a\\\\$"})),
 ]
 

@@ -11,7 +11,7 @@ from server.api.grammars import json_schema_grammar
 from server.api.request_guard import Limits, check_body
 from server.cli import build_parser, settings_from_args
 
-LIMITS = Limits(body_bytes=1024, json_depth=8, messages=3, tools=2, stop=1)
+LIMITS = Limits(body_bytes=1024, json_depth=8, messages=3, tools=2, stop=1, stop_chars=4)
 
 
 def refused(body: bytes, limits: Limits = LIMITS) -> APIError:
@@ -44,8 +44,16 @@ def test_counts_name_the_flag(key, value, code):
     assert err.code == code and err.param == key and "--max-" in err.message
 
 
+@pytest.mark.parametrize("stop", ["abcde", ["abcde"]])
+def test_a_stop_string_too_long_names_the_flag(stop):
+    err = refused(json.dumps({"stop": stop}).encode())
+    assert err.status == 400 and err.code == "stop_too_long" and err.param == "stop"
+    assert "5 characters" in err.message and "--max-stop-chars" in err.message
+
+
 def test_at_the_limits_passes_and_non_json_is_left_to_the_route():
-    check_body(json.dumps({"messages": [{}] * 3, "tools": [{}] * 2, "stop": ["a"]}).encode(), LIMITS)
+    check_body(json.dumps({"messages": [{}] * 3, "tools": [{}] * 2, "stop": ["abcd"]}).encode(), LIMITS)
+    check_body(json.dumps({"stop": "abcd"}).encode(), LIMITS)
     check_body(b'{"messages": [', LIMITS)
     check_body(b"", LIMITS)
 
@@ -77,7 +85,10 @@ def test_ordinary_schemas_still_make_grammars(schema):
 
 def test_limits_are_flags_documented_in_help():
     text = build_parser().format_help()
-    for flag in ("--max-body-kib", "--max-json-depth", "--max-messages", "--max-tools", "--max-stop"):
+    for flag in ("--max-body-kib", "--max-json-depth", "--max-messages", "--max-tools", "--max-stop",
+                 "--max-stop-chars"):
         assert flag in text
-    s = settings_from_args(["--max-body-kib", "8", "--max-tools", "0", "--max-stop", "3", "--max-messages", "5"])
-    assert Limits.from_settings(s) == Limits(body_bytes=8192, json_depth=64, messages=5, tools=0, stop=3)
+    s = settings_from_args(["--max-body-kib", "8", "--max-tools", "0", "--max-stop", "3", "--max-messages", "5",
+                            "--max-stop-chars", "64"])
+    assert Limits.from_settings(s) == Limits(body_bytes=8192, json_depth=64, messages=5, tools=0, stop=3,
+                                             stop_chars=64)
