@@ -17,9 +17,12 @@ from pathlib import Path
 DATA_DIR = Path(__file__).parent / "data"
 STATEMENTS = ("income", "balance", "cash_flow", "segments")
 
+# "2024q3", "2024 - q3", "q3_2024": spaces, then at most one '-' or '_' with spaces after it. Written
+# so that a run of spaces can be split only one way: "\s*[-_ ]?\s*" splits n spaces n² ways, and a
+# tool argument of 16K spaces held the GIL (and every stream) for 1.3 s, quadratically more beyond.
 _QUARTER_FORMS = (
-    re.compile(r"^(?P<year>\d{4})\s*[-_ ]?\s*q(?P<q>[1-4])$"),
-    re.compile(r"^q(?P<q>[1-4])\s*[-_ ]?\s*(?P<year>\d{4})$"),
+    re.compile(r"^(?P<year>\d{4})\s*(?:[-_]\s*)?q(?P<q>[1-4])$"),
+    re.compile(r"^q(?P<q>[1-4])\s*(?:[-_]\s*)?(?P<year>\d{4})$"),
 )
 
 

@@ -160,3 +160,15 @@ async def test_bad_input_is_a_readable_tool_error(name, arguments, message):
     with pytest.raises(ToolError) as caught:
         await call(name, **arguments)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["2024Q3", "2024-q3", "2024 _ Q3", "2024 q3", "Q3 2024", "q3-2024", " q3_  2024 "])
+def test_quarter_spellings(text):
+    assert DATA.quarter(text) == "2024Q3"
+
+
+@pytest.mark.timeout(60)  # the quadratic pattern took 1.3 s for 16K spaces: these would take hours
+@pytest.mark.parametrize("text", ["2024" + " " * 1_000_000 + "x", "q3" + " " * 1_000_000 + "-x", "2024 -- q3"])
+def test_a_quarter_that_is_no_quarter_is_refused_at_once(text):
+    with pytest.raises(LookupError, match="unknown quarter"):
+        DATA.quarter(text)
