@@ -1,10 +1,10 @@
 """How many llama.cpp threads a test's model may use (issue 37).
 
 The suite runs its files in several pytest-xdist processes (scripts/test.sh); each real-model
-test then shares the machine's cores with the others. ggml's compute threads wait for each
-other at every op, so two models of two threads each on two cores run slower together than
-one after the other. Each process therefore gets its even share of the physical cores, at
-least one thread. tests/conftest.py exports the figure as ARBOR_SERVER_THREADS, so every
+test then shares the machine's cores with the others. ggml's compute threads meet at a barrier
+after every op and spin while they wait, so two models of a thread per core each would put
+twice as many spinning threads as cores on the machine. Each process therefore gets its even
+share of the physical cores, at least one thread. tests/conftest.py exports the figure as ARBOR_SERVER_THREADS, so every
 arbor-server a test starts without `--threads` uses it too.
 """
 
@@ -15,7 +15,7 @@ import os
 from server.settings import physical_cores
 
 
-def test_processes() -> int:
+def suite_processes() -> int:
     """The number of pytest processes running the suite now (1 without xdist)."""
     try:
         return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
@@ -25,4 +25,4 @@ def test_processes() -> int:
 
 def model_threads() -> int:
     """Threads for one real model in this test process: its share of the physical cores."""
-    return max(1, physical_cores() // test_processes())
+    return max(1, physical_cores() // suite_processes())
