@@ -33,6 +33,9 @@ def require_api_key(request: Request, state: StateDep) -> None:
         return
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), expected):
+    # compared as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500),
+    # and header values arrive as latin-1, which gives back the bytes the client sent
+    sent, wanted = token.strip().encode("latin-1", "replace"), expected.encode("utf-8")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(sent, wanted):
         raise APIError("invalid or missing API key", status=401, type="authentication_error",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
