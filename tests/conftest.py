@@ -16,10 +16,8 @@ import pytest
 
 from tests.cores import model_threads
 
-# Costly files first; every run ends with the slowest files and a warning past 45 minutes
-# (tests/suite_timing.py).
+# Every run ends with the slowest test files and a warning past 45 minutes (tests/suite_timing.py).
 from tests.suite_timing import (  # noqa: F401  (hooks: pytest finds them in this module)
-    pytest_collection_modifyitems,
     pytest_runtest_logreport,
     pytest_sessionstart,
     pytest_terminal_summary,

@@ -78,26 +78,6 @@ def warn_minutes() -> float:
         return WARN_MINUTES_DEFAULT
 
 
-def _cost_class(item: pytest.Item) -> int:
-    """0 for a test on the real model, 1 in the browser, 2 for the rest (cheap, mostly)."""
-    if item.get_closest_marker("model"):
-        return 0
-    return 1 if item.get_closest_marker("browser") else 2
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The costly files first, so that parallel processes (scripts/test.sh: xdist with
-    --no-loadscope-reorder, which hands out files in this order as processes free up) end
-    together, the cheap files filling the gaps: by default xdist hands out the files with the
-    most tests first, which left the slow one-test files (a long session, the cluster, the soak)
-    running alone at the end. A file keeps its tests together and in order."""
-    rank: dict[str, int] = {}
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        rank[path] = min(rank.get(path, 2), _cost_class(item))
-    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])  # stable: files stay whole
-
-
 # The session's collector: pytest_runtest_logreport gets no config to find it on.
 _times: SuiteTimes | None = None
 

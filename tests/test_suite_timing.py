@@ -99,16 +99,3 @@ def test_bench_renders_the_table(tmp_path):
     assert "Before (one process)" in text and "(2.00x this run's)" in text
     assert all(line.endswith(" 9.5 |") for line in text.splitlines() if line.startswith("| `")), text
 
-
-def test_costly_files_are_handed_out_first_and_stay_whole(tmp_path):
-    """Real-model files, then browser files, then the rest; each file's tests together, in order."""
-    (tmp_path / "test_a_plain.py").write_text("def test_1():\n    pass\n\ndef test_2():\n    pass\n")
-    (tmp_path / "test_b_browser.py").write_text("import pytest\n\n@pytest.mark.browser\ndef test_page():\n    pass\n")
-    (tmp_path / "test_c_model.py").write_text("import pytest\n\ndef test_unit():\n    pass\n\n"
-                                              "@pytest.mark.model\ndef test_engine():\n    pass\n")
-    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "--collect-only", "-p",
-                           "no:cacheprovider", "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning",
-                           str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    ids = [line.split("::", 1)[1] for line in done.stdout.splitlines() if "::" in line]
-    assert ids == ["test_unit", "test_engine", "test_page", "test_1", "test_2"], done.stdout
