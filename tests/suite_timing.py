@@ -59,12 +59,14 @@ class SuiteTimes:
     def wall_s(self) -> float:
         return time.monotonic() - self.started
 
+    def test_s(self) -> float:
+        return sum(f.seconds for f in self.files.values())
+
     def ranked(self) -> list[tuple[str, FileTime]]:
         return sorted(self.files.items(), key=lambda kv: kv[1].seconds, reverse=True)
 
-    def as_json(self, workers: int) -> dict:
-        return {"wall_s": round(self.wall_s(), 1), "workers": workers,
-                "test_s": round(sum(f.seconds for f in self.files.values()), 1),
+    def as_json(self, workers: int, wall_s: float) -> dict:
+        return {"wall_s": round(wall_s, 1), "workers": workers, "test_s": round(self.test_s(), 1),
                 "files": {path: {"seconds": round(f.seconds, 2), "tests": f.tests,
                                  "slowest_test": f.slowest_test, "slowest_test_s": round(f.slowest_test_s, 2)}
                           for path, f in self.ranked()}}
@@ -113,8 +115,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     tr.write_sep("=", "slowest test files (setup + call + teardown)")
     for path, entry in times.ranked()[:SHOWN_FILES]:
         tr.write_line(f"{entry.seconds:8.1f}s  {entry.tests:4d} tests  {path}")
-    total = sum(f.seconds for f in times.files.values())
-    tr.write_line(f"tests took {wall / 60:.1f} min wall ({total / 60:.1f} min of test time in {workers} "
+    tr.write_line(f"tests took {wall / 60:.1f} min wall ({times.test_s() / 60:.1f} min of test time in {workers} "
                   f"process{'es' if workers > 1 else ''})")
     limit = warn_minutes()
     if wall > limit * 60:
@@ -123,4 +124,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
                       f"with set-up included); the slowest files: {slowest}", yellow=True, bold=True)
     out = os.environ.get("ARBOR_TEST_TIMES", "").strip()
     if out:
-        Path(out).write_text(json.dumps(times.as_json(workers), indent=1) + "\n")
+        Path(out).write_text(json.dumps(times.as_json(workers, wall), indent=1) + "\n")

@@ -34,7 +34,7 @@ class Limits:
     messages: int
     tools: int
     stop: int
-    stop_chars: int = 256
+    stop_chars: int
 
     @classmethod
     def from_settings(cls, s: ServerSettings) -> Limits:
