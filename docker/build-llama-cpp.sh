@@ -80,14 +80,15 @@ if [[ " $* " == *" -DGGML_CUDA=ON "* && " $* " != *" -DCMAKE_CUDA_ARCHITECTURES=
   esac
 fi
 
-# Only the libraries arbor-server loads (libllama and the ggml libraries it links); no tools, no
+# Only the libraries arbor-server loads (libllama and the ggml libraries it links, and
+# libarbor-chat, llama.cpp's chat layer, with the common library it links); no tools, no
 # servers, no network at configure time. RUNPATH $ORIGIN lets each library find its siblings in
 # llama_cpp/lib without LD_LIBRARY_PATH.
 # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
 configure=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN'
-  -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
   "${cpu_args[@]}" "${backend_args[@]}"
 )
@@ -108,7 +109,7 @@ src=$(PYTHON="$python" bash "$source_script" "$work")
 
 echo "build-llama-cpp: cmake ${configure[*]}"
 cmake -S "$src/vendor/llama.cpp" -B "$work/build" "${configure[@]}"
-cmake --build "$work/build" --parallel "${jobs:-$(nproc)}" --target llama
+cmake --build "$work/build" --parallel "${jobs:-$(nproc)}" --target llama arbor-chat
 
 # The bindings alone: LLAMA_BUILD=OFF makes the package's own CMake build nothing.
 CMAKE_ARGS=-DLLAMA_BUILD=OFF "$python" -m pip install --no-cache-dir "$src"
