@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     runtime: LlamaRuntime
     engine: Engine
-    template_source: str  # the chat template (Jinja), the model's or --chat-template-file's
+    template_source: str | None  # --chat-template-file's template (Jinja); None: the model's own
     slots: SlotPool
     seq_ids: SequenceIdPool
     prefix: PrefixProvider
@@ -50,7 +50,7 @@ class LoadedModel:
     system_fingerprint: str = ""  # build + model identity (server.build_info)
     embedder: Embedder | None = None
     embeddings_note: str | None = None  # why embedder is None
-    template: object | None = None  # the API layer's renderer of template_source (server.api.chat_template)
+    template: object | None = None  # the API layer's chat templates (server.api.chat_layer.ChatTemplates)
 
     def close(self) -> None:
         self.engine.stop()
@@ -145,10 +145,8 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
     )
     try:
         info = runtime.info
-        if settings.chat_template_file:
-            template_src = settings.chat_template_file.read_text()
-        else:
-            template_src = info.chat_template
+        # None: llama.cpp's chat layer loads the model's own templates (default and tool_use)
+        template_src = settings.chat_template_file.read_text() if settings.chat_template_file else None
         slots = SlotPool(seq_ids.slot_ids)
         cache_note = unsupported_cache_reason(info) if wants_cache else None
         router = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -11,6 +12,16 @@ import uvicorn
 from pydantic import ValidationError
 
 from server.settings import ServerSettings
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="404 for a request naming another model (default: serve the one model under any name)")
     a("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
     a("--chat-template-file", type=Path, help="a Jinja chat template to use instead of the model's")
+    a("--reasoning-format", choices=["none", "auto", "deepseek", "deepseek-legacy"],
+      help="how reasoning comes back: auto (default) / deepseek in message.reasoning_content, none in the content")
+    a("--chat-template-kwargs", type=_json_object, metavar="JSON",
+      help='extra chat template variables for every request, e.g. \'{"enable_thinking": false}\'')
     a("--no-cache", action="store_true", default=None, help="disable every kind of prefix reuse")
     a("--max-queue", type=int, help="requests that may wait for a slot before 503 (default 64)")
     a("--n-gpu-layers", "-ngl", type=int, help="layers to offload to a GPU or NPU (default 0; -1: all); with no "

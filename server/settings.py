@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,6 +42,12 @@ class ServerSettings(BaseSettings):
                                                        "(default: serve the one model whatever the name, as llama-server does)")
     api_key: str | None = None
     chat_template_file: Path | None = None
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = Field(
+        "auto", description="how a thinking model's reasoning comes back (llama-server's --reasoning-format): "
+        "auto/deepseek in message.reasoning_content, none left in the content")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables for every render of the chat template (a JSON "
+        "object, e.g. {\"enable_thinking\": false}); a request's chat_template_kwargs override them")
     no_cache: bool = Field(False, description="disable every kind of prefix reuse (benchmark baseline)")
     max_queue: int = Field(64, ge=0, description="requests that may wait for a slot before 503")
     n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to an accelerator (-1: all); without a "

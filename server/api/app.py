@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from server import bootstrap
 from server.api.aliases import UnprefixedAliases
-from server.api.chat_template import ChatTemplate
+from server.api.chat_layer import ChatTemplates
 from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
 from server.api.generation import LoopDelivery
@@ -41,10 +41,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
             nonlocal kv_events
             try:
                 loaded = await asyncio.to_thread(bootstrap.load, settings, deliver)
-                info = loaded.runtime.info
                 try:  # a template or a KV-event publisher that cannot start fails the load, loudly
-                    loaded.template = ChatTemplate(loaded.template_source, bos_token=info.bos_token,
-                                                   eos_token=info.eos_token)
+                    loaded.template = ChatTemplates(loaded.runtime.model, template_override=loaded.template_source)
                     kv_events = _start_kv_events(settings, loaded)
                 except Exception:
                     await asyncio.to_thread(loaded.close)

@@ -1,4 +1,6 @@
-"""From chat messages to prompt text: message-order checks and assistant prefill.
+"""From chat messages to a chat plan: message-order checks, assistant prefill, and the request
+handed to llama.cpp's chat layer (server.api.chat_layer), which renders it with the model's
+template and says how to constrain and parse the reply.
 
 Prefill (llama-server's behaviour; vLLM's `continue_final_message`): a conversation that
 ends in an assistant message is continued, not answered. The messages before it are
@@ -15,13 +17,43 @@ Orders refused with a 400 (what is ambiguous or cannot come from a real exchange
   with `add_generation_prompt: true` (contradictory, as vLLM says).
 Accepted as llama-server and most templates do: consecutive user messages, system or
 developer messages anywhere, a conversation without a user message.
+
+Tools are rendered whatever the tool_choice (as vLLM does by default): an agent's last step
+forbids tools to get an answer, and dropping their schemas from the prompt would change its
+first tokens and lose the whole cached prefix. A named tool_choice renders every tool and takes
+the grammar and parser of a plan that offers only the named one.
 """
 
 from __future__ import annotations
 
-from server.api.chat_template import ChatTemplate
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from server.api.chat_layer import REASONING_FORMATS, ChatLayerError, ChatPlan, ChatTemplates
 from server.api.errors import invalid
-from server.api.schemas import ChatCompletionRequest, ChatMessage, Tool
+from server.api.schemas import ChatCompletionRequest, ChatMessage
+from server.api.tool_fallback import inject_tools
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """The server's defaults for what a request may override (--reasoning-format,
+    --chat-template-kwargs)."""
+
+    reasoning_format: str = "auto"
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A planned chat request: the prompt text and how its reply is constrained and read."""
+
+    prompt: str
+    plan: ChatPlan
+    reasoning_format: str
+    parse_tool_calls: bool
+    forced_tools: bool  # tool_choice required or named: plan.grammar must constrain the reply
 
 
 def check_order(messages: list[ChatMessage]) -> None:
@@ -54,8 +86,109 @@ def continues_final_message(body: ChatCompletionRequest) -> bool:
     return is_open and body.continue_final_message is None
 
 
-def render_conversation(template: ChatTemplate, body: ChatCompletionRequest, tools: list[Tool] | None) -> str:
+def _arguments_text(arguments: str | dict[str, Any]) -> str:
+    if isinstance(arguments, dict):
+        return json.dumps(arguments, ensure_ascii=False)
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise invalid(f"tool call arguments are not valid JSON: {exc}", param="messages") from exc
+    if not isinstance(value, dict):
+        raise invalid("tool call arguments must be a JSON object", param="messages")
+    return arguments or "{}"
+
+
+def message_dict(m: ChatMessage) -> dict[str, Any]:
+    """A message as OpenAI writes it, which is what llama.cpp's chat layer reads."""
+    d: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.name:
+        d["name"] = m.name
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content:
+        d["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        d["tool_calls"] = [{"id": c.id or "", "type": "function",
+                            "function": {"name": c.function.name, "arguments": _arguments_text(c.function.arguments)}}
+                           for c in m.tool_calls]
+    return d
+
+
+def template_kwargs(body: ChatCompletionRequest, options: ChatOptions) -> tuple[dict[str, Any], bool]:
+    """The template's extra variables (server defaults, then the request's) and enable_thinking."""
+    kwargs = dict(options.chat_template_kwargs or {})
+    kwargs.update(body.chat_template_kwargs or {})
+    thinking = kwargs.get("enable_thinking", True)
+    if not isinstance(thinking, bool):
+        raise invalid("chat_template_kwargs.enable_thinking must be a boolean", param="chat_template_kwargs")
+    if body.reasoning_effort == "none":
+        thinking = False
+    elif body.reasoning_effort:
+        kwargs["reasoning_effort"] = body.reasoning_effort
+    return kwargs, thinking
+
+
+def _apply(templates: ChatTemplates, request: dict[str, Any]) -> ChatPlan:
+    """The chat layer's plan; 400 naming `tools` when only the tools make it fail (a parameter
+    schema llama.cpp cannot turn into a grammar), else naming `messages`."""
+    try:
+        return templates.apply(request)
+    except ChatLayerError as exc:
+        if request.get("tools"):
+            try:
+                templates.apply({**request, "tools": None})
+            except ChatLayerError:
+                pass
+            else:
+                raise invalid(f"tools: llama.cpp's chat layer cannot use these tools: {exc}", param="tools",
+                              code="invalid_schema") from exc
+        raise invalid(f"the chat template could not render these messages: {exc}", param="messages",
+                      code="template_error") from exc
+
+
+def plan_conversation(templates: ChatTemplates, body: ChatCompletionRequest, options: ChatOptions) -> Conversation:
+    """Render `body` with the model's template; 400 on a bad order or what the template refuses."""
     check_order(body.messages)
-    if continues_final_message(body):
-        return template.render(body.messages[:-1], tools) + body.messages[-1].text()
-    return template.render(body.messages, tools, add_generation_prompt=body.add_generation_prompt is not False)
+    reasoning_format = body.reasoning_format or options.reasoning_format
+    if reasoning_format not in REASONING_FORMATS:
+        raise invalid(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}", param="reasoning_format")
+    kwargs, thinking = template_kwargs(body, options)
+    prefill = continues_final_message(body)
+    messages = body.messages[:-1] if prefill else body.messages
+    if not messages:  # a conversation that is only the prefilled assistant message
+        messages_json: list[dict[str, Any]] = []
+    else:
+        messages_json = [message_dict(m) for m in messages]
+    choice = body.tool_choice or ("auto" if body.tools else "none")
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    request: dict[str, Any] = {
+        "messages": messages_json,
+        "tools": tools or None,
+        "tool_choice": choice if isinstance(choice, str) else "required",
+        "add_generation_prompt": prefill or body.add_generation_prompt is not False,
+        "reasoning_format": reasoning_format,
+        "enable_thinking": thinking,
+        "chat_template_kwargs": kwargs,
+    }
+    if body.parallel_tool_calls is not None:
+        request["parallel_tool_calls"] = body.parallel_tool_calls
+    plan = _apply(templates, request)
+    if tools and not templates.native_tools:
+        # the model's template renders the conversation with the tools written into it; the
+        # reply follows Arbor's Hermes format (server.api.tool_fallback)
+        prompt = _apply(templates, {**request, "messages": inject_tools(messages_json, tools), "tools": None}).prompt
+        plan = replace(_apply(templates.tool_format, request), prompt=prompt)
+    if not isinstance(choice, str):
+        named = [t for t in tools if t["function"]["name"] == choice.function["name"]]
+        constrained = _apply(templates.tool_format, {**request, "tools": named})
+        plan = replace(constrained, prompt=plan.prompt)
+    prompt = plan.prompt + (body.messages[-1].text() if prefill else "")
+    forced = choice == "required" or not isinstance(choice, str)
+    return Conversation(prompt, plan, reasoning_format, parse_tool_calls=bool(tools) and choice != "none",
+                        forced_tools=forced)
+
+
+def render_conversation(templates: ChatTemplates, body: ChatCompletionRequest,
+                        options: ChatOptions | None = None) -> str:
+    """The prompt text alone (what /apply-template returns)."""
+    return plan_conversation(templates, body, options or ChatOptions()).prompt

@@ -1,5 +1,6 @@
-"""GBNF grammars for forced tool calls and structured output, via llama-cpp-python's
-JSON-schema converter (the same one llama.cpp ships as json_schema_to_grammar.py).
+"""GBNF grammars for structured output, via llama-cpp-python's JSON-schema converter (the same
+one llama.cpp ships as json_schema_to_grammar.py), and the checks every grammar passes before it
+reaches the engine (tool-call grammars come from llama.cpp's chat layer: tool_grammar).
 
 Every grammar made from a client's schema is parsed by llama.cpp here, in the API, when
 the caller passes the vocabulary: a schema the converter turns into a broken grammar is a
@@ -16,13 +17,12 @@ from llama_cpp.llama_grammar import SchemaConverter
 
 from server.api.errors import invalid
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-
 # An escape for code point 0 in GBNF (\x00, \u0000, \U00000000) not itself escaped. llama.cpp
 # ends its code point arrays with 0, so a grammar that can match code point 0 can accept a token
 # into a dead end, and llama.cpp then aborts the whole process ("Unexpected empty grammar stack").
 _CODEPOINT_ZERO = re.compile(r"(?<!\\)(?:\\\\)*\\(?:x0{2}|u0{4}|U0{8})")
+# A negated character class, whose members are what it excludes.
+_NEGATED_CLASS = re.compile(r"\[\^(?:\\.|[^\]\\])*\]")
 # A rule with nothing to match (the converter writes `root ::= ` for an empty enum or oneOf).
 _EMPTY_RULE = re.compile(r"^\S+ ::= *$", re.MULTILINE)
 # Literals and character classes, whose brackets do not nest.
@@ -95,7 +95,8 @@ def _parsed(grammar: str, vocab, param: str, *, what: str) -> str:
 
 def _checked(grammar: str, param: str) -> str:
     """The grammar, if llama.cpp can take it without failing or crashing; else 400 naming why."""
-    if "\x00" in grammar or _CODEPOINT_ZERO.search(grammar):
+    # a NUL inside a negated class ([^...\x00-\x1F], llama.cpp's own JSON string rule) excludes it
+    if "\x00" in grammar or _CODEPOINT_ZERO.search(_NEGATED_CLASS.sub("", grammar)):
         raise invalid(f"{param}: the JSON schema has a NUL character (\\u0000) in a name, value or pattern, "
                       "which constrained generation cannot produce", param=param, code="invalid_schema")
     if _EMPTY_RULE.search(grammar):
@@ -148,36 +149,33 @@ def json_object_grammar() -> str:
     return json_schema_grammar(_ANY_OBJECT_SCHEMA, param="response_format")
 
 
-def tool_call_grammar(functions: list[dict[str, Any]], *, allow_many: bool, vocab=None) -> str:
-    """Grammar for one (or, with allow_many, one or more) Hermes-style tool calls:
+# The free text llama.cpp's forced-tool-call grammars allow before the call: an optional
+# `until-N` rule right before the root's tool-call(s) (reasoning is a rule of its own, kept).
+_TEXT_BEFORE_CALL = re.compile(r"[ \t]+until-\d+\?(?=[ \t]+tool-calls?\b)")
+# Its sequence of call blocks, one or more.
+_CALL_BLOCKS = re.compile(r"^tool-calls ::= \(tool-call space\)\+$")
 
-        <tool_call>
-        {"name": "<one of the functions>", "arguments": {...valid against its parameters}}
-        </tool_call>
-    """
-    if not functions:
-        raise invalid("no tools to call", param="tools")
-    alternatives = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for f in functions
-    ]
-    schema = alternatives[0] if len(alternatives) == 1 else {"oneOf": alternatives}
-    _check_patterns(schema, "tools")
-    conv = _converter({"name": 0, "arguments": 1})
-    try:
-        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "tools")
-        conv.visit(resolved, "call")
-        body = conv.format_grammar()
-    except Exception as exc:
-        raise invalid(f"tools: a function's parameters are not a usable JSON schema ({exc})", param="tools") from exc
-    one = f'"{TOOL_CALL_OPEN}\\n" call "\\n{TOOL_CALL_CLOSE}"'
-    root = f"root ::= {one} (\"\\n\" {one})*" if allow_many else f"root ::= {one}"
-    return _parsed(_checked(root + "\n" + body, "tools"), vocab, "tools",
+
+def forced_call_grammar(grammar: str, *, parallel: bool) -> str:
+    """A forced tool call's grammar as OpenAI means `required`: call now, once unless parallel.
+    llama.cpp's grammar lets the reply say anything first and then write any number of call
+    blocks; a small model spends its max_tokens talking, or repeats its call until max_tokens
+    cuts one in half. Only those two rules change (reasoning stays allowed); a grammar of
+    another shape is returned as it is."""
+    lines = grammar.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("root ::= "):
+            lines[i] = _TEXT_BEFORE_CALL.sub("", line)
+        elif not parallel and _CALL_BLOCKS.match(line):
+            lines[i] = "tool-calls ::= tool-call space"
+    return "\n".join(lines)
+
+
+def tool_grammar(grammar: str, vocab) -> str:
+    """The grammar llama.cpp's chat layer made from the request's tools, checked as a client's
+    schema is: a parameter schema it turns into a grammar llama.cpp would fail or crash on is a
+    400 naming `tools`, never a failure inside the engine."""
+    return _parsed(_checked(grammar, "tools"), vocab, "tools",
                    what="the grammar made from the tools' parameter schemas")
 
 

@@ -1,5 +1,6 @@
-"""From a validated request body to an engine `GenerationRequest`: render, tokenize,
-check lengths against the model's context, choose the grammar, collect sampling settings."""
+"""From a validated request body to an engine `GenerationRequest`: render (llama.cpp's chat
+layer, server.api.conversation), tokenize, check lengths against the model's context, choose the
+constraint, collect sampling settings."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from server.api.conversation import render_conversation
+from server.api.chat_layer import ReplyParser
+from server.api.conversation import ChatOptions, Conversation, plan_conversation
 from server.api.errors import APIError, invalid
-from server.api.grammars import json_object_grammar, json_schema_grammar, requested_grammar, tool_call_grammar
+from server.api.grammars import (forced_call_grammar, json_object_grammar, json_schema_grammar, requested_grammar,
+                                tool_grammar)
+from server.api.reply_stream import ReplyStream
 from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.bootstrap import LoadedModel
 from server.cache.lifecycle import CacheHint, CacheHintError, parse_cache_hint
-from server.engine.sampling_params import SamplingParams
+from server.engine.sampling_params import Constraint, SamplingParams
 from server.engine.sequence import GenerationRequest
 from server.settings import ServerSettings
 
@@ -21,8 +25,16 @@ from server.settings import ServerSettings
 @dataclass(frozen=True)
 class PreparedRequest:
     generation: GenerationRequest
-    tool_names: frozenset[str]  # functions whose calls are parsed out of the text; empty: plain text
+    conversation: Conversation | None  # a chat request's plan: how its reply is parsed; None: plain text
     prompt_text: str | None
+
+    def reply_stream(self) -> ReplyStream:
+        """A reader for one choice's reply (the family's parser for a chat, plain text otherwise)."""
+        conv = self.conversation
+        if conv is None:
+            return ReplyStream(None)
+        return ReplyStream(ReplyParser(conv.plan, reasoning_format=conv.reasoning_format,
+                                       parse_tool_calls=conv.parse_tool_calls))
 
 
 def check_model_name(requested: str | None, model: LoadedModel, settings: ServerSettings) -> None:
@@ -74,7 +86,7 @@ def output_budget(body: SamplingFields, n_prompt: int, model: LoadedModel, setti
     return OutputBudget(body.max_tokens, body.max_tokens)
 
 
-def _sampling(body: SamplingFields, grammar: str | None, n_vocab: int) -> SamplingParams:
+def _sampling(body: SamplingFields, constraint: Constraint, n_vocab: int) -> SamplingParams:
     bias: dict[int, float] = {}
     for key, value in (body.logit_bias or {}).items():
         tok = int(key)
@@ -85,7 +97,7 @@ def _sampling(body: SamplingFields, grammar: str | None, n_vocab: int) -> Sampli
         temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
         repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        logit_bias=bias, grammar=grammar,
+        logit_bias=bias, constraint=constraint,
     )
 
 
@@ -109,50 +121,58 @@ def check_choices(body: SamplingFields, settings: ServerSettings) -> None:
                       "(--max-choices)", param="n", code="too_many_choices")
 
 
+def chat_options(settings: ServerSettings) -> ChatOptions:
+    return ChatOptions(reasoning_format=settings.reasoning_format,
+                       chat_template_kwargs=settings.chat_template_kwargs)
+
+
 def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: ServerSettings,
                  http: Request | None = None) -> PreparedRequest:
     check_model_name(body.model, model, settings)
     check_choices(body, settings)
-    choice = body.tool_choice or ("auto" if body.tools else "none")
-    offered = body.tools if choice != "none" else None
-    # The tools are rendered even with tool_choice "none" (as vLLM does by default): an agent's
-    # last step forbids tools to get an answer, and dropping their schemas from the system
-    # prompt would change the prompt's first tokens and lose the whole cached prefix. With
-    # "none" nothing is parsed as a call and no grammar applies.
-    text = render_conversation(model.template, body, body.tools or None)
-    tokens = _tokenize_prompt(model, text)
-    grammar = None
-    functions = [t.function.model_dump() for t in offered or []]
-    if choice == "required":
-        # Like llama-server, several calls only when asked for: small models otherwise repeat
-        # calls until max_tokens cuts one in half.
-        grammar = tool_call_grammar(functions, allow_many=body.parallel_tool_calls is True, vocab=model.runtime.vocab)
-    elif not isinstance(choice, str):
-        named = [f for f in functions if f["name"] == choice.function["name"]]
-        grammar = tool_call_grammar(named, allow_many=False, vocab=model.runtime.vocab)
-    elif body.response_format and body.response_format.type == "json_object":
-        grammar = json_object_grammar()
+    conv = plan_conversation(model.template, body, chat_options(settings))
+    plan = conv.plan
+    tokens = _tokenize_prompt(model, conv.prompt)
+    # The reply's constraint: a forced tool call is the family's grammar (its generation prompt
+    # fed first); with tools on "auto" the family's lazy grammar waits for its trigger; a
+    # response_format or a client's own grammar replaces the lazy one (the family's parser
+    # still reads the reply, so a grammar can force a family's exact output in tests).
+    constraint = Constraint()
+    if conv.forced_tools or (conv.parse_tool_calls and plan.grammar):
+        grammar = (forced_call_grammar(plan.grammar, parallel=body.parallel_tool_calls is True)
+                   if conv.forced_tools else plan.grammar)
+        constraint = Constraint(tool_grammar(grammar, model.runtime.vocab) if grammar else None, lazy=plan.grammar_lazy and not conv.forced_tools,
+                                trigger_patterns=plan.trigger_patterns, trigger_tokens=plan.trigger_tokens,
+                                prefill=plan.grammar_prefill_tokens)
+    own = None
+    if body.response_format and body.response_format.type == "json_object":
+        own = json_object_grammar()
     elif body.response_format and body.response_format.type == "json_schema":
-        grammar = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema",
-                                      vocab=model.runtime.vocab)
+        own = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema",
+                                  vocab=model.runtime.vocab)
     requested = requested_grammar(body.grammar, body.json_schema, model.runtime.vocab)
+    if own is not None and conv.forced_tools:
+        raise invalid("response_format cannot be combined with a forced tool_choice", param="response_format")
     if requested is not None:
-        if grammar is not None:
+        if own is not None or conv.forced_tools:
             raise invalid("grammar / json_schema cannot be combined with response_format or a forced tool_choice",
                           param="grammar" if body.grammar else "json_schema")
-        grammar = requested
+        own = requested
+    if own is not None:
+        constraint = Constraint(own)
     budget = output_budget(body, len(tokens), model, settings, param="messages")
     generation = GenerationRequest(
         prompt_tokens=tokens,
-        sampling=_sampling(body, grammar, model.runtime.info.n_vocab),
+        sampling=_sampling(body, constraint, model.runtime.info.n_vocab),
         max_tokens=budget.max_tokens,
         reserved_output=budget.reserved,
-        stop=list(body.stop or []),
+        stop=list(body.stop or []) + [s for s in plan.additional_stops if s not in (body.stop or [])],
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),
         logprobs=body.logprobs_k,
+        preserved_tokens=plan.preserved_tokens,
     )
-    return PreparedRequest(generation, frozenset(f["name"] for f in functions), text)
+    return PreparedRequest(generation, conv, conv.prompt)
 
 
 def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: ServerSettings,
@@ -170,7 +190,7 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
     budget = output_budget(body, len(tokens), model, settings, param="prompt")
     generation = GenerationRequest(
         prompt_tokens=tokens,
-        sampling=_sampling(body, requested_grammar(body.grammar, body.json_schema, model.runtime.vocab),
+        sampling=_sampling(body, Constraint(requested_grammar(body.grammar, body.json_schema, model.runtime.vocab)),
                            model.runtime.info.n_vocab),
         max_tokens=budget.max_tokens,
         reserved_output=budget.reserved,
@@ -179,4 +199,4 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         cache_hint=_cache_hint(body, http),
         logprobs=body.logprobs_k,
     )
-    return PreparedRequest(generation, frozenset(), text)
+    return PreparedRequest(generation, None, text)

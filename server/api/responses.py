@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from server.api.errors import APIError
-from server.api.tool_calls import ParsedToolCall
+from server.api.reply_stream import ToolCall
 from server.engine.sequence import Finished
 
 
@@ -67,7 +67,7 @@ def arbor_extension(fin: Finished) -> dict[str, Any]:
     }
 
 
-def finish_reason(fin: Finished, tool_calls: list[ParsedToolCall]) -> str:
+def finish_reason(fin: Finished, tool_calls: list[ToolCall]) -> str:
     if tool_calls and fin.finish_reason == "stop":
         return "tool_calls"
     return fin.finish_reason
@@ -79,8 +79,9 @@ class ChoiceOut:
 
     text: str
     fin: Finished
-    calls: list[ParsedToolCall] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
     logprobs: Any = None  # in the endpoint's own shape (api.logprob_format), or None
+    reasoning: str = ""  # the reply's reasoning, read apart by the family's parser
 
 
 def request_totals(fins: list[Finished]) -> Finished:
@@ -113,6 +114,8 @@ def chat_completion(rid: str, model: ServedModel, outs: list[ChoiceOut]) -> dict
     choices = []
     for i, out in enumerate(outs):
         message: dict[str, Any] = {"role": "assistant", "content": out.text if out.text or not out.calls else None}
+        if out.reasoning:
+            message["reasoning_content"] = out.reasoning
         if out.calls:
             message["tool_calls"] = [c.as_openai() for c in out.calls]
         choices.append({"index": i, "message": message, "logprobs": out.logprobs,

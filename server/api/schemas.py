@@ -36,6 +36,7 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier reply's reasoning; the template decides what to keep
 
     @field_validator("role")
     @classmethod
@@ -177,6 +178,10 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # llama-server's: how reasoning comes back (none: left in content; auto/deepseek: reasoning_content)
+    reasoning_format: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. enable_thinking
+    reasoning_effort: str | None = None  # passed to the template; "none" turns thinking off
 
     @model_validator(mode="after")
     def _tool_choice_consistent(self):
@@ -238,6 +243,5 @@ class DetokenizeRequest(_Lenient):
     tokens: list[int]
 
 
-class ApplyTemplateRequest(_Lenient):
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Tool] | None = None
+class ApplyTemplateRequest(ChatCompletionRequest):
+    """llama-server's /apply-template takes a whole chat request and returns its prompt."""

@@ -164,8 +164,8 @@ class LlamaRunner:
     def background(self, idle: bool) -> None:
         self.prefix.background(idle)
 
-    def piece(self, token: int) -> bytes:
-        return self.runtime.piece(token)
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        return self.runtime.piece(token, special=special)
 
     def is_eog(self, token: int) -> bool:
         return self.runtime.is_eog(token)

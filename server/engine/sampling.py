@@ -63,10 +63,12 @@ class SamplerChain:
 
     def _build(self, p: SamplingParams, vocab, n_vocab: int) -> None:
         if p.grammar:
-            grammar = llama_cpp.llama_sampler_init_grammar(vocab, p.grammar.encode(), b"root")
+            grammar = self._grammar(p.constraint, vocab)
             if not grammar:
                 raise GrammarError("llama.cpp rejected the generated grammar")
             self._add(grammar)
+            for token in p.constraint.prefill:  # the grammar only: penalties never saw the prompt either
+                llama_cpp.llama_sampler_accept(grammar, token)
         if p.logit_bias:
             arr = (llama_cpp.llama_logit_bias * len(p.logit_bias))()
             for i, (tok, bias) in enumerate(p.logit_bias.items()):
@@ -93,6 +95,16 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_temp(p.temperature))
         seed = p.seed if p.seed is not None else random.getrandbits(32)
         self._add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def _grammar(self, c, vocab):
+        if not c.lazy:
+            return llama_cpp.llama_sampler_init_grammar(vocab, c.grammar.encode(), b"root")
+        patterns = [t.encode() for t in c.trigger_patterns]
+        pattern_arr = (ctypes.c_char_p * max(1, len(patterns)))(*patterns)
+        token_arr = (llama_cpp.llama_token * max(1, len(c.trigger_tokens)))(*c.trigger_tokens)
+        self._keep_alive.extend([patterns, pattern_arr, token_arr])
+        return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+            vocab, c.grammar.encode(), b"root", pattern_arr, len(patterns), token_arr, len(c.trigger_tokens))
 
     def sample(self, ctx, batch_index: int) -> int | None:
         """Sample (and accept) the next token from output row `batch_index` of the last decode;

@@ -6,6 +6,22 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """A GBNF grammar on the reply (root rule "root"), as llama.cpp's samplers take it.
+
+    `lazy`: the grammar only applies from the point where the text matches one of
+    `trigger_patterns` (regexes) or a `trigger_tokens` token comes out (a family's tool-call
+    opener), as llama-server's tool-call grammars do. `prefill`: tokens fed to the grammar before
+    the reply (the generation prompt a chat grammar starts with, e.g. an opened <think>)."""
+
+    grammar: str | None = None
+    lazy: bool = False
+    trigger_patterns: tuple[str, ...] = ()
+    trigger_tokens: tuple[int, ...] = ()
+    prefill: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Validated sampling settings of one request (the API validates ranges)."""
 
@@ -19,7 +35,11 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
-    grammar: str | None = None  # GBNF, root rule "root"
+    constraint: Constraint = field(default_factory=Constraint)
+
+    @property
+    def grammar(self) -> str | None:
+        return self.constraint.grammar
 
     @property
     def greedy(self) -> bool:

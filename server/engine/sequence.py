@@ -55,6 +55,9 @@ class GenerationRequest:
     # Requests of one group (the n choices of one API request) share one prompt prefill:
     # a member waits while another computes the common prompt, then attaches its KV.
     prefill_group: object | None = None
+    # Special tokens a chat format writes as text (a family's <|channel|> or [TOOL_CALLS]):
+    # their pieces are rendered, so the family's parser sees them (llama-server's preserved_tokens).
+    preserved_tokens: frozenset[int] = frozenset()
 
     @property
     def reserved_cells(self) -> int:
@@ -170,7 +173,9 @@ class Sequence:
             self.t_first_token = now
         self.t_last_token = now
         if self._detok is None:
-            self._detok = IncrementalDetokenizer(piece)
+            preserved = self.request.preserved_tokens
+            self._detok = IncrementalDetokenizer(
+                (lambda t: piece(t, special=True) if t in preserved else piece(t)) if preserved else piece)
         logprob, self.next_logprob = self.next_logprob, None
         if is_eog(token) and not self.request.ignore_eos:
             self.finish_reason = "stop"

@@ -16,21 +16,18 @@ from server.api.errors import APIError
 from server.api.generation import Collected, engine_error
 from server.api.logprob_format import chat_logprobs
 from server.api.prompting import prepare_chat
+from server.api.prompting import PreparedRequest
 from server.api.schemas import ChatCompletionRequest
-from server.api.tool_calls import ContentDelta, ToolCallStreamParser
 from server.engine.sequence import Finished
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
-def _choice(got: Collected, tool_names: frozenset[str], piece) -> R.ChoiceOut:
+def _choice(got: Collected, prepared: PreparedRequest, piece) -> R.ChoiceOut:
     logprobs = chat_logprobs(got.logprobs, piece) if piece is not None else None
-    if not tool_names:
-        return R.ChoiceOut(got.text, got.fin, logprobs=logprobs)
-    parser = ToolCallStreamParser(set(tool_names))
-    parts = parser.feed(got.text) + parser.finish()
-    content = "".join(p.text for p in parts if isinstance(p, ContentDelta))
-    return R.ChoiceOut(content, got.fin, parser.calls, logprobs)
+    reader = prepared.reply_stream()
+    reply = reader.read(got.text)
+    return R.ChoiceOut(reply.content, got.fin, reader.calls, logprobs, reply.reasoning_content)
 
 
 @router.post("/v1/chat/completions")
@@ -44,13 +41,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         got = await choices.collect(request)
         if got is None:  # client went away; nobody reads this
             return APIError("client disconnected", status=499).response()
-        return R.chat_completion(rid, name, [_choice(c, prepared.tool_names, piece) for c in got])
+        return R.chat_completion(rid, name, [_choice(c, prepared, piece) for c in got])
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def stream():
         created = int(time.time())
-        outs = [ChatChoiceStream(rid, name, created, i, prepared.tool_names, piece) for i in range(body.n)]
+        outs = [ChatChoiceStream(rid, name, created, i, prepared.reply_stream(), piece) for i in range(body.n)]
+        try:  # the replies' parsers are native objects: freed however the stream ends
+            async for frames in _frames(outs, created):
+                yield frames
+        finally:
+            for o in outs:
+                o.close()
+
+    async def _frames(outs: list[ChatChoiceStream], created: int):
         fins: list[Finished | None] = [None] * body.n
         yield "".join(o.opening() for o in outs)
         async for index, ev in choices.events():

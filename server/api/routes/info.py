@@ -57,6 +57,7 @@ async def props(state: StateDep, model: ModelDep):
         "n_ctx": model.runtime.n_ctx,
         "n_ctx_slot": model.max_request_tokens,
         "chat_template": model.template.source,
+        "chat_template_caps": model.template.caps,
         "bos_token": info.bos_token,
         "eos_token": info.eos_token,
         "build_info": build_string(),

@@ -1,20 +1,25 @@
-"""Message-order checks and assistant prefill, on the ChatML template (no model needed)."""
+"""Message-order checks and assistant prefill, on a ChatML template rendered by llama.cpp's chat
+layer (no model needed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from server.api.chat_template import ChatTemplate
+from server.api.chat_layer import ChatTemplates
 from server.api.conversation import render_conversation
 from server.api.errors import APIError
 from server.api.schemas import ChatCompletionRequest
 
-T = ChatTemplate(None, bos_token="", eos_token="<|im_end|>")
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+T = ChatTemplates(None, CHATML)
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def render(messages, **fields) -> str:
-    return render_conversation(T, ChatCompletionRequest(messages=messages, **fields), None)
+    return render_conversation(T, ChatCompletionRequest(messages=messages, **fields))
 
 
 def u(text): return {"role": "user", "content": text}

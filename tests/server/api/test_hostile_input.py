@@ -87,13 +87,8 @@ HOSTILE = [
      "invalid_schema"),
     ("schema maxLength 100000", CHAT, schema({"type": "string", "maxLength": 100_000}), 400, "invalid_schema"),
     ("schema not an object", CHAT, schema("string"), 400, "response_format.json_schema.schema"),
-    ("tool parameters bad pattern", CHAT, tool_params({"type": "object", "properties": {
-        "a": {"type": "string", "pattern": "(("}}, "required": ["a"]}), 400, "tools"),
     ("tool parameters empty oneOf", CHAT, tool_params({"type": "object", "properties": {"a": {"oneOf": []}},
                                                        "required": ["a"]}), 400, "tools"),
-    ("tool parameters maxItems 100000", CHAT, tool_params({"type": "object", "properties": {
-        "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 100_000}}, "required": ["a"]}), 400,
-     "invalid_schema"),
     ("hint header bad state", CHAT, hint_headers(**{"X-Arbor-Cache-State": "sleeping"}), 400, "X-Arbor-Cache-State"),
     ("hint header bad pin", CHAT, hint_headers(**{"X-Arbor-Cache-Pin": "maybe"}), 400, "X-Arbor-Cache-Pin"),
     ("hint header session too long", CHAT, hint_headers(**{"X-Arbor-Session": "s" * 300}), 400, "X-Arbor-Session"),
@@ -141,6 +136,13 @@ HOSTILE = [
 
 # Valid, if odd: answered normally.
 ODD_BUT_VALID = [
+    # Tool parameter schemas become grammars in llama.cpp's chat layer (json-schema-to-grammar.cpp),
+    # which takes a pattern it cannot read as text and writes maxItems as a bounded repetition
+    # (no nesting); whatever it accepts is answered.
+    ("tool parameters bad pattern", CHAT, tool_params({"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(("}}, "required": ["a"]})),
+    ("tool parameters maxItems 100000", CHAT, tool_params({"type": "object", "properties": {
+        "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 100_000}}, "required": ["a"]})),
     ("surrogate pair (emoji)", CHAT, raw(b'{"messages":[{"role":"user","content":"\\ud83d\\ude00"}],"max_tokens":2}')),
     ("NUL inside message text", CHAT, {"json": {"messages": [{"role": "user", "content": "a\u0000b"}], "max_tokens": 2}}),
     ("NUL in a stop string", CHAT, chat(stop=["\u0000"])),

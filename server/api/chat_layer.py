@@ -1,0 +1,233 @@
+"""llama.cpp's own chat layer (common/chat), reached through Arbor's C ABI.
+
+`libarbor-chat` (patches/llama.cpp/0007-arbor-chat-c-abi.patch) is built beside libllama from
+the same pinned source. It renders a conversation with llama.cpp's Jinja engine and its
+per-family handling (tools described the family's way, tool calls and reasoning in the history),
+returns the grammar that constrains the family's tool calls (lazy: it switches on at the family's
+trigger) and a parser that reads the family's reasoning, content and tool calls back out of the
+reply, exactly as llama-server does. Nothing here knows a family: there is no Python copy of a
+template or a parser to drift from llama.cpp.
+
+Contract: every call takes and returns plain data; a failure is a `ChatLayerError` carrying
+llama.cpp's own message, never a crash (the C side catches every exception).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+ABI_VERSION = 1
+LIBRARY_NAME = "libarbor-chat.so"
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+class ChatLayerError(RuntimeError):
+    """llama.cpp's chat layer refused: a template it cannot load or render, a reply it cannot parse."""
+
+
+class ChatLayerMissing(ChatLayerError):
+    """The llama.cpp build has no libarbor-chat: not Arbor's patched build."""
+
+
+def library_path() -> Path:
+    """libarbor-chat beside the libllama the bindings loaded (also under LLAMA_CPP_LIB_PATH)."""
+    return Path(llama_cpp.llama_cpp._lib._name).resolve().parent / LIBRARY_NAME
+
+
+_c_str = ctypes.c_char_p
+_err = ctypes.POINTER(ctypes.c_void_p)
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    "arbor_chat_abi_version": ([], ctypes.c_int),
+    "arbor_chat_templates_init": ([ctypes.c_void_p, _c_str, _err], ctypes.c_void_p),
+    "arbor_chat_templates_free": ([ctypes.c_void_p], None),
+    "arbor_chat_templates_info": ([ctypes.c_void_p], ctypes.c_void_p),
+    "arbor_chat_apply": ([ctypes.c_void_p, _c_str, _err], ctypes.c_void_p),
+    "arbor_chat_parser_init": ([_c_str, _err], ctypes.c_void_p),
+    "arbor_chat_parser_free": ([ctypes.c_void_p], None),
+    "arbor_chat_parse": ([ctypes.c_void_p, _c_str, ctypes.c_bool, _err], ctypes.c_void_p),
+    "arbor_chat_string_free": ([ctypes.c_void_p], None),
+}
+
+
+@cache
+def _lib() -> ctypes.CDLL:
+    path = library_path()
+    if not path.exists():
+        raise ChatLayerMissing(f"{path} is missing: llama-cpp-python was not built by scripts/setup.sh with "
+                               "Arbor's patches (0007 adds llama.cpp's chat layer)")
+    lib = ctypes.CDLL(str(path))
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+    if lib.arbor_chat_abi_version() != ABI_VERSION:
+        raise ChatLayerMissing(f"{path} speaks ABI {lib.arbor_chat_abi_version()}, this server {ABI_VERSION}")
+    return lib
+
+
+def _take(ptr: int | None) -> str | None:
+    """The text of a string the library allocated, freed."""
+    if not ptr:
+        return None
+    try:
+        return ctypes.string_at(ptr).decode("utf-8", errors="replace")
+    finally:
+        _lib().arbor_chat_string_free(ptr)
+
+
+def _call_json(fn, *args) -> dict[str, Any]:
+    err = ctypes.c_void_p()
+    out = _take(fn(*args, ctypes.byref(err)))
+    if out is None:
+        raise ChatLayerError(_take(err.value) or "llama.cpp's chat layer failed without a message")
+    return json.loads(out)
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """What llama.cpp's chat layer makes of one request: the prompt, how to constrain the reply
+    and how to parse it (the fields of common_chat_params, trigger words resolved to tokens)."""
+
+    prompt: str
+    format: int
+    format_name: str
+    grammar: str
+    grammar_lazy: bool
+    trigger_patterns: tuple[str, ...]
+    trigger_tokens: tuple[int, ...]
+    preserved_tokens: frozenset[int]
+    grammar_prefill_tokens: tuple[int, ...]
+    generation_prompt: str
+    additional_stops: tuple[str, ...]
+    parser: str
+    supports_thinking: bool
+    thinking_start_tag: str
+    thinking_end_tags: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ChatPlan:
+        return cls(
+            prompt=d["prompt"], format=int(d["format"]), format_name=d["format_name"], grammar=d["grammar"],
+            grammar_lazy=bool(d["grammar_lazy"]), trigger_patterns=tuple(d["trigger_patterns"]),
+            trigger_tokens=tuple(d["trigger_tokens"]), preserved_tokens=frozenset(d["preserved_tokens"]),
+            grammar_prefill_tokens=tuple(d["grammar_prefill_tokens"]), generation_prompt=d["generation_prompt"],
+            additional_stops=tuple(d["additional_stops"]), parser=d["parser"],
+            supports_thinking=bool(d["supports_thinking"]), thinking_start_tag=d["thinking_start_tag"],
+            thinking_end_tags=tuple(d["thinking_end_tags"]),
+        )
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text (possibly unfinished while streaming)
+    id: str
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A reply read by the family's parser: what the model thought, said and called."""
+
+    content: str
+    reasoning_content: str
+    tool_calls: tuple[ParsedCall, ...]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ParsedReply:
+        calls = tuple(ParsedCall(c["function"]["name"], c["function"]["arguments"], c.get("id") or "")
+                      for c in d.get("tool_calls", []))
+        return cls(d.get("content") or "", d.get("reasoning_content") or "", calls)
+
+
+EMPTY_REPLY = ParsedReply("", "", ())
+
+
+class ChatTemplates:
+    """The model's chat templates as llama.cpp loads them (or a template's source given instead).
+    Thread-safe for concurrent `apply` calls (llama.cpp only reads the loaded templates)."""
+
+    def __init__(self, model_ptr, template_override: str | None = None):
+        lib = _lib()
+        self._lib = lib
+        err = ctypes.c_void_p()
+        override = template_override.encode() if template_override else None
+        self._handle = lib.arbor_chat_templates_init(model_ptr, override, ctypes.byref(err))
+        if not self._handle:
+            raise ChatLayerError(_take(err.value) or "llama.cpp could not load the chat template")
+        info = json.loads(_take(lib.arbor_chat_templates_info(self._handle)) or "{}")
+        self.source: str = info.get("source", "")
+        self.caps: dict[str, bool] = info.get("caps", {})
+        self.supports_thinking: bool = bool(info.get("supports_thinking"))
+        # A template that neither lists tools nor writes calls gets Arbor's Hermes tool format
+        # (server.api.tool_fallback); `tool_format` is the templates its grammar and parser come from.
+        self.native_tools = bool(self.caps.get("supports_tools") or self.caps.get("supports_tool_calls")
+                                 or info.get("tool_use_source"))
+        self._model_ptr = model_ptr
+        self._tool_format: ChatTemplates | None = None
+
+    @property
+    def tool_format(self) -> ChatTemplates:
+        """The templates whose plan constrains and reads a reply with tool calls."""
+        if self.native_tools:
+            return self
+        if self._tool_format is None:
+            from server.api.tool_fallback import template_source
+            self._tool_format = ChatTemplates(self._model_ptr, template_source())
+        return self._tool_format
+
+    def apply(self, request: dict[str, Any]) -> ChatPlan:
+        """Render + plan one request (the JSON arbor_chat_apply takes, see arbor-chat.h)."""
+        if not self._handle:
+            raise ChatLayerError("the chat templates were closed")
+        payload = json.dumps(request, ensure_ascii=False).encode()
+        return ChatPlan.from_json(_call_json(self._lib.arbor_chat_apply, self._handle, payload))
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.arbor_chat_templates_free(self._handle)
+            self._handle = None
+        if self._tool_format is not None:
+            self._tool_format.close()
+
+    def __del__(self):  # the server holds one for its life; tests make many
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class ReplyParser:
+    """The family's parser for one reply; `parse` reads the whole text so far. Free with close()."""
+
+    def __init__(self, plan: ChatPlan, *, reasoning_format: str, parse_tool_calls: bool):
+        self._lib = _lib()
+        params = {"format": plan.format, "reasoning_format": reasoning_format,
+                  "generation_prompt": plan.generation_prompt, "parser": plan.parser,
+                  "parse_tool_calls": parse_tool_calls}
+        err = ctypes.c_void_p()
+        self._handle = self._lib.arbor_chat_parser_init(json.dumps(params).encode(), ctypes.byref(err))
+        if not self._handle:
+            raise ChatLayerError(_take(err.value) or "llama.cpp could not load the reply parser")
+
+    def parse(self, text: str, *, partial: bool) -> ParsedReply:
+        if not self._handle:
+            raise ChatLayerError("the reply parser was closed")
+        return ParsedReply.from_json(_call_json(self._lib.arbor_chat_parse, self._handle,
+                                                text.encode("utf-8"), partial))
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.arbor_chat_parser_free(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
