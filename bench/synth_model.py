@@ -61,6 +61,7 @@ class ModelShape:
     rope_freq_base: float = 10000.0
     rms_eps: float = 1e-5
     tied_embeddings: bool = True
+    tokenizer_vocab: int = TOKENIZER_VOCAB  # tokens of the tokenizer the model carries
 
     def validate(self) -> None:
         """Refuse shapes llama.cpp or Q8_0 cannot take, with the reason."""
@@ -78,8 +79,8 @@ class ModelShape:
                 raise ValueError(f"{name} ({value}) must be a multiple of 32 (Q8_0 block size)")
         if self.arch == "llama" and self.q_dim != self.n_embd:
             raise ValueError(f"llama needs n_head * head_dim == n_embd ({self.q_dim} != {self.n_embd})")
-        if self.vocab < TOKENIZER_VOCAB:
-            raise ValueError(f"vocab must be at least the tokenizer's {TOKENIZER_VOCAB} tokens, got {self.vocab}")
+        if self.vocab < self.tokenizer_vocab:
+            raise ValueError(f"vocab must be at least the tokenizer's {self.tokenizer_vocab} tokens, got {self.vocab}")
 
     @property
     def q_dim(self) -> int:
@@ -206,8 +207,10 @@ def planned_bytes(shape: ModelShape, type_name: str) -> int:
 
 
 def write_model(shape: ModelShape, type_name: str, out: Path, seed: int = 0, name: str = "custom",
-                tokenizer_source: Path | None = None) -> Path:
-    """Write the GGUF file; returns its path. Fails before writing if the disk is too small."""
+                tokenizer_source: Path | None = None, chat_template: str | None = None) -> Path:
+    """Write the GGUF file; returns its path. Fails before writing if the disk is too small.
+    `tokenizer_source`: a GGUF whose tokenizer.* fields are copied (default: the embedded model's);
+    `chat_template`: the template to carry instead of the source's."""
     shape.validate()
     if type_name not in TYPES:
         raise ValueError(f"type must be one of {', '.join(TYPES)}, got {type_name!r}")
@@ -222,7 +225,8 @@ def write_model(shape: ModelShape, type_name: str, out: Path, seed: int = 0, nam
     writer = GGUFWriter(out, shape.arch)
     writer.add_type("model")
     writer.add_name(f"arbor-synthetic-{name}-{type_name}")
-    writer.add_description("Random weights (arbor bench/synth_model.py); tokenizer of SmolLM2-135M-Instruct")
+    source = Path(tokenizer_source) if tokenizer_source else embedded_tokenizer_path()
+    writer.add_description(f"Random weights (arbor bench/synth_model.py); tokenizer of {source.name}")
     writer.add_context_length(shape.context_length)
     writer.add_embedding_length(shape.n_embd)
     writer.add_block_count(shape.n_layer)
@@ -237,8 +241,12 @@ def write_model(shape: ModelShape, type_name: str, out: Path, seed: int = 0, nam
     writer.add_vocab_size(shape.vocab)
     writer.add_file_type(int(file_type))
     writer.add_quantization_version(2)
-    for key, value, vtype, sub_type in tokenizer_fields(tokenizer_source or embedded_tokenizer_path(), shape.vocab):
+    for key, value, vtype, sub_type in tokenizer_fields(source, shape.vocab):
+        if chat_template is not None and key == "tokenizer.chat_template":
+            continue
         writer.add_key_value(key, value, vtype, sub_type)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
     plan = {p.name: p for p in tensor_plan(shape)}
     write_tensors(writer, [(name, *_stored(p, qtype)) for name, p in plan.items()],
