@@ -10,7 +10,8 @@ the model is told) instead of failing the conversion, as langchain-core's own
 ``convert_to_messages`` would.
 
 Key order and fields follow what the workbench always sent: ``{"role", "content",
-"tool_calls"}`` for the assistant, ``{"role", "tool_call_id", "content"}`` for a tool
+"tool_calls"}`` for the assistant (and ``"reasoning_content"`` when a thinking model gave one,
+kept in ``additional_kwargs`` and sent back for the template to keep or drop), ``{"role", "tool_call_id", "content"}`` for a tool
 result (no ``name``: ToolNode sets one, the OpenAI format does not have it).
 """
 
@@ -41,17 +42,29 @@ def parse_arguments(raw: Any) -> dict:
 
 
 def from_openai(messages: Iterable[dict]) -> list[BaseMessage]:
-    """OpenAI message dicts as langchain-core messages (assistant tool calls kept verbatim)."""
-    return [_assistant(m) if m.get("role") == "assistant" and m.get("tool_calls") else convert_to_messages([m])[0]
-            for m in messages]
+    """OpenAI message dicts as langchain-core messages (assistant tool calls and reasoning kept
+    verbatim)."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and (m.get("tool_calls") or m.get("reasoning_content")):
+            out.append(_assistant(m))
+        else:
+            out.append(convert_to_messages([m])[0])
+    return out
 
 
 def to_openai(messages: Iterable[BaseMessage]) -> list[dict]:
     """langchain-core messages as the OpenAI dicts the workbench sends and stores."""
     out = []
     for message in messages:
-        if isinstance(message, AIMessage) and (message.tool_calls or message.invalid_tool_calls):
-            out.append({"role": "assistant", "content": _text(message), "tool_calls": openai_tool_calls(message)})
+        if isinstance(message, AIMessage) and (message.tool_calls or message.invalid_tool_calls
+                                               or message.additional_kwargs.get("reasoning_content")):
+            entry: dict[str, Any] = {"role": "assistant", "content": _text(message)}
+            if message.tool_calls or message.invalid_tool_calls:
+                entry["tool_calls"] = openai_tool_calls(message)
+            if message.additional_kwargs.get("reasoning_content"):
+                entry["reasoning_content"] = message.additional_kwargs["reasoning_content"]
+            out.append(entry)
         elif isinstance(message, ToolMessage):
             out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": _text(message)})
         else:
@@ -88,7 +101,7 @@ def openai_tool_calls(message: AIMessage) -> list[dict]:
 
 def _assistant(message: dict) -> AIMessage:
     valid, invalid = [], []
-    for raw in message["tool_calls"]:
+    for raw in message.get("tool_calls") or []:
         function = raw.get("function") or {}
         try:
             valid.append(tool_call(name=function.get("name", ""), args=parse_arguments(function.get("arguments")),
@@ -96,8 +109,11 @@ def _assistant(message: dict) -> AIMessage:
         except ToolError as exc:
             invalid.append(invalid_tool_call(name=function.get("name"), args=function.get("arguments"),
                                              id=raw.get("id"), error=str(exc)))
+    extra: dict[str, Any] = {"tool_calls": list(message["tool_calls"])} if message.get("tool_calls") else {}
+    if message.get("reasoning_content"):
+        extra["reasoning_content"] = message["reasoning_content"]
     return AIMessage(content=message.get("content") or "", tool_calls=valid, invalid_tool_calls=invalid,
-                     additional_kwargs={"tool_calls": list(message["tool_calls"])})
+                     additional_kwargs=extra)
 
 
 def _entry(call_id: str | None, name: str | None, arguments: str) -> dict:

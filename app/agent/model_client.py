@@ -53,6 +53,7 @@ class ModelCallResult:
 
     content: str = ""
     tool_calls: list[dict] = field(default_factory=list)
+    reasoning: str = ""  # a thinking model's reasoning, which the server returns apart from the content
     finish_reason: str | None = None
     model: str | None = None
     prompt_tokens: int | None = None
@@ -68,6 +69,9 @@ class ModelCallResult:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
+        if self.reasoning:
+            # sent back with the history: the model's template decides what of it to keep
+            message["reasoning_content"] = self.reasoning
         return message
 
 
@@ -147,7 +151,8 @@ class ModelAdapter:
                 for choice in data.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = delta.get("content")
-                    if text or delta.get("tool_calls"):
+                    result.reasoning += delta.get("reasoning_content") or ""
+                    if text or delta.get("tool_calls") or delta.get("reasoning_content"):
                         if result.ttft_ms is None:
                             result.ttft_ms = (time.perf_counter() - start) * 1000
                     if text:

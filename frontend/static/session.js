@@ -219,6 +219,11 @@ function assistantParts(turn) {
   }
   steps.forEach((message, i) => {
     const isFinal = i === steps.length - 1 && !(message.tool_calls || []).length && turn.status === "completed";
+    if (message.reasoning_content) {
+      // a thinking model's reasoning for this step, apart from what it said (collapsed)
+      parts.push(h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"),
+        h("p", { class: "reasoning-text" }, message.reasoning_content)));
+    }
     if (message.content) {
       const md = renderMarkdown(message.content);
       md.classList.add(isFinal ? "answer" : "thought");

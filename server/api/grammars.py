@@ -157,17 +157,19 @@ _CALL_BLOCKS = re.compile(r"^tool-calls ::= \(tool-call space\)\+$")
 
 
 def forced_call_grammar(grammar: str, *, parallel: bool) -> str:
-    """A forced tool call's grammar as OpenAI means `required`: call now, once unless parallel.
-    llama.cpp's grammar lets the reply say anything first and then write any number of call
-    blocks; a small model spends its max_tokens talking, or repeats its call until max_tokens
-    cuts one in half. Only those two rules change (reasoning stays allowed); a grammar of
-    another shape is returned as it is."""
+    """A forced tool call's grammar as OpenAI means `required`: call now, once unless parallel,
+    then end. llama.cpp's grammar lets the reply say anything first and then write any number of
+    call blocks, each followed by whitespace; a small model spends its max_tokens talking,
+    repeats its call until max_tokens cuts one in half, or pads with whitespace. Only those two
+    rules change (reasoning stays allowed); a grammar of another shape is returned as it is."""
     lines = grammar.split("\n")
     for i, line in enumerate(lines):
         if line.startswith("root ::= "):
             lines[i] = _TEXT_BEFORE_CALL.sub("", line)
-        elif not parallel and _CALL_BLOCKS.match(line):
-            lines[i] = "tool-calls ::= tool-call space"
+        elif _CALL_BLOCKS.match(line):
+            # nothing after the last block either: its trailing whitespace rule lets a small model
+            # pad the reply with tabs until max_tokens instead of ending it
+            lines[i] = "tool-calls ::= tool-call (space tool-call)*" if parallel else "tool-calls ::= tool-call"
     return "\n".join(lines)
 
 

@@ -52,3 +52,19 @@ def test_changed_arguments_are_written_anew_not_replayed_from_the_raw_text():
     changed = message.model_copy(update={"tool_calls": [{**message.tool_calls[0], "args": {"a": "x"}}]})
     calls = {c["id"]: c["function"]["arguments"] for c in openai_tool_calls(changed)}
     assert calls["c1"] == '{"a": "x"}' and calls["c2"] == "{not json"
+
+
+def test_a_thinking_models_reasoning_goes_back_with_the_history():
+    """reasoning_content (the server's, from a thinking model) survives the round trip, with and
+    without tool calls: the model's template decides what of it the next prompt keeps."""
+    history = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{}"}}],
+         "reasoning_content": "I should call get."},
+        {"role": "tool", "tool_call_id": "c1", "content": "12 C"},
+        {"role": "assistant", "content": "12 C.", "reasoning_content": "Done."},
+    ]
+    messages = from_openai(history)
+    assert messages[3].additional_kwargs["reasoning_content"] == "Done." and messages[3].content == "12 C."
+    assert to_openai(messages) == history

@@ -38,7 +38,8 @@ def shared_library(path: Path, soname: str, *, needs: list[str] = (), search: li
 
 def fake_llama_cpp(root: Path, *, ggml_needs: list[str] = (), search: list[Path] = ()) -> Path:
     """root/llama_cpp: an __init__ that loads lib/libllama.so, as the real bindings do, and a lib/
-    of libllama -> libggml -> libggml-base (+ ggml_needs) -> libggml-cpu."""
+    of libllama -> libggml -> libggml-base (+ ggml_needs) -> libggml-cpu, and libarbor-chat ->
+    libllama-common -> libllama."""
     lib = root / "llama_cpp" / "lib"
     lib.mkdir(parents=True)
     shared_library(lib / "libggml-base.so", "libggml-base.so")
@@ -46,6 +47,9 @@ def fake_llama_cpp(root: Path, *, ggml_needs: list[str] = (), search: list[Path]
     shared_library(lib / "libggml.so", "libggml.so", needs=["libggml-base.so", "libggml-cpu.so", *ggml_needs],
                    search=[lib, *search])
     shared_library(lib / "libllama.so", "libllama.so", needs=["libggml.so"], search=[lib])
+    shared_library(lib / "libllama-common.so", "libllama-common.so", needs=["libllama.so"], search=[lib])
+    shared_library(lib / "libarbor-chat.so", "libarbor-chat.so", needs=["libllama-common.so", "libllama.so"],
+                   search=[lib])
     (root / "llama_cpp" / "__init__.py").write_text(
         "import ctypes, pathlib\n__version__ = '0.0-test'\n"
         "ctypes.CDLL(str(pathlib.Path(__file__).parent / 'lib' / 'libllama.so'))\n")

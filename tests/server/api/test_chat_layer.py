@@ -171,5 +171,5 @@ def test_forced_call_grammar_allows_no_text_before_the_call_and_one_call():
     assert "until-" in root  # llama.cpp's own grammar lets the reply talk first
     forced = forced_call_grammar(plan.grammar, parallel=False)
     forced_root = next(line for line in forced.split("\n") if line.startswith("root ::= "))
-    assert "until-" not in forced_root and "tool-calls ::= tool-call space" in forced
-    assert "(tool-call space)+" in forced_call_grammar(plan.grammar, parallel=True)
+    assert "until-" not in forced_root and "\ntool-calls ::= tool-call\n" in forced
+    assert "tool-calls ::= tool-call (space tool-call)*" in forced_call_grammar(plan.grammar, parallel=True)
