@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import llama_cpp
 
 ABI_VERSION = 1
+REPLY_PLANS_KEPT = 64  # tool sets whose reply plan a ChatTemplates remembers
 LIBRARY_NAME = "libarbor-chat.so"
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
@@ -170,6 +172,7 @@ class ChatTemplates:
                                  or info.get("tool_use_source"))
         self._model_ptr = model_ptr
         self._tool_format: ChatTemplates | None = None
+        self._reply_plans: OrderedDict[str, ChatPlan] = OrderedDict()
 
     @property
     def tool_format(self) -> ChatTemplates:
@@ -187,6 +190,22 @@ class ChatTemplates:
             raise ChatLayerError("the chat templates were closed")
         payload = json.dumps(request, ensure_ascii=False).encode()
         return ChatPlan.from_json(_call_json(self._lib.arbor_chat_apply, self._handle, payload))
+
+    def reply_plan(self, request: dict[str, Any]) -> ChatPlan:
+        """The plan of `request` for its reply alone (grammar, triggers, parser; the prompt is
+        not the request's): `apply` on a one-message conversation, remembered per tools and
+        options. For Arbor's tool format, whose reply format does not depend on the messages;
+        an agent sends the same tools every call, so this costs one apply per tool set."""
+        key = json.dumps({k: v for k, v in request.items() if k != "messages"}, sort_keys=True)
+        plan = self._reply_plans.get(key)
+        if plan is None:
+            plan = self.apply({**request, "messages": [{"role": "user", "content": "?"}]})
+            self._reply_plans[key] = plan
+            if len(self._reply_plans) > REPLY_PLANS_KEPT:
+                self._reply_plans.popitem(last=False)
+        else:
+            self._reply_plans.move_to_end(key)
+        return plan
 
     def close(self) -> None:
         if self._handle:

@@ -146,6 +146,13 @@ def _apply(templates: ChatTemplates, request: dict[str, Any]) -> ChatPlan:
                       code="template_error") from exc
 
 
+def _reply_plan(templates: ChatTemplates, request: dict[str, Any]) -> ChatPlan:
+    try:
+        return templates.reply_plan(request)
+    except ChatLayerError:
+        return _apply(templates, request)  # the same failure, named as a render's
+
+
 def plan_conversation(templates: ChatTemplates, body: ChatCompletionRequest, options: ChatOptions) -> Conversation:
     """Render `body` with the model's template; 400 on a bad order or what the template refuses."""
     check_order(body.messages)
@@ -172,15 +179,18 @@ def plan_conversation(templates: ChatTemplates, body: ChatCompletionRequest, opt
     }
     if body.parallel_tool_calls is not None:
         request["parallel_tool_calls"] = body.parallel_tool_calls
-    plan = _apply(templates, request)
-    if tools and not templates.native_tools:
+    fallback = bool(tools) and not templates.native_tools
+    if fallback:
         # the model's template renders the conversation with the tools written into it; the
-        # reply follows Arbor's Hermes format (server.api.tool_fallback)
+        # reply follows Arbor's Hermes format (server.api.tool_fallback), whose plan does not
+        # depend on the messages
         prompt = _apply(templates, {**request, "messages": inject_tools(messages_json, tools), "tools": None}).prompt
-        plan = replace(_apply(templates.tool_format, request), prompt=prompt)
+        plan = replace(_reply_plan(templates.tool_format, request), prompt=prompt)
+    else:
+        plan = _apply(templates, request)
     if not isinstance(choice, str):
-        named = [t for t in tools if t["function"]["name"] == choice.function["name"]]
-        constrained = _apply(templates.tool_format, {**request, "tools": named})
+        named = {**request, "tools": [t for t in tools if t["function"]["name"] == choice.function["name"]]}
+        constrained = _reply_plan(templates.tool_format, named) if fallback else _apply(templates, named)
         plan = replace(constrained, prompt=plan.prompt)
     prompt = plan.prompt + (body.messages[-1].text() if prefill else "")
     forced = choice == "required" or not isinstance(choice, str)
