@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--chat-template-file", type=Path, help="a Jinja chat template to use instead of the model's")
     a("--reasoning-format", choices=["none", "auto", "deepseek", "deepseek-legacy"],
       help="how reasoning comes back: auto (default) / deepseek in message.reasoning_content, none in the content")
+    a("--reasoning-budget", type=int, help="tokens a thinking model may reason before its end tag is forced "
+      "(default -1: no limit; a request's reasoning_budget_tokens overrides)")
+    a("--reasoning-budget-message", help="text written before the forced end tag (default none)")
     a("--chat-template-kwargs", type=_json_object, metavar="JSON",
       help='extra chat template variables for every request, e.g. \'{"enable_thinking": false}\'')
     a("--no-cache", action="store_true", default=None, help="disable every kind of prefix reuse")

@@ -45,6 +45,9 @@ class ServerSettings(BaseSettings):
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = Field(
         "auto", description="how a thinking model's reasoning comes back (llama-server's --reasoning-format): "
         "auto/deepseek in message.reasoning_content, none left in the content")
+    reasoning_budget: int = Field(-1, ge=-1, description="tokens a thinking model may reason before its end tag is "
+                                  "forced (llama-server's --reasoning-budget; -1: no limit)")
+    reasoning_budget_message: str = Field("", description="text written before the forced end tag")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="extra variables for every render of the chat template (a JSON "
         "object, e.g. {\"enable_thinking\": false}); a request's chat_template_kwargs override them")

@@ -18,15 +18,11 @@ import ctypes
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-import llama_cpp
+from server.engine.chat_library import chat_library, error_text, take_string
 
-ABI_VERSION = 1
 REPLY_PLANS_KEPT = 64  # tool sets whose reply plan a ChatTemplates remembers
-LIBRARY_NAME = "libarbor-chat.so"
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
@@ -34,60 +30,11 @@ class ChatLayerError(RuntimeError):
     """llama.cpp's chat layer refused: a template it cannot load or render, a reply it cannot parse."""
 
 
-class ChatLayerMissing(ChatLayerError):
-    """The llama.cpp build has no libarbor-chat: not Arbor's patched build."""
-
-
-def library_path() -> Path:
-    """libarbor-chat beside the libllama the bindings loaded (also under LLAMA_CPP_LIB_PATH)."""
-    return Path(llama_cpp.llama_cpp._lib._name).resolve().parent / LIBRARY_NAME
-
-
-_c_str = ctypes.c_char_p
-_err = ctypes.POINTER(ctypes.c_void_p)
-_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
-    "arbor_chat_abi_version": ([], ctypes.c_int),
-    "arbor_chat_templates_init": ([ctypes.c_void_p, _c_str, _err], ctypes.c_void_p),
-    "arbor_chat_templates_free": ([ctypes.c_void_p], None),
-    "arbor_chat_templates_info": ([ctypes.c_void_p], ctypes.c_void_p),
-    "arbor_chat_apply": ([ctypes.c_void_p, _c_str, _err], ctypes.c_void_p),
-    "arbor_chat_parser_init": ([_c_str, _err], ctypes.c_void_p),
-    "arbor_chat_parser_free": ([ctypes.c_void_p], None),
-    "arbor_chat_parse": ([ctypes.c_void_p, _c_str, ctypes.c_bool, _err], ctypes.c_void_p),
-    "arbor_chat_string_free": ([ctypes.c_void_p], None),
-}
-
-
-@cache
-def _lib() -> ctypes.CDLL:
-    path = library_path()
-    if not path.exists():
-        raise ChatLayerMissing(f"{path} is missing: llama-cpp-python was not built by scripts/setup.sh with "
-                               "Arbor's patches (0007 adds llama.cpp's chat layer)")
-    lib = ctypes.CDLL(str(path))
-    for name, (argtypes, restype) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, restype
-    if lib.arbor_chat_abi_version() != ABI_VERSION:
-        raise ChatLayerMissing(f"{path} speaks ABI {lib.arbor_chat_abi_version()}, this server {ABI_VERSION}")
-    return lib
-
-
-def _take(ptr: int | None) -> str | None:
-    """The text of a string the library allocated, freed."""
-    if not ptr:
-        return None
-    try:
-        return ctypes.string_at(ptr).decode("utf-8", errors="replace")
-    finally:
-        _lib().arbor_chat_string_free(ptr)
-
-
 def _call_json(fn, *args) -> dict[str, Any]:
     err = ctypes.c_void_p()
-    out = _take(fn(*args, ctypes.byref(err)))
+    out = take_string(fn(*args, ctypes.byref(err)))
     if out is None:
-        raise ChatLayerError(_take(err.value) or "llama.cpp's chat layer failed without a message")
+        raise ChatLayerError(error_text(err, "llama.cpp's chat layer failed without a message"))
     return json.loads(out)
 
 
@@ -105,6 +52,7 @@ class ChatPlan:
     trigger_tokens: tuple[int, ...]
     preserved_tokens: frozenset[int]
     grammar_prefill_tokens: tuple[int, ...]
+    generation_prompt_tokens: tuple[int, ...]
     generation_prompt: str
     additional_stops: tuple[str, ...]
     parser: str
@@ -118,7 +66,8 @@ class ChatPlan:
             prompt=d["prompt"], format=int(d["format"]), format_name=d["format_name"], grammar=d["grammar"],
             grammar_lazy=bool(d["grammar_lazy"]), trigger_patterns=tuple(d["trigger_patterns"]),
             trigger_tokens=tuple(d["trigger_tokens"]), preserved_tokens=frozenset(d["preserved_tokens"]),
-            grammar_prefill_tokens=tuple(d["grammar_prefill_tokens"]), generation_prompt=d["generation_prompt"],
+            grammar_prefill_tokens=tuple(d["grammar_prefill_tokens"]),
+            generation_prompt_tokens=tuple(d["generation_prompt_tokens"]), generation_prompt=d["generation_prompt"],
             additional_stops=tuple(d["additional_stops"]), parser=d["parser"],
             supports_thinking=bool(d["supports_thinking"]), thinking_start_tag=d["thinking_start_tag"],
             thinking_end_tags=tuple(d["thinking_end_tags"]),
@@ -155,14 +104,14 @@ class ChatTemplates:
     Thread-safe for concurrent `apply` calls (llama.cpp only reads the loaded templates)."""
 
     def __init__(self, model_ptr, template_override: str | None = None):
-        lib = _lib()
+        lib = chat_library()
         self._lib = lib
         err = ctypes.c_void_p()
         override = template_override.encode() if template_override else None
         self._handle = lib.arbor_chat_templates_init(model_ptr, override, ctypes.byref(err))
         if not self._handle:
-            raise ChatLayerError(_take(err.value) or "llama.cpp could not load the chat template")
-        info = json.loads(_take(lib.arbor_chat_templates_info(self._handle)) or "{}")
+            raise ChatLayerError(error_text(err, "llama.cpp could not load the chat template"))
+        info = json.loads(take_string(lib.arbor_chat_templates_info(self._handle)) or "{}")
         self.source: str = info.get("source", "")
         self.caps: dict[str, bool] = info.get("caps", {})
         self.supports_thinking: bool = bool(info.get("supports_thinking"))
@@ -225,14 +174,14 @@ class ReplyParser:
     """The family's parser for one reply; `parse` reads the whole text so far. Free with close()."""
 
     def __init__(self, plan: ChatPlan, *, reasoning_format: str, parse_tool_calls: bool):
-        self._lib = _lib()
+        self._lib = chat_library()
         params = {"format": plan.format, "reasoning_format": reasoning_format,
                   "generation_prompt": plan.generation_prompt, "parser": plan.parser,
                   "parse_tool_calls": parse_tool_calls}
         err = ctypes.c_void_p()
         self._handle = self._lib.arbor_chat_parser_init(json.dumps(params).encode(), ctypes.byref(err))
         if not self._handle:
-            raise ChatLayerError(_take(err.value) or "llama.cpp could not load the reply parser")
+            raise ChatLayerError(error_text(err, "llama.cpp could not load the reply parser"))
 
     def parse(self, text: str, *, partial: bool) -> ParsedReply:
         if not self._handle:

@@ -4,7 +4,7 @@ constraint, collect sampling settings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 
@@ -17,7 +17,7 @@ from server.api.reply_stream import ReplyStream
 from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.bootstrap import LoadedModel
 from server.cache.lifecycle import CacheHint, CacheHintError, parse_cache_hint
-from server.engine.sampling_params import Constraint, SamplingParams
+from server.engine.sampling_params import Constraint, ReasoningBudget, SamplingParams
 from server.engine.sequence import GenerationRequest
 from server.settings import ServerSettings
 
@@ -121,6 +121,26 @@ def check_choices(body: SamplingFields, settings: ServerSettings) -> None:
                       "(--max-choices)", param="n", code="too_many_choices")
 
 
+def _reasoning_budget(body: ChatCompletionRequest, plan, constraint: Constraint,
+                      settings: ServerSettings) -> ReasoningBudget | None:
+    """llama-server's reasoning budget: for a template with thinking tags, when the request (or
+    --reasoning-budget) limits the reasoning, or a lazy tool-call grammar must wait until the
+    reasoning is over."""
+    if not plan.thinking_start_tag or not plan.thinking_end_tags:
+        return None
+    tokens = body.reasoning_budget_tokens
+    if tokens is None:
+        tokens = body.thinking_budget_tokens
+    if tokens is None:
+        tokens = settings.reasoning_budget
+    if tokens < 0 and not constraint.lazy:
+        return None
+    message = body.reasoning_budget_message
+    return ReasoningBudget(plan.thinking_start_tag, plan.thinking_end_tags, tokens,
+                           settings.reasoning_budget_message if message is None else message,
+                           plan.generation_prompt_tokens)
+
+
 def chat_options(settings: ServerSettings) -> ChatOptions:
     return ChatOptions(reasoning_format=settings.reasoning_format,
                        chat_template_kwargs=settings.chat_template_kwargs)
@@ -160,10 +180,11 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         own = requested
     if own is not None:
         constraint = Constraint(own)
+    reasoning = _reasoning_budget(body, plan, constraint, settings)
     budget = output_budget(body, len(tokens), model, settings, param="messages")
     generation = GenerationRequest(
         prompt_tokens=tokens,
-        sampling=_sampling(body, constraint, model.runtime.info.n_vocab),
+        sampling=replace(_sampling(body, constraint, model.runtime.info.n_vocab), reasoning=reasoning),
         max_tokens=budget.max_tokens,
         reserved_output=budget.reserved,
         stop=list(body.stop or []) + [s for s in plan.additional_stops if s not in (body.stop or [])],

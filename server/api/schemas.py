@@ -182,6 +182,10 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_format: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. enable_thinking
     reasoning_effort: str | None = None  # passed to the template; "none" turns thinking off
+    # llama-server's reasoning budget: tokens of reasoning before the end tag is forced (-1: no limit)
+    reasoning_budget_tokens: int | None = Field(None, ge=-1)
+    thinking_budget_tokens: int | None = Field(None, ge=-1)
+    reasoning_budget_message: str | None = Field(None, max_length=1000)
 
     @model_validator(mode="after")
     def _tool_choice_consistent(self):

@@ -1,9 +1,10 @@
 """Sampling parameters and their llama.cpp sampler chain.
 
-The chain follows llama.cpp's own order: grammar (constrains the raw logits), logit bias,
-penalties, top-k, top-p, min-p, temperature, then a seeded distribution draw. A temperature
-of 0 (or below) is greedy. `llama_sampler_sample` applies the chain and accepts the
-chosen token, so grammar and penalty state advance by themselves.
+The order is llama.cpp's own (common_sampler): the reasoning budget (a thinking model's, when
+the template has thinking tags), the grammar (constrains the raw logits; a lazy one only outside
+the reasoning), then the chain: logit bias, penalties, top-k, top-p, min-p, temperature, a seeded
+distribution draw. A temperature of 0 (or below) is greedy. Without a grammar or a budget,
+`llama_sampler_sample` applies the chain and accepts the chosen token.
 
 A grammar can reach a dead end: a state no token of the vocabulary can continue (a code
 point no UTF-8 token decodes to, like `"\\U00200000"`), where not even end-of-generation is
@@ -23,6 +24,7 @@ import random
 import llama_cpp
 import numpy as np
 
+from server.engine.reasoning_budget import BudgetState, budget_state, end_match, new_budget_sampler
 from server.engine.sampling_params import SamplingParams
 
 
@@ -43,15 +45,22 @@ class SamplerChain:
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         self._keep_alive: list[object] = []
+        # The grammar and the reasoning budget stand outside the chain, as in common_sampler: the
+        # budget is applied first, and a lazy grammar only outside the reasoning.
+        self._grammar = None
+        self._lazy = params.constraint.lazy
+        self._budget = None
         # Plain greedy (no grammar, bias or penalties) is a stateless argmax over the raw
         # logits: the runner takes it for all such sequences of a step in one numpy call
         # instead of building n_vocab candidates per sequence (the same token: both keep the
         # first maximum).
         self.plain_greedy = params.greedy and not params.grammar and not params.logit_bias and not (
-            params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0)
+            params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0) \
+            and params.reasoning is None
         self._n_vocab = n_vocab
-        self._candidates: np.ndarray | None = np.zeros(n_vocab, dtype=_TOKEN_DATA) if params.grammar else None
-        self._ids = np.arange(n_vocab, dtype=np.int32) if params.grammar else None
+        checked = bool(params.grammar) or params.reasoning is not None
+        self._candidates: np.ndarray | None = np.zeros(n_vocab, dtype=_TOKEN_DATA) if checked else None
+        self._ids = np.arange(n_vocab, dtype=np.int32) if checked else None
         try:
             self._build(params, vocab, n_vocab)
         except Exception:
@@ -62,13 +71,14 @@ class SamplerChain:
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
     def _build(self, p: SamplingParams, vocab, n_vocab: int) -> None:
+        if p.reasoning is not None:
+            self._budget = new_budget_sampler(vocab, p.reasoning)
         if p.grammar:
-            grammar = self._grammar(p.constraint, vocab)
-            if not grammar:
+            self._grammar = self._new_grammar(p.constraint, vocab)
+            if not self._grammar:
                 raise GrammarError("llama.cpp rejected the generated grammar")
-            self._add(grammar)
             for token in p.constraint.prefill:  # the grammar only: penalties never saw the prompt either
-                llama_cpp.llama_sampler_accept(grammar, token)
+                llama_cpp.llama_sampler_accept(self._grammar, token)
         if p.logit_bias:
             arr = (llama_cpp.llama_logit_bias * len(p.logit_bias))()
             for i, (tok, bias) in enumerate(p.logit_bias.items()):
@@ -96,7 +106,7 @@ class SamplerChain:
         seed = p.seed if p.seed is not None else random.getrandbits(32)
         self._add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
-    def _grammar(self, c, vocab):
+    def _new_grammar(self, c, vocab):
         if not c.lazy:
             return llama_cpp.llama_sampler_init_grammar(vocab, c.grammar.encode(), b"root")
         patterns = [t.encode() for t in c.trigger_patterns]
@@ -127,6 +137,10 @@ class SamplerChain:
         arr = llama_cpp.llama_token_data_array(
             data=cands.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), size=self._n_vocab,
             selected=-1, sorted=False)
+        if self._budget is not None:
+            llama_cpp.llama_sampler_apply(self._budget, ctypes.byref(arr))
+        if self._grammar_applies():
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(arr))
         if not 0 <= arr.selected < arr.size:
             return None
@@ -136,17 +150,37 @@ class SamplerChain:
         if math.isinf(chosen.logit) and chosen.logit < 0:
             return None
         token = int(chosen.id)
-        llama_cpp.llama_sampler_accept(self._chain, token)
+        self.accept(token)
         return token
 
+    def _grammar_applies(self) -> bool:
+        """common_sampler's rule: a lazy grammar only outside the reasoning (before or after it)."""
+        if self._grammar is None:
+            return False
+        if self._budget is None or not self._lazy:
+            return True
+        return budget_state(self._budget) in (BudgetState.IDLE, BudgetState.DONE)
+
     def accept(self, token: int) -> None:
-        """Feed a token the chain did not sample itself (e.g. a forced one)."""
+        """Advance every sampler's state past `token` (sampled here, or forced by the engine)."""
+        grammar_accepts = self._grammar_applies()
+        if self._budget is not None:
+            llama_cpp.llama_sampler_accept(self._budget, token)
+            if self._grammar is not None and not grammar_accepts \
+                    and budget_state(self._budget) is BudgetState.DONE:
+                # the reasoning just ended: its end tag may be part of the grammar's trigger
+                for end_token in end_match(self._budget):
+                    llama_cpp.llama_sampler_accept(self._grammar, end_token)
+        if self._grammar is not None and grammar_accepts:
+            llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
 
     def close(self) -> None:
-        if self._chain:
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
+        for name in ("_chain", "_grammar", "_budget"):
+            sampler = getattr(self, name, None)
+            if sampler:
+                llama_cpp.llama_sampler_free(sampler)
+            setattr(self, name, None)
         self._keep_alive.clear()
         self._candidates = self._ids = None
 

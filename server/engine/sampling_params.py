@@ -22,6 +22,21 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """Where a thinking model's reasoning is and how long it may be (llama-server's reasoning
+    budget): the template's tags, the budget in tokens (-1: unlimited; the sampler then only
+    tracks the reasoning, so a lazy grammar's trigger inside it does not fire), the message
+    forced before the end tag when the budget runs out, and the generation prompt's tokens
+    (which may already open the reasoning)."""
+
+    start_tag: str
+    end_tags: tuple[str, ...]
+    budget: int = -1
+    message: str = ""
+    prefill: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Validated sampling settings of one request (the API validates ranges)."""
 
@@ -36,6 +51,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     constraint: Constraint = field(default_factory=Constraint)
+    reasoning: ReasoningBudget | None = None
 
     @property
     def grammar(self) -> str | None:

@@ -173,3 +173,22 @@ def test_forced_call_grammar_allows_no_text_before_the_call_and_one_call():
     forced_root = next(line for line in forced.split("\n") if line.startswith("root ::= "))
     assert "until-" not in forced_root and "\ntool-calls ::= tool-call\n" in forced
     assert "tool-calls ::= tool-call (space tool-call)*" in forced_call_grammar(plan.grammar, parallel=True)
+
+
+def test_a_thinking_template_gets_a_reasoning_budget_when_limited_or_with_lazy_tools(templates):
+    from server.api.prompting import _reasoning_budget
+    from server.api.schemas import ChatCompletionRequest
+    from server.engine.sampling_params import Constraint
+    from server.settings import ServerSettings
+
+    settings = ServerSettings()
+    plan = templates("qwen3").apply({"messages": ASK, "tools": [WEATHER]})
+    body = ChatCompletionRequest(messages=ASK)
+    lazy = Constraint(plan.grammar, lazy=True, trigger_patterns=plan.trigger_patterns)
+    assert _reasoning_budget(body, plan, Constraint(), settings) is None  # unlimited, no lazy grammar
+    tracked = _reasoning_budget(body, plan, lazy, settings)  # only tracks where the reasoning is
+    assert tracked.budget == -1 and tracked.start_tag == "<think>" and tracked.end_tags == ("</think>",)
+    limited = _reasoning_budget(ChatCompletionRequest(messages=ASK, reasoning_budget_tokens=64,
+                                                      reasoning_budget_message="Enough."), plan, Constraint(), settings)
+    assert (limited.budget, limited.message) == (64, "Enough.")
+    assert _reasoning_budget(body, templates("llama3.1").apply({"messages": ASK}), lazy, settings) is None
