@@ -114,11 +114,16 @@ def message_dict(m: ChatMessage) -> dict[str, Any]:
     return d
 
 
-def template_kwargs(body: ChatCompletionRequest, options: ChatOptions) -> tuple[dict[str, Any], bool]:
-    """The template's extra variables (server defaults, then the request's) and enable_thinking."""
-    kwargs = dict(options.chat_template_kwargs or {})
+def template_kwargs(body: ChatCompletionRequest, options: ChatOptions,
+                    supports_thinking: bool = True) -> tuple[dict[str, Any], bool]:
+    """The template's extra variables and enable_thinking, with llama-server's defaults: past
+    reasoning preserved where the template can keep it (`preserve_reasoning`; it also keeps each
+    prompt an extension of the last, which the prefix cache needs), thinking on where the
+    template has it; then the server's --chat-template-kwargs, then the request's."""
+    kwargs: dict[str, Any] = {"preserve_reasoning": True}
+    kwargs.update(options.chat_template_kwargs or {})
     kwargs.update(body.chat_template_kwargs or {})
-    thinking = kwargs.get("enable_thinking", True)
+    thinking = kwargs.get("enable_thinking", supports_thinking)
     if not isinstance(thinking, bool):
         raise invalid("chat_template_kwargs.enable_thinking must be a boolean", param="chat_template_kwargs")
     if body.reasoning_effort == "none":
@@ -159,7 +164,7 @@ def plan_conversation(templates: ChatTemplates, body: ChatCompletionRequest, opt
     reasoning_format = body.reasoning_format or options.reasoning_format
     if reasoning_format not in REASONING_FORMATS:
         raise invalid(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}", param="reasoning_format")
-    kwargs, thinking = template_kwargs(body, options)
+    kwargs, thinking = template_kwargs(body, options, templates.supports_thinking)
     prefill = continues_final_message(body)
     messages = body.messages[:-1] if prefill else body.messages
     if not messages:  # a conversation that is only the prefilled assistant message
