@@ -7,7 +7,13 @@ about one token (4 characters), so each path parses as the server does. Both pat
 side in one process, alternating, on the embedded model's template (SmolLM2: the Hermes fallback
 on the new path) and, new path only, on Qwen3's (a thinking template the old path could not read).
 
-    python -m bench.chat_layer_cost [--rounds 200]
+    python -m bench.chat_layer_cost [--rounds 200] [--decode 5]
+
+`--decode N` also starts arbor-server on the embedded model and times N alternating pairs of one
+request with the agent's tools that the model answers in prose, decoding 128 tokens (ignore_eos,
+greedy), with the tools on `auto` (the family's lazy grammar rides along every token, waiting for
+its trigger) and on `none` (no grammar): what the lazy grammar costs a reply that calls nothing.
+(A reply that calls a tool is constrained from the trigger on; that costs what a grammar costs.)
 
 Writes bench/results/chat_layer_cost.json and prints a table.
 """
@@ -153,11 +159,37 @@ def measure(rounds: int) -> dict:
     }
 
 
+def measure_decode(pairs: int) -> dict:
+    """Decode tok/s of one request with tools on auto (lazy grammar) and on none, alternating."""
+    import httpx
+
+    from bench.servers import arbor_command, free_port, running
+    port = free_port()
+    prose = [{"role": "system", "content": "You are a storyteller."},
+             {"role": "user", "content": "Tell me a long story about a lighthouse keeper and a storm."}]
+    body = {"messages": prose, "tools": agent_request()["tools"], "max_tokens": 128, "temperature": 0,
+            "ignore_eos": True}
+    rates: dict[str, list[float]] = {"auto": [], "none": []}
+    called = False
+    with running("arbor", arbor_command(port, None, ["--parallel", "1"]), port,
+                 ROOT / "bench" / "results" / "chat_layer_cost_logs") as server:
+        for _ in range(pairs + 1):  # the first pair warms the cache and is dropped
+            for choice in ("auto", "none"):
+                answer = httpx.post(server.v1 + "/chat/completions", json={**body, "tool_choice": choice},
+                                    timeout=600).json()
+                called = called or bool(answer["choices"][0]["message"].get("tool_calls"))
+                rates[choice].append(answer["timings"]["predicted_per_second"])
+    return {**{k: statistics.median(v[1:]) for k, v in rates.items()}, "a_tool_was_called": called}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--decode", type=int, default=0, help="pairs of decode runs (0: skip)")
     args = parser.parse_args(argv)
     result = measure(args.rounds)
+    if args.decode:
+        result["decode_tok_s"] = measure_decode(args.decode)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1))
     print(f"prompt {result['prompt_chars']} chars; reply {result['reply_chars']} chars in "
@@ -165,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| path | median ms | p90 ms |\n|---|---|---|")
     for name, m in result["ms"].items():
         print(f"| {name} | {m['median']:.2f} | {m['p90']:.2f} |")
+    if "decode_tok_s" in result:
+        d = result["decode_tok_s"]
+        print(f"decode tok/s (median): tools auto (lazy grammar) {d['auto']:.1f}, tools none {d['none']:.1f}, "
+              f"ratio {d['auto'] / d['none']:.3f}{' (a tool was called: not a prose reply)' if d['a_tool_was_called'] else ''}")
     return 0
 
 

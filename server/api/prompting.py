@@ -161,7 +161,8 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     if conv.forced_tools or (conv.parse_tool_calls and plan.grammar):
         grammar = (forced_call_grammar(plan.grammar, parallel=body.parallel_tool_calls is True)
                    if conv.forced_tools else plan.grammar)
-        constraint = Constraint(tool_grammar(grammar, model.runtime.vocab) if grammar else None, lazy=plan.grammar_lazy and not conv.forced_tools,
+        constraint = Constraint(tool_grammar(grammar, model.runtime.vocab) if grammar else None,
+                                lazy=plan.grammar_lazy and not conv.forced_tools,
                                 trigger_patterns=plan.trigger_patterns, trigger_tokens=plan.trigger_tokens,
                                 prefill=plan.grammar_prefill_tokens)
     own = None

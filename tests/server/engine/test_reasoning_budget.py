@@ -58,7 +58,8 @@ def allowed(chain: SamplerChain, vocab, token: int) -> bool:
 
 def chain_for(vocab, budget: int = -1, message: str = "") -> SamplerChain:
     constraint = Constraint(TOOL_GRAMMAR, lazy=True, trigger_patterns=("<tool_call>",))
-    reasoning = ReasoningBudget("<think>", ("</think>",), budget, message, tuple(tokens(vocab, "<think>") + tokens(vocab, "\n")))
+    opened = tuple(tokens(vocab, "<think>") + tokens(vocab, "\n"))
+    reasoning = ReasoningBudget("<think>", ("</think>",), budget, message, opened)
     return SamplerChain(SamplingParams(temperature=0, constraint=constraint, reasoning=reasoning), vocab,
                         llama_cpp.llama_vocab_n_tokens(vocab))
 
