@@ -137,3 +137,50 @@ def test_chat_template_kwargs_reach_the_template(family_server):
     bad = httpx.post(server.base_url + "/apply-template",
                      json={"messages": ASK, "chat_template_kwargs": {"enable_thinking": "no"}}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+FINAL = {"qwen3": "It is 12 C.", "gpt-oss": "<|channel|>final<|message|>It is 12 C.", "mistral-nemo": "It is 12 C."}
+
+
+def test_a_langgraph_react_loop_over_langchain_openai_completes_a_tool_round_trip(family_server):
+    """LangChain's ChatOpenAI with bind_tools in a LangGraph loop (agent -> ToolNode -> agent): the
+    call comes back as a LangChain tool call, the tool runs, and the answer ends the loop; the
+    reasoning never reaches a message's content. The grammar stands in for the model's decision
+    (a call first, then the answer), which random weights cannot make."""
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    family, server = family_server
+    asked: list[str] = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Weather in a city"""
+        asked.append(city)
+        return '{"temp_c": 12}'
+
+    llm = ChatOpenAI(base_url=server.v1, api_key="unused", model="family", temperature=0, max_tokens=400)
+
+    def agent(state: MessagesState) -> dict:
+        after_tool = isinstance(state["messages"][-1], ToolMessage)
+        text = FINAL[family] if after_tool else FORCED[family][0]
+        model = llm.bind_tools([get_weather]).bind(extra_body={"grammar": gbnf_literal(text)})
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([get_weather]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    messages = graph.compile().invoke({"messages": [("user", "Weather in Paris?")]}, {"recursion_limit": 6})["messages"]
+
+    assert asked == ["Paris"]
+    replies = [m for m in messages if isinstance(m, AIMessage)]
+    assert [len(m.tool_calls) for m in replies] == [1, 0]
+    assert replies[0].tool_calls[0]["args"] == {"city": "Paris"}
+    assert replies[-1].content == "It is 12 C."
+    assert all("weather." not in str(m.content) and "<" not in str(m.content) for m in replies)
