@@ -4,6 +4,8 @@
 # vendors, and its version stamped <release>+arbor.<hash of the patches>. Every build reads this script:
 # scripts/setup.sh (the README set-up and CI) and docker/build-llama-cpp.sh (every server image).
 # A patch that does not apply stops it with a message naming the patch: there is no unpatched fallback.
+# The release archive must match the SHA-256 pinned in patches/llama-cpp-python.sha256 (checked on every
+# fetch and every unpack): a tampered or corrupt archive stops it too.
 #
 # Usage: llama-cpp-source.sh --version      print the stamped version (e.g. 0.3.36+arbor.1a2b3c4d5e6f)
 #        llama-cpp-source.sh --spec         print the pip requirement of the pinned release
@@ -30,6 +32,24 @@ series=("$patches"/llama.cpp/*.patch)
 hash=$(cat "${series[@]}" | sha256sum | cut -c1-12)
 version="$release+arbor.$hash"
 
+# The archive's pinned SHA-256 (a line "<sha256>  llama_cpp_python-<release>.tar.gz", as sha256sum writes).
+verify() {
+  local archive=$1 pin="$patches/llama-cpp-python.sha256" want have
+  if [ ! -f "$pin" ]; then
+    echo "llama-cpp-source: FAILED: no $pin: the release archive's SHA-256 must be pinned" >&2; return 1
+  fi
+  want=$(awk -v f="llama_cpp_python-$release.tar.gz" '$2 == f {print $1}' "$pin")
+  if [ -z "$want" ]; then
+    echo "llama-cpp-source: FAILED: $pin pins no SHA-256 for llama_cpp_python-$release.tar.gz" >&2; return 1
+  fi
+  have=$(sha256sum "$archive" | cut -d' ' -f1)
+  if [ "$have" != "$want" ]; then
+    echo "llama-cpp-source: FAILED: $archive has SHA-256 $have, not the pinned $want (a corrupt download or a" \
+      "changed release: delete it and run again, or pin the new hash after checking the release)" >&2
+    return 1
+  fi
+}
+
 fetch() {
   local cache=${ARBOR_SDIST_CACHE:-$HOME/.cache/arbor/sdist}
   local archive="$cache/llama_cpp_python-$release.tar.gz"
@@ -39,9 +59,11 @@ fetch() {
     local tmp; tmp=$(mktemp -d "$cache/.fetch.XXXXXX")
     "${PYTHON:-python3}" -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$tmp" \
       "llama-cpp-python==$release" >&2 || { rm -rf "$tmp"; fail "pip could not fetch the source of llama-cpp-python==$release"; }
+    verify "$tmp/llama_cpp_python-$release.tar.gz" || { rm -rf "$tmp"; exit 1; }
     mv "$tmp/llama_cpp_python-$release.tar.gz" "$archive" || { rm -rf "$tmp"; fail "pip fetched no llama_cpp_python-$release.tar.gz"; }
     rm -rf "$tmp"
   fi
+  verify "$archive" || exit 1
   echo "$archive"
 }
 
@@ -58,6 +80,7 @@ mkdir -p "$dest"
 command -v patch >/dev/null 2>&1 || fail "the 'patch' tool is missing (Debian package patch)"
 [ -n "$sdist" ] || sdist=$(fetch)
 [ -f "$sdist" ] || fail "no source archive $sdist"
+verify "$sdist" || exit 1
 tar xzf "$sdist" -C "$dest"
 src="$dest/llama_cpp_python-$release"
 [ -d "$src/vendor/llama.cpp" ] || fail "$sdist holds no vendor/llama.cpp"

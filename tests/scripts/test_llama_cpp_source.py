@@ -1,8 +1,10 @@
-"""scripts/llama-cpp-source.sh: the one pin, the patch series applied in order, a version stamped
-with the patches' hash, and a build stopped by name when a patch does not apply."""
+"""scripts/llama-cpp-source.sh: the one pin, the archive checked against its pinned SHA-256, the
+patch series applied in order, a version stamped with the patches' hash, and a build stopped by
+name when a patch does not apply."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shutil
 import subprocess
@@ -34,6 +36,12 @@ def fake_sdist(tmp: Path, release: str, ggml_h: str) -> Path:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+def pin(patches: Path, sdist: Path) -> None:
+    """Pin `sdist`'s SHA-256 in the patch set, as patches/llama-cpp-python.sha256 does."""
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    (patches / "llama-cpp-python.sha256").write_text(f"{digest}  {sdist.name}\n")
 
 
 def patch_set(tmp: Path, *patches: tuple[str, str]) -> Path:
@@ -70,6 +78,7 @@ def test_patches_apply_in_order_and_stamp_the_version(tmp_path):
     second = second.replace(" int a;\n int b;", " int a;\n int paged;\n int b;")
     patches = patch_set(tmp_path, ("0001-add.patch", ADD_LINE), ("0002-more.patch", second))
     sdist = fake_sdist(tmp_path, "9.8.7", "int a;\nint b;\n")
+    pin(patches, sdist)
     done = run("--sdist", str(sdist), str(tmp_path / "src"), patches=patches)
     assert done.returncode == 0, done.stderr
     src = Path(done.stdout.strip().splitlines()[-1])
@@ -82,10 +91,28 @@ def test_patches_apply_in_order_and_stamp_the_version(tmp_path):
 def test_a_patch_that_does_not_apply_stops_with_its_name(tmp_path):
     patches = patch_set(tmp_path, ("0001-add.patch", ADD_LINE))
     sdist = fake_sdist(tmp_path, "9.8.7", "something else entirely\n")
+    pin(patches, sdist)
     done = run("--sdist", str(sdist), str(tmp_path / "src"), patches=patches)
     assert done.returncode == 1
     assert "patch 0001-add.patch does not apply to llama-cpp-python 9.8.7" in done.stderr
     assert done.stdout == ""  # no source directory is handed on
+
+
+def test_an_archive_that_is_not_the_pinned_one_is_refused(tmp_path):
+    patches = patch_set(tmp_path, ("0001-add.patch", ADD_LINE))
+    sdist = fake_sdist(tmp_path, "9.8.7", "int a;\nint b;\n")
+    pin(patches, sdist)
+    sdist.write_bytes(sdist.read_bytes() + b"\0")  # tampered with after the pin
+    done = run("--sdist", str(sdist), str(tmp_path / "src"), patches=patches)
+    assert done.returncode == 1 and "not the pinned" in done.stderr and done.stdout == ""
+    (patches / "llama-cpp-python.sha256").unlink()
+    done = run("--sdist", str(sdist), str(tmp_path / "src"), patches=patches)
+    assert done.returncode == 1 and "SHA-256 must be pinned" in done.stderr
+
+
+def test_the_real_pin_names_the_pinned_release():
+    line = (REPO / "patches" / "llama-cpp-python.sha256").read_text().split()
+    assert len(line[0]) == 64 and line[1] == f"llama_cpp_python-{RELEASE}.tar.gz"
 
 
 def test_a_range_in_the_pin_file_is_refused(tmp_path):
