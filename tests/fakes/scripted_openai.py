@@ -69,6 +69,7 @@ class ScriptedReply:
 
     content: str = ""
     tool_calls: list[dict] | None = None
+    reasoning: str = ""  # a thinking model's reasoning, sent as reasoning_content (before the content)
     delay_s: float = 0.0
     token_delay_s: float = 0.0  # a pause before each streamed chunk: a slow generation to stop
     cached_tokens: int = 0
@@ -275,6 +276,8 @@ def _extras(prompt: int, reply: ScriptedReply) -> dict:
 
 def _completion(reply: ScriptedReply, extras: dict) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
     if reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
     return {
@@ -297,6 +300,8 @@ def _stream(reply: ScriptedReply, extras: dict, include_usage: bool) -> Iterator
         return f"data: {json.dumps(payload)}\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
+    for i, word in enumerate(reply.reasoning.split(" ") if reply.reasoning else []):
+        yield chunk({"reasoning_content": word if i == 0 else " " + word})
     words = reply.content.split(" ") if reply.content else []
     for i, word in enumerate(words):
         yield chunk({"content": word if i == 0 else " " + word})

@@ -68,6 +68,31 @@ def test_message_streams_an_answer_and_shows_the_tool_card(page, workbench, scri
     assert page.js_errors == []
 
 
+def test_a_thinking_models_reasoning_is_shown_collapsed_per_step_and_sent_back(page, workbench, script):
+    script.on("Which companies",
+              ScriptedReply(reasoning="I should list the companies first.",
+                            tool_calls=[tool_call("list_companies", {}, "call_list")]),
+              ScriptedReply(reasoning="Three rows came back.", content="There are three companies."))
+    open_new_session(page, workbench, "Financial research")
+    send(page, "Which companies are covered?")
+
+    turn = last_turn(page)
+    expect(turn).to_have_attribute("data-status", "completed")
+    reasoning = turn.locator("details.reasoning")
+    expect(reasoning).to_have_count(2)
+    expect(reasoning.first).not_to_have_attribute("open", "")
+    expect(reasoning.first.locator(".reasoning-text")).to_have_text("I should list the companies first.")
+    expect(reasoning.last.locator(".reasoning-text")).to_have_text("Three rows came back.")
+    expect(turn.locator(".md.answer")).to_have_text("There are three companies.")
+    reasoning.first.locator("summary").click()
+    expect(reasoning.first.locator(".reasoning-text")).to_be_visible()
+    # the second model call got the first step's reasoning back with its history
+    second = [b for b in workbench.fake.bodies if any(m.get("role") == "tool" for m in b["messages"])][0]
+    step = next(m for m in second["messages"] if m.get("tool_calls"))
+    assert step["reasoning_content"] == "I should list the companies first."
+    assert page.js_errors == []
+
+
 def test_fork_from_first_turn_and_switch_between_branches(page, workbench, script):
     script.on("first question", ScriptedReply(content="Answer one."))
     script.on("second question", ScriptedReply(content="Answer two on main."))
