@@ -90,6 +90,15 @@ def test_a_familys_reply_parses_into_reasoning_and_a_tool_call(templates, family
         assert reply.reasoning_content.strip().removeprefix("<think>").strip() == "The user wants weather."
 
 
+def test_granites_reasoning_is_read_apart_from_its_answer(templates):
+    """Granite 3.3 (its tool-call reply is not pinned down here: llama.cpp's own tests check only
+    its reasoning, as this does)."""
+    plan = templates("granite3.3").apply({"messages": ASK})
+    reply = ReplyParser(plan, reasoning_format="auto", parse_tool_calls=False).parse(
+        "<think>The user wants weather.</think>It is sunny.", partial=False)
+    assert (reply.reasoning_content, reply.content) == ("The user wants weather.", "It is sunny.")
+
+
 def test_reasoning_format_none_leaves_the_thinking_in_the_content(templates):
     text = "<think>\nHmm.\n</think>\n\nIt is sunny."
 
