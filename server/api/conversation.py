@@ -185,12 +185,14 @@ def plan_conversation(templates: ChatTemplates, body: ChatCompletionRequest, opt
     if body.parallel_tool_calls is not None:
         request["parallel_tool_calls"] = body.parallel_tool_calls
     fallback = bool(tools) and not templates.native_tools
-    if fallback:
-        # the model's template renders the conversation with the tools written into it; the
+    tool_turns = any(d.get("tool_calls") or d["role"] == "tool" for d in messages_json)
+    if not templates.native_tools and (tools or tool_turns):
+        # the model's template renders the conversation with the tools, calls and results written
+        # into it (also when a request offers no tools: the history must render as before); the
         # reply follows Arbor's Hermes format (server.api.tool_fallback), whose plan does not
         # depend on the messages
-        prompt = _apply(templates, {**request, "messages": inject_tools(messages_json, tools), "tools": None}).prompt
-        plan = replace(_reply_plan(templates.tool_format, request), prompt=prompt)
+        rendered = _apply(templates, {**request, "messages": inject_tools(messages_json, tools), "tools": None})
+        plan = replace(_reply_plan(templates.tool_format, request), prompt=rendered.prompt) if tools else rendered
     else:
         plan = _apply(templates, request)
     if not isinstance(choice, str):

@@ -61,3 +61,13 @@ def test_malformed_orders_are_400(messages, fields, where):
     with pytest.raises(APIError) as err:
         render(messages, **fields)
     assert err.value.status == 400 and where in err.value.message
+
+
+def test_a_tool_less_template_writes_calls_and_results_as_text_even_without_tools():
+    """The history of a tool round trip renders the same whether or not the request still offers
+    the tools (the Hermes blocks of server.api.tool_fallback), so the prefix stays reusable."""
+    history = [u("q"), {"role": "assistant", "content": None, "tool_calls": [CALL]},
+               {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    text = render(history)
+    assert '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>' in text
+    assert "<tool_response>\n42\n</tool_response>" in text
