@@ -11,7 +11,7 @@ from pathlib import Path
 import uvicorn
 from pydantic import ValidationError
 
-from server.settings import ServerSettings
+from server.settings import REASONING_FORMATS, ServerSettings
 
 
 def _json_object(text: str) -> dict:
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="404 for a request naming another model (default: serve the one model under any name)")
     a("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
     a("--chat-template-file", type=Path, help="a Jinja chat template to use instead of the model's")
-    a("--reasoning-format", choices=["none", "auto", "deepseek", "deepseek-legacy"],
+    a("--reasoning-format", choices=REASONING_FORMATS,
       help="how reasoning comes back: auto (default) / deepseek in message.reasoning_content, none in the content")
     a("--reasoning-budget", type=int, help="tokens a thinking model may reason before its end tag is forced "
       "(default -1: no limit; a request's reasoning_budget_tokens overrides)")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CACHE_TIERS = ("A", "S", "H", "D")
+# How a thinking model's reasoning comes back (llama-server's names; server.api.conversation).
+ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
+REASONING_FORMATS: tuple[str, ...] = get_args(ReasoningFormat)
 
 
 def physical_cores() -> int:
@@ -42,7 +45,7 @@ class ServerSettings(BaseSettings):
                                                        "(default: serve the one model whatever the name, as llama-server does)")
     api_key: str | None = None
     chat_template_file: Path | None = None
-    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = Field(
+    reasoning_format: ReasoningFormat = Field(
         "auto", description="how a thinking model's reasoning comes back (llama-server's --reasoning-format): "
         "auto/deepseek in message.reasoning_content, none left in the content")
     reasoning_budget: int = Field(-1, ge=-1, description="tokens a thinking model may reason before its end tag is "

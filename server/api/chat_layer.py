@@ -23,7 +23,6 @@ from typing import Any
 from server.engine.chat_library import chat_library, error_text, take_string
 
 REPLY_PLANS_KEPT = 64  # tool sets whose reply plan a ChatTemplates remembers
-REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
 class ChatLayerError(RuntimeError):
@@ -101,7 +100,8 @@ EMPTY_REPLY = ParsedReply("", "", ())
 
 class ChatTemplates:
     """The model's chat templates as llama.cpp loads them (or a template's source given instead).
-    Thread-safe for concurrent `apply` calls (llama.cpp only reads the loaded templates)."""
+    `apply` only reads the loaded templates; `reply_plan`'s memo is not locked: the API calls it
+    from its event loop alone."""
 
     def __init__(self, model_ptr, template_override: str | None = None):
         lib = chat_library()

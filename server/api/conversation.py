@@ -30,10 +30,11 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from server.api.chat_layer import REASONING_FORMATS, ChatLayerError, ChatPlan, ChatTemplates
+from server.api.chat_layer import ChatLayerError, ChatPlan, ChatTemplates
 from server.api.errors import invalid
 from server.api.schemas import ChatCompletionRequest, ChatMessage
 from server.api.tool_fallback import inject_tools
+from server.settings import REASONING_FORMATS
 
 
 @dataclass(frozen=True)
