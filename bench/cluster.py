@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
             a.log_dir.mkdir(parents=True, exist_ok=True)
             store = start_redis(a.log_dir, a.shared_maxmemory)
             stack.callback(store.stop)
-            args += ["--cache-shared", store.url]
+            args += ["--cache-shared", store.url, "--cache-shared-secret", store.secret]
             print(f"shared KV store {store.url} (log: {store.log})", flush=True)
         _serve(a, args)
 

@@ -144,7 +144,7 @@ def run_config(cfg: Config, a: argparse.Namespace, lines, args: list[str], ideal
             logs.mkdir(parents=True, exist_ok=True)
             store = start_redis(logs, "1gb")
             stack.callback(store.stop)
-            server_args += ["--cache-shared", store.url]
+            server_args += ["--cache-shared", store.url, "--cache-shared-secret", store.secret]
         if cfg.llama:
             if not a.llama_own_template:  # arbor's rendering of every chat request, as a completions prompt
                 lines = as_prompt_lines(lines, None, ["--threads", str(a.threads)], logs)

@@ -12,12 +12,18 @@ from pathlib import Path
 
 from bench.servers import free_port
 
+# The deployment secret that benchmarks and tests give every replica of a store
+# (--cache-shared-secret): fixed, since the store is a throwaway process on loopback.
+SHARED_SECRET = "arbor-bench-shared-secret-0123456789"
+
 
 @dataclass
 class RedisStore:
     port: int
     proc: subprocess.Popen
     log: Path
+
+    secret: str = SHARED_SECRET
 
     @property
     def url(self) -> str:

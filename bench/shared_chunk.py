@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.redis_store import start_redis
+from bench.redis_store import SHARED_SECRET, start_redis
 from server.cache.kv_format import KVLayout, KVSegment
 from server.cache.shared_tier import SharedTier
 
@@ -39,7 +39,7 @@ def measure(url: str, chunk: int, tokens: list[int], seg: KVSegment, prefill_tps
     import redis
 
     redis.Redis.from_url(url).flushdb()
-    tier = SharedTier(url, f"bench{chunk}", chunk, lookup_timeout_s=1.0)
+    tier = SharedTier(url, f"bench{chunk}", chunk, secret=SHARED_SECRET, lookup_timeout_s=1.0)
     try:
         t0 = time.perf_counter()
         tier.store(tokens, [(0, seg)])

@@ -53,7 +53,7 @@ def main() -> None:
         logs = Path(tmp)
         store = start_redis(logs, "1gb")
         try:
-            args += ["--cache-shared", store.url]
+            args += ["--cache-shared", store.url, "--cache-shared-secret", store.secret]
             port = free_port()
             with running("replica-1", arbor_command(port, None, args), port, logs) as r1:
                 ask(r1.base_url, prefix + " end.")

@@ -102,8 +102,10 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                         queue_bytes=settings.cache_disk_queue * 1024 * 1024)
     if settings.cache_shared and "H" in tiers:  # written from the host tier
         shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
+                            secret=settings.cache_shared_secret.get_secret_value(),  # the settings require it
                             lookup_timeout_s=settings.cache_shared_timeout_ms / 1000.0,
-                            queue_bytes=settings.cache_shared_queue * 1024 * 1024)
+                            queue_bytes=settings.cache_shared_queue * 1024 * 1024,
+                            max_value_bytes=settings.cache_shared_max_value_mb * 1024 * 1024)
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=running,
         tiers=tiers, tree=tree, host=host, disk=disk,

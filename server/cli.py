@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-shared-chunk", type=int, help="tokens per chunk in the shared store (default 64, bench/shared_chunk.py)")
     a("--cache-shared-timeout-ms", type=float, help="timeout of the shared-store lookup at admission (default 50)")
     a("--cache-shared-queue", type=int, help="MiB of KV waiting for the shared-store writer (default 64)")
+    a("--cache-shared-secret", help="the deployment secret shared by every replica (>= 16 bytes; values are MACed "
+      "and keys derived with it; required with --cache-shared). Prefer --cache-shared-secret-file or "
+      "ARBOR_SERVER_CACHE_SHARED_SECRET: a command line is visible to every local user")
+    a("--cache-shared-secret-file", type=Path, help="a file holding the shared-store secret (e.g. a docker secret)")
+    a("--cache-shared-max-value-mb", type=int, help="MiB: a longer shared-store value is refused from its length, "
+      "never read (default 64)")
     a("--cache-idle-cells", type=int, help="KV cells idle slots may keep while other requests run; beyond it "
                                            "the least recently used one is written back and freed (default: no limit)")
     a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")

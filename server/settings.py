@@ -6,10 +6,13 @@ import os
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.cache.store_url import redact_url
+
 CACHE_TIERS = ("A", "S", "H", "D")
+MIN_SHARED_SECRET_BYTES = 16  # as server.cache.shared_tier.MIN_SECRET_BYTES
 # How a thinking model's reasoning comes back (llama-server's names; server.api.conversation).
 ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
 REASONING_FORMATS: tuple[str, ...] = get_args(ReasoningFormat)
@@ -84,13 +87,20 @@ class ServerSettings(BaseSettings):
     cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
                                        "engine step; 0: write back at once (stalls decoding for the whole copy)")
     cache_shared: str | None = Field(
-        None, description="URL of a Redis/Valkey store shared by replicas of this model (tier R, e.g. "
+        None, repr=False, description="URL of a Redis/Valkey store shared by replicas of this model (tier R, e.g. "
         "redis://127.0.0.1:6379/0): chunks of the host tier's KV are written there and restored from there")
     cache_shared_chunk: int = Field(64, ge=16, le=8192, description="tokens per chunk in the shared store")
     cache_shared_timeout_ms: float = Field(50.0, gt=0, description="timeout of the shared store lookup at "
                                            "admission (engine thread); a failure leaves the store alone 5 s")
     cache_shared_queue: int = Field(64, ge=1, description="MiB of KV waiting for the shared-store writer; "
                                     "a store beyond it is dropped and counted")
+    cache_shared_secret: SecretStr | None = Field(
+        None, description="the deployment secret every replica sharing the store holds (at least 16 bytes, e.g. "
+        "`openssl rand -hex 32`): values are MACed with it and keys derived from it; required with cache_shared")
+    cache_shared_secret_file: Path | None = Field(
+        None, description="a file holding cache_shared_secret (a docker secret; surrounding whitespace ignored)")
+    cache_shared_max_value_mb: int = Field(64, ge=1, description="MiB: a longer shared-store value is refused "
+                                           "from its length, before it is read (and not written)")
     cache_idle_cells: int | None = Field(
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
@@ -176,8 +186,35 @@ class ServerSettings(BaseSettings):
             raise ValueError("--cache-shared writes the host tier's KV to the store: it needs tier H "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
         if self.cache_shared is not None and not self.cache_shared.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"--cache-shared {self.cache_shared!r}: expected a redis://, rediss:// or unix:// URL")
+            raise ValueError(f"--cache-shared {redact_url(self.cache_shared)!r}: expected a redis://, rediss:// or "
+                             "unix:// URL")
+        self._resolve_shared_secret()
         return self
+
+    def _resolve_shared_secret(self) -> None:
+        """Read --cache-shared-secret-file into cache_shared_secret; refuse a store without a
+        secret (any process that can write to it could otherwise plant KV every replica
+        restores) and a secret too short to be a key."""
+        if self.cache_shared_secret is not None and self.cache_shared_secret_file is not None:
+            raise ValueError("give --cache-shared-secret or --cache-shared-secret-file, not both")
+        if self.cache_shared_secret_file is not None:
+            try:
+                text = self.cache_shared_secret_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"--cache-shared-secret-file {self.cache_shared_secret_file}: "
+                                 f"cannot read it ({type(exc).__name__})") from exc
+            self.cache_shared_secret = SecretStr(text)
+        if self.cache_shared is None:
+            return
+        secret = self.cache_shared_secret.get_secret_value() if self.cache_shared_secret is not None else ""
+        if not secret:
+            raise ValueError("--cache-shared needs the deployment's secret: --cache-shared-secret-file PATH or "
+                             "ARBOR_SERVER_CACHE_SHARED_SECRET (the same on every replica; e.g. "
+                             "`openssl rand -hex 32`). Without it anyone who can write to the store could plant "
+                             "KV that every replica restores")
+        if len(secret.encode()) < MIN_SHARED_SECRET_BYTES:
+            raise ValueError(f"--cache-shared-secret: at least {MIN_SHARED_SECRET_BYTES} bytes, e.g. "
+                             "`openssl rand -hex 32`")
 
     @property
     def slot_share(self) -> int:

@@ -147,6 +147,12 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
             tiers["R"]["errors"])
         for key in ("hits", "lookups", "stored_chunks", "rejected", "dropped_writes", "pending_bytes"):
             out[f"arbor:cache_shared_{key}"] = (f"shared tier {key}.", tiers["R"][key])
+        out["arbor:cache_shared_unauthenticated_total"] = (
+            "Shared-store values whose MAC did not verify (planted or damaged): refused, deleted, never loaded.",
+            tiers["R"]["unauthenticated"])
+        out["arbor:cache_shared_oversized_total"] = (
+            "Shared-store values over --cache-shared-max-value-mb: refused from their length, never read.",
+            tiers["R"]["oversized"])
     if tiers["S"].get("enabled", True):
         for key in ("entries", "cells", "hits", "evictions"):
             out[f"arbor:cache_resident_{key}"] = (f"resident tier {key}.", tiers["S"][key])

@@ -3,22 +3,36 @@
 Not on the radix tree: the store is shared, so what it holds changes under every replica's
 feet; each admission asks it instead (`lookup`) and a restore reads what it found (`load`).
 
-Keys (LMCache's scheme): a prompt is cut into chunks of `chunk` tokens from position 0;
-chunk i's hash chains chunk i-1's hash with chunk i's token ids,
+Authentication (issue 35): whoever can write to the store must not be able to plant KV that
+replicas restore. Every replica of a deployment holds one secret (`--cache-shared-secret`);
+two sub-keys are derived from it (HMAC-SHA256 of the secret over a label, one per use):
 
-    h_0 = sha256(fingerprint | tokens[0:c]),  h_i = sha256(h_{i-1} | tokens[i*c:(i+1)*c])
-    key_i = "arbor:kv:{fingerprint}:{h_i}"
+- key names: a prompt is cut into chunks of `chunk` tokens from position 0 and chunk i's
+  name chains chunk i-1's (LMCache's scheme, keyed):
 
-so one key names one whole token prefix, and the model's fingerprint (model file, KV types,
-layout: server/cache/fingerprint.py) is both in the key and under the hash: replicas of
-another model or KV layout never even see each other's keys. Only whole chunks are stored;
-the partial tail of a prompt is computed (as LMCache does).
+      h_0 = HMAC(k_names, fingerprint | tokens[0:c]),  h_i = HMAC(k_names, h_{i-1} | tokens[i*c:(i+1)*c])
+      key_i = "arbor:kv:{ns}:{h_i}",  ns = HMAC(k_names, "ns" | fingerprint)[:16 bytes]
 
-Values: the disk tier's self-describing segment encoding (server/cache/disk_tier.py:
-magic, a checksummed JSON header with the fingerprint, the token path up to the chunk's
-end, its start and the KV layout, then the raw K/V arrays with their SHA-256). A read checks
-all of it against the prompt it is for, so a hash collision, a torn value or another
-model's value is refused (counted), never restored.
+  so one key names one whole token prefix of one model (fingerprint: model file, KV types,
+  layout; server/cache/fingerprint.py), yet a key reveals neither the fingerprint nor
+  anything a writer without the secret could use to compute the key of a prompt it knows
+  (and so to test whether it is cached, or to aim a value at it). A replica with another
+  secret or model uses other names: it never sees these values. Rotating the secret starts
+  an empty namespace; the old one ages out under the store's LRU.
+- values: `MAC | value`, MAC = HMAC(k_values, key | value), checked before anything of the
+  value is parsed. A value that fails (planted, torn, moved under another key) is refused,
+  counted (`unauthenticated`), deleted from the store (a replica with the secret writes the
+  honest one again) and never restored.
+
+Only whole chunks are stored; the partial tail of a prompt is computed (as LMCache does).
+The value under the MAC is the disk tier's self-describing segment encoding (server/cache/
+disk_tier.py: magic, a checksummed JSON header with the fingerprint, the token path up to the
+chunk's end, its start and the KV layout, then the raw K/V arrays), checked against the prompt
+it is for as well, so a hash collision or another model's value is refused too (counted).
+
+Size: a value longer than `max_value_bytes` is refused from its length (STRLEN) before any of
+it is read, and the read itself asks for at most `max_value_bytes + 1` bytes (GETRANGE), so a
+value swapped for a larger one between the two cannot make a replica read more than that.
 
 Contracts:
 - `lookup` runs on the engine thread at admission: one pipelined EXISTS per candidate chunk,
@@ -26,11 +40,13 @@ Contracts:
   local store answers in well under a millisecond). Any failure counts in `errors` and
   opens a back-off (`BACKOFF_S`) during which the store is not asked at all, so a store that
   is down or slow costs the engine at most one timeout per back-off period.
-- `load` runs on the router's read-ahead thread (never the engine thread): one MGET.
+- `load` runs on the router's read-ahead thread (never the engine thread): two pipelined
+  round trips (the values' lengths, then the values, each bounded by `max_value_bytes`).
 - `store` never waits: it queues the chunks' KV (views, bytes bounded by `queue_bytes`;
   beyond it the store is dropped and counted) for a writer thread that checks which chunks
   the store lacks and SETs them, no TTL: the store's own `maxmemory` policy (allkeys-lru)
-  bounds what it keeps.
+  bounds what it keeps. A value longer than `max_value_bytes` is not written (counted).
+- The store's URL is shown only through `redact_url` (its password as `***`).
 - Nothing here raises into a request: store failures only count; `load` raises
   SharedTierError, which the router turns into computing the prompt.
 """
@@ -38,6 +54,7 @@ Contracts:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import struct
@@ -49,6 +66,7 @@ import numpy as np
 from server.cache.bounded_writer import BoundedWriter
 from server.cache.disk_tier import DIGEST_BYTES, MAGIC, MAX_HEADER, cover, encode_segment, layout_from_json
 from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
+from server.cache.store_url import password_of, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -60,36 +78,88 @@ DEFAULT_LOOKUP_TIMEOUT_S = 0.05
 DEFAULT_IO_TIMEOUT_S = 2.0
 DEFAULT_QUEUE_BYTES = 64 << 20
 BACKOFF_S = 5.0  # after a failure the store is left alone this long
+DEFAULT_MAX_VALUE_BYTES = 64 << 20
+MAC_BYTES = 32  # HMAC-SHA256 in front of every value
+# A secret shorter than this is a password someone typed, not a key (use `openssl rand -hex 32`).
+MIN_SECRET_BYTES = 16
 
 
 class SharedTierError(RuntimeError):
     """A shared-store read failed or returned a value that is not the asked chunk."""
 
 
-def chunk_hashes(fingerprint: str, tokens: list[int], chunk: int) -> list[str]:
-    """The chained hashes of the whole chunks of `tokens` (the partial tail has none)."""
-    out, parent = [], fingerprint.encode()
-    for i in range(len(tokens) // chunk):
-        h = hashlib.sha256(parent)
-        h.update(np.asarray(tokens[i * chunk:(i + 1) * chunk], dtype="<i4").tobytes())
-        parent = h.digest()
-        out.append(h.hexdigest())
-    return out
+class SharedSecret:
+    """The deployment secret's two sub-keys: one names keys, one MACs values (a leaked key
+    name or MAC says nothing about the other key, nor about the secret)."""
+
+    def __init__(self, secret: bytes | str):
+        raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if len(raw) < MIN_SECRET_BYTES:
+            raise ValueError(f"the shared-store secret must be at least {MIN_SECRET_BYTES} bytes "
+                             "(e.g. `openssl rand -hex 32`)")
+        self._names = hmac.digest(raw, b"arbor shared kv v1: key names", "sha256")
+        self._values = hmac.digest(raw, b"arbor shared kv v1: value mac", "sha256")
+
+    def __repr__(self) -> str:
+        return "SharedSecret(***)"
+
+    def namespace(self, fingerprint: str) -> str:
+        """The keys' prefix for one model: stable per (secret, fingerprint), reveals neither."""
+        return hmac.digest(self._names, b"ns|" + fingerprint.encode(), "sha256")[:16].hex()
+
+    def chunk_hashes(self, fingerprint: str, tokens: list[int], chunk: int) -> list[str]:
+        """The chained keyed hashes of the whole chunks of `tokens` (the partial tail has none)."""
+        out, parent = [], fingerprint.encode()
+        ids = np.asarray(tokens[:(len(tokens) // chunk) * chunk], dtype="<i4").tobytes()
+        step = 4 * chunk
+        for i in range(len(tokens) // chunk):
+            parent = hmac.digest(self._names, parent + b"|" + ids[i * step:(i + 1) * step], "sha256")
+            out.append(parent.hex())
+        return out
+
+    def chunk_keys(self, fingerprint: str, tokens: list[int], chunk: int) -> list[str]:
+        ns = self.namespace(fingerprint)
+        return [f"arbor:kv:{ns}:{h}" for h in self.chunk_hashes(fingerprint, tokens, chunk)]
+
+    def mac(self, key: str, parts: list) -> bytes:
+        """HMAC of `key` and the value's bytes (`parts`, buffers in order, not joined)."""
+        m = hmac.new(self._values, key.encode() + b"\n", "sha256")
+        for p in parts:
+            m.update(p)
+        return m.digest()
+
+    def verify(self, key: str, data: bytes | memoryview) -> memoryview:
+        """The value under the MAC of `data` read from `key`; SharedTierError if it does not verify."""
+        view = memoryview(data)
+        if len(view) < MAC_BYTES or not hmac.compare_digest(self.mac(key, [view[MAC_BYTES:]]), view[:MAC_BYTES]):
+            raise UnauthenticatedValue("the value's MAC does not verify (not written by a replica holding "
+                                       "this deployment's secret, or damaged)")
+        return view[MAC_BYTES:]
 
 
-def chunk_keys(fingerprint: str, tokens: list[int], chunk: int) -> list[str]:
-    return [f"arbor:kv:{fingerprint}:{h}" for h in chunk_hashes(fingerprint, tokens, chunk)]
+class UnauthenticatedValue(SharedTierError):
+    """A value whose MAC does not verify under this deployment's secret: never parsed, never loaded."""
 
 
-def encode_chunk(fingerprint: str, path_tokens: list[int], seg: KVSegment) -> bytes:
-    """A chunk's value: the disk segment encoding of `seg` (the KV of path_tokens[seg.pos0:])."""
+class OversizedValue(SharedTierError):
+    """A value longer than the replica's `max_value_bytes`: refused before it is read."""
+
+
+def encode_chunk(secret: SharedSecret, key: str, fingerprint: str, path_tokens: list[int], seg: KVSegment) -> bytes:
+    """A chunk's value under `key`: the MAC, then the disk segment encoding of `seg` (the KV
+    of path_tokens[seg.pos0:])."""
     enc = encode_segment(fingerprint, path_tokens, seg)
-    return b"".join([enc.head, *(a.data.cast("B") for a in enc.arrays)])
+    parts = [enc.head, *(a.data.cast("B") for a in enc.arrays)]
+    return b"".join([secret.mac(key, parts), *parts])
 
 
-def decode_chunk(data: bytes, fingerprint: str, path_tokens: list[int], start: int) -> KVSegment:
-    """The KV of path_tokens[start:] from a chunk's value, checked against everything it must
-    be: the format, both checksums, the fingerprint, the token path and the position."""
+def decode_chunk(secret: SharedSecret, key: str, data: bytes, fingerprint: str, path_tokens: list[int],
+                 start: int) -> KVSegment:
+    """The KV of path_tokens[start:] from the value read under `key`, checked against
+    everything it must be: first its MAC (nothing unauthenticated is parsed), then the
+    format, the header checksum, the fingerprint, the token path, the position and the size.
+    (The body's own SHA-256 is not recomputed: the MAC already covers every byte of it.)"""
+    data = secret.verify(key, data)
     head = len(MAGIC) + 4
     if len(data) < head or data[:len(MAGIC)] != MAGIC:
         raise SharedTierError("not an Arbor KV chunk (another format version, or garbage)")
@@ -100,7 +170,7 @@ def decode_chunk(data: bytes, fingerprint: str, path_tokens: list[int], start: i
     if hashlib.sha256(raw).digest() != data[head + hlen:head + hlen + DIGEST_BYTES]:
         raise SharedTierError("chunk header checksum mismatch")
     try:
-        header = json.loads(raw)
+        header = json.loads(bytes(raw))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SharedTierError("unreadable chunk header") from exc
     if not isinstance(header, dict):
@@ -111,11 +181,9 @@ def decode_chunk(data: bytes, fingerprint: str, path_tokens: list[int], start: i
         raise SharedTierError("the chunk holds another token path (hash collision?)")
     n = len(path_tokens) - start
     layout: KVLayout = layout_from_json(header["layout"])
-    body = memoryview(data)[head + hlen + DIGEST_BYTES:]
+    body = data[head + hlen + DIGEST_BYTES:]
     if header.get("n") != n or len(body) != n * int(layout.bytes_per_token):
         raise SharedTierError("chunk size does not match its header (truncated value)")
-    if hashlib.sha256(body).hexdigest() != header.get("sha256"):
-        raise SharedTierError("chunk body checksum mismatch")
     return segment_from_arrays(layout, start, n, body)  # read-only views: a restore only reads them
 
 
@@ -130,16 +198,21 @@ class SharedMatch:
 class SharedTier:
     name = TIER
 
-    def __init__(self, url: str, fingerprint: str, chunk: int = DEFAULT_CHUNK, *,
+    def __init__(self, url: str, fingerprint: str, chunk: int = DEFAULT_CHUNK, *, secret: bytes | str | SharedSecret,
                  lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S, io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
-                 queue_bytes: int = DEFAULT_QUEUE_BYTES):
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES):
+        """`secret`: the deployment's shared secret (required: a store without it would trust
+        whoever can write to it). `max_value_bytes`: the longest value read or written."""
         try:
             import redis  # imported here: only a server with the shared tier talks to a store
         except ImportError as exc:
             raise RuntimeError("--cache-shared needs the PyPI package redis: pip install redis") from exc
 
-        self.url = url
+        self.secret = secret if isinstance(secret, SharedSecret) else SharedSecret(secret)
+        self.url = redact_url(url)  # the only form of the URL kept for showing
+        self._password = password_of(url)
         self.fingerprint = fingerprint
+        self.max_value_bytes = max_value_bytes
         self.chunk = chunk
         self.queue_bytes = queue_bytes
         # Two clients: lookups run on the engine thread under a short timeout; reads and writes
@@ -154,7 +227,10 @@ class SharedTier:
         self.hits = 0
         self.errors = 0  # every failed store call: lookup, read, write (the metric)
         self.skipped = 0  # lookups not made during a back-off
-        self.rejected = 0  # values read that were not the chunk asked for
+        self.rejected = 0  # values read that were refused (any reason below, or not the chunk asked for)
+        self.unauthenticated = 0  # of which: the MAC did not verify (planted or damaged)
+        self.oversized = 0  # of which: longer than max_value_bytes (refused from their length)
+        self.oversized_writes = 0  # chunks not written: their value would exceed max_value_bytes
         self.stored_chunks = 0
         self._writer = BoundedWriter("arbor-shared-writer", lambda item: self._write(*item),
                                      lambda exc: self._failed("write", exc), queue_bytes)
@@ -164,7 +240,12 @@ class SharedTier:
         self.errors += 1
         self._down_until = time.monotonic() + BACKOFF_S
         log.warning("shared KV store %s: %s failed (%s: %s); computing instead, retrying in %.0f s",
-                    self.url, what, type(exc).__name__, exc, BACKOFF_S)
+                    self.url, what, type(exc).__name__, self._scrub(exc), BACKOFF_S)
+
+    def _scrub(self, exc: Exception) -> str:
+        """An error's text without the store's password (in case a client library quotes it)."""
+        text = str(exc)
+        return text.replace(self._password, "***") if self._password else text
 
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -173,7 +254,7 @@ class SharedTier:
     def lookup(self, tokens: list[int]) -> SharedMatch:
         """The leading whole chunks of `tokens` the store holds (engine thread, bounded time;
         0 when the store fails or is in back-off)."""
-        keys = chunk_keys(self.fingerprint, tokens, self.chunk)
+        keys = self.secret.chunk_keys(self.fingerprint, tokens, self.chunk)
         if not keys:
             return SharedMatch(0, [])
         if not self.available():
@@ -198,24 +279,47 @@ class SharedTier:
 
     # ------------------------------------------------------------------ read
     def load(self, match: SharedMatch, start: int = 0) -> list[KVSegment]:
-        """The KV of positions [start, match.length) as consecutive segments, read in one
-        MGET and checked (read-ahead thread). Raises SharedTierError."""
+        """The KV of positions [start, match.length) as consecutive segments, checked
+        (read-ahead thread). Two round trips: every value's length (STRLEN: an oversized one
+        is refused before any of it is read), then the values (GETRANGE up to
+        max_value_bytes + 1: bounded even if a value grew in between). Raises
+        SharedTierError; a value refused for its MAC or size is deleted from the store."""
         if start >= match.length:
             return []
         first = start // self.chunk
-        keys = chunk_keys(self.fingerprint, match.tokens, self.chunk)[first:]
+        keys = self.secret.chunk_keys(self.fingerprint, match.tokens, self.chunk)[first:]
         try:
-            values = self._slow.mget(keys)
+            pipe = self._slow.pipeline(transaction=False)
+            for k in keys:
+                pipe.strlen(k)
+            sizes = pipe.execute()
+            for j, size in enumerate(sizes):
+                if size > self.max_value_bytes:
+                    self._refuse(keys[j], OversizedValue(
+                        f"chunk {first + j}: a {size}-byte value, over the {self.max_value_bytes}-byte limit"))
+                if size == 0:
+                    raise SharedTierError(f"chunk {first + j} was evicted from the store before it was read")
+            pipe = self._slow.pipeline(transaction=False)
+            for k in keys:
+                pipe.getrange(k, 0, self.max_value_bytes)  # at most max_value_bytes + 1 bytes
+            values = pipe.execute()
+        except SharedTierError:
+            raise
         except Exception as exc:  # noqa: BLE001
             self._failed("read", exc)
-            raise SharedTierError(f"reading {len(keys)} chunks failed: {exc}") from exc
+            raise SharedTierError(f"reading {len(keys)} chunks failed: {self._scrub(exc)}") from exc
         out = []
         for j, data in enumerate(values):
             i = first + j
-            if data is None:
+            if not data:
                 raise SharedTierError(f"chunk {i} was evicted from the store before it was read")
+            if len(data) > self.max_value_bytes:
+                self._refuse(keys[j], OversizedValue(f"chunk {i}: over the {self.max_value_bytes}-byte limit"))
             try:
-                seg = decode_chunk(data, self.fingerprint, match.tokens[:(i + 1) * self.chunk], i * self.chunk)
+                seg = decode_chunk(self.secret, keys[j], data, self.fingerprint, match.tokens[:(i + 1) * self.chunk],
+                                   i * self.chunk)
+            except UnauthenticatedValue as exc:
+                self._refuse(keys[j], UnauthenticatedValue(f"chunk {i}: {exc}"))
             except (SharedTierError, ValueError, KeyError, TypeError) as exc:
                 self.rejected += 1
                 raise SharedTierError(f"chunk {i}: {exc}") from exc
@@ -232,6 +336,22 @@ class SharedTier:
             return False
         return self._writer.submit((list(tokens[:n]), ranges), sum(seg.nbytes for _, seg in ranges))
 
+    def _refuse(self, key: str, exc: SharedTierError) -> None:
+        """Count a value refused for its MAC or its size, delete it (best effort: a replica
+        holding the secret then writes the honest value again, instead of every lookup finding
+        the bad one until the LRU drops it), and raise `exc`."""
+        self.rejected += 1
+        if isinstance(exc, OversizedValue):
+            self.oversized += 1
+        else:
+            self.unauthenticated += 1
+        log.warning("shared KV store %s: %s; refused and deleted, computing instead", self.url, exc)
+        try:
+            self._slow.delete(key)
+        except Exception as del_exc:  # noqa: BLE001 - the refusal stands either way
+            log.debug("shared KV store: deleting a refused value failed: %s", self._scrub(del_exc))
+        raise exc
+
     @property
     def dropped_writes(self) -> int:
         """Stores dropped because the writer's queue was full."""
@@ -239,7 +359,7 @@ class SharedTier:
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """SET the chunks the store lacks (one EXISTS round trip, then one pipeline of SETs)."""
-        keys = chunk_keys(self.fingerprint, tokens, self.chunk)
+        keys = self.secret.chunk_keys(self.fingerprint, tokens, self.chunk)
         pipe = self._slow.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k)
@@ -253,7 +373,11 @@ class SharedTier:
             seg = cover(ranges, s, e)
             if seg is None:
                 continue  # the caller does not hold this chunk's KV
-            pipe.set(key, encode_chunk(self.fingerprint, tokens[:e], seg))
+            value = encode_chunk(self.secret, key, self.fingerprint, tokens[:e], seg)
+            if len(value) > self.max_value_bytes:
+                self.oversized_writes += 1  # every replica would refuse it
+                continue
+            pipe.set(key, value)
             wrote += 1
         if wrote:
             pipe.execute()
@@ -274,5 +398,7 @@ class SharedTier:
                 "lookups": self.lookups, "lookup_ms_total": round(self.lookup_ms, 3),
                 "max_lookup_ms": round(self.max_lookup_ms, 3), "lookups_skipped": self.skipped,
                 "hits": self.hits, "errors": self.errors, "rejected": self.rejected,
+                "unauthenticated": self.unauthenticated, "oversized": self.oversized,
+                "oversized_writes": self.oversized_writes, "max_value_bytes": self.max_value_bytes,
                 "stored_chunks": self.stored_chunks, "dropped_writes": self.dropped_writes,
                 "pending_bytes": self._writer.pending_bytes, "pending_writes": self._writer.pending}

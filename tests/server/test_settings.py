@@ -33,13 +33,44 @@ def test_the_idle_cell_limit_needs_a_tier_to_write_back_to():
         settings_from_args(["--no-cache", "--cache-idle-cells", "1024"])
 
 
+SECRET = ["--cache-shared-secret", "0123456789abcdef0123"]
+
+
 def test_the_shared_tier_needs_the_host_tier_and_a_redis_url():
-    s = settings_from_args(["--cache-shared", "redis://127.0.0.1:6379/0", "--cache-shared-chunk", "128"])
-    assert (s.cache_shared, s.cache_shared_chunk) == ("redis://127.0.0.1:6379/0", 128)
+    s = settings_from_args(["--cache-shared", "redis://127.0.0.1:6379/0", "--cache-shared-chunk", "128", *SECRET])
+    assert (s.cache_shared, s.cache_shared_chunk, s.cache_shared_max_value_mb) == ("redis://127.0.0.1:6379/0", 128, 64)
     with pytest.raises(ValidationError, match="needs tier H"):
-        settings_from_args(["--cache-tiers", "A,S", "--cache-shared", "redis://127.0.0.1:6379/0"])
+        settings_from_args(["--cache-tiers", "A,S", "--cache-shared", "redis://127.0.0.1:6379/0", *SECRET])
     with pytest.raises(ValidationError, match="expected a redis://"):
-        settings_from_args(["--cache-shared", "127.0.0.1:6379"])
+        settings_from_args(["--cache-shared", "127.0.0.1:6379", *SECRET])
+    with pytest.raises(ValidationError, match="expected a redis://") as err:
+        settings_from_args(["--cache-shared", "http://:pw-in-url@valkey:6379", *SECRET])
+    assert "pw-in-url" not in str(err.value.errors()[0]["msg"])
+
+
+def test_a_replica_with_a_store_and_no_secret_refuses_to_start(capsys, monkeypatch, tmp_path: Path):
+    from server.cli import main
+
+    monkeypatch.delenv("ARBOR_SERVER_CACHE_SHARED_SECRET", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["--cache-shared", "redis://:pw@127.0.0.1:6379/0"])  # exits before any model loads
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cache-shared needs the deployment's secret" in err and "pw@" not in err
+    with pytest.raises(ValidationError, match="at least 16 bytes"):
+        settings_from_args(["--cache-shared", "redis://127.0.0.1:6379/0", "--cache-shared-secret", "short"])
+    # from a file (a docker secret), from the environment; never both flags
+    (tmp_path / "secret").write_text("  from-a-file-0123456789\n")
+    s = settings_from_args(["--cache-shared", "redis://127.0.0.1:6379/0", "--cache-shared-secret-file",
+                            str(tmp_path / "secret")])
+    assert s.cache_shared_secret.get_secret_value() == "from-a-file-0123456789"
+    assert "from-a-file" not in repr(s) and "redis://" not in repr(s)  # neither the secret nor the URL shows
+    with pytest.raises(ValidationError, match="not both"):
+        settings_from_args(["--cache-shared", "redis://127.0.0.1:6379/0", *SECRET, "--cache-shared-secret-file",
+                            str(tmp_path / "secret")])
+    monkeypatch.setenv("ARBOR_SERVER_CACHE_SHARED_SECRET", "from-the-environment-0123")
+    s = settings_from_args(["--cache-shared", "redis://127.0.0.1:6379/0"])
+    assert s.cache_shared_secret.get_secret_value() == "from-the-environment-0123"
 
 
 def test_paged_attention_flags():

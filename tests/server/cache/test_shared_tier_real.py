@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from bench.redis_store import SHARED_SECRET
 from bench.soak import metrics
 from tests.server.cache.redis_store import start_redis
 from tests.server.conftest import RunningServer, start_server, stop_server
@@ -33,10 +34,13 @@ def text(seed: int, words: int) -> str:
     return f"Log {seed}: " + " ".join(rng.choice(WORDS) for _ in range(words)) + "\nSummary:"
 
 
+PASSWORD = "store-password-0123"  # the store asks for one, as compose.scale.yaml's does
+
+
 def replica_args(url: str) -> list[str]:
     return ["--parallel", "1", "--ctx-size", "2048", "--batch-size", "128", "--cache-tiers", "A,S,H",
             "--cache-ram", "64", "--cache-min-tokens", "16", "--cache-shared", url,
-            "--cache-shared-chunk", str(CHUNK)]
+            "--cache-shared-chunk", str(CHUNK), "--cache-shared-secret", SHARED_SECRET]
 
 
 def complete(server: RunningServer, prompt: str) -> dict:
@@ -61,20 +65,25 @@ def wait_written(server: RunningServer, chunks: int) -> dict:
 
 
 def test_a_prefix_computed_on_one_replica_is_restored_on_another(tmp_path):
+    import redis
+
     store = start_redis(tmp_path)
+    redis.Redis(port=store.port).config_set("requirepass", PASSWORD)
+    url = f"redis://:{PASSWORD}@127.0.0.1:{store.port}/0"
     turn1 = text(1, 150)  # ~300 tokens: several whole chunks
     try:
-        r1 = start_server(tmp_path, *replica_args(store.url))
+        r1 = start_server(tmp_path, *replica_args(url))
         try:
             first = complete(r1, turn1)
             complete(r1, text(2, 30))  # takes the only slot: turn 1's KV is written back (H, then R)
             st = wait_written(r1, 2)
             assert st["errors"] == 0
+            assert st["url"] == f"redis://:***@127.0.0.1:{store.port}/0"  # /cache/stats never shows the password
         finally:
             stop_server(r1)
         turn2 = turn1 + first["choices"][0]["text"] + "\nNext entry:"
 
-        r2 = start_server(tmp_path, *replica_args(store.url))
+        r2 = start_server(tmp_path, *replica_args(url))
         try:
             got = complete(r2, turn2)
             cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -101,6 +110,9 @@ def test_a_prefix_computed_on_one_replica_is_restored_on_another(tmp_path):
             assert metrics(r2.base_url)["arbor:cache_shared_errors_total"] > before
         finally:
             stop_server(r2)
+        for server in (r1, r2):  # the failures were logged, the password never
+            assert PASSWORD not in server.log()
+        assert "redis://:***@" in r2.log()
 
         ref = start_server(tmp_path, "--parallel", "1", "--ctx-size", "2048", "--batch-size", "128", "--no-cache")
         try:
