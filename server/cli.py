@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
       "never read (default 64)")
     a("--cache-idle-cells", type=int, help="KV cells idle slots may keep while other requests run; beyond it "
                                            "the least recently used one is written back and freed (default: no limit)")
+    a("--allowed-hosts", help="names clients may reach the server by (the Host header; comma separated, "
+      "'*.example.com' for subdomains), besides localhost, 127.0.0.1, ::1 and a specific --host; '*': any (behind "
+      "a proxy that checks Host, or in compose where other containers call the server by its service name)")
     a("--cors-origins", help="origins browsers may call from, comma separated ('*': any; default: localhost only)")
     a("--embeddings", action="store_true", default=None, help="serve /v1/embeddings (a second, small context)")
     a("--pooling", choices=["model", "mean", "cls", "last"], help="embedding pooling (default: the model's)")
@@ -109,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-stop-chars", type=int, help="characters in one stop string (default 256)")
     return p
 
+    limits.add_argument("--max-tools-kib", type=int, help="KiB of JSON of one request's tool definitions "
+                        "(default 256)")
+    limits.add_argument("--max-grammar-chars", type=int, help="characters of a request's grammar (default 65536)")
+    limits.add_argument("--max-schema-kib", type=int, help="KiB of JSON of a request's response_format.json_schema "
+                        "or json_schema (default 64)")
+    limits.add_argument("--max-logit-bias", type=int, help="logit_bias entries per request (default 1024)")
+    limits.add_argument("--max-embeddings-inputs", type=int, help="inputs of one embeddings request (default 256)")
 
 def settings_from_args(argv: list[str] | None = None) -> ServerSettings:
     args = build_parser().parse_args(argv)

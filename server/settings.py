@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from server.cache.store_url import redact_url
 
@@ -16,6 +18,20 @@ MIN_SHARED_SECRET_BYTES = 16  # as server.cache.shared_tier.MIN_SECRET_BYTES
 # How a thinking model's reasoning comes back (llama-server's names; server.api.conversation).
 ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
 REASONING_FORMATS: tuple[str, ...] = get_args(ReasoningFormat)
+# an --allowed-hosts name: '*', a name or IPv4 address (optionally '*.'-prefixed); IPv6 addresses are
+# checked by ipaddress. No scheme, no port, no path: a Host header is matched without its port.
+_HOST_NAME = re.compile(r"\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
+
+
+def _host_entry_ok(entry: str) -> bool:
+    if ":" not in entry:
+        return _HOST_NAME.fullmatch(entry) is not None
+    bare = entry[1:-1] if entry.startswith("[") and entry.endswith("]") else entry
+    try:
+        ipaddress.IPv6Address(bare)
+    except ValueError:
+        return False
+    return True
 
 
 def physical_cores() -> int:
@@ -112,8 +128,14 @@ class ServerSettings(BaseSettings):
         "connects; default: off")
     kv_events_topic: str = Field("", description="ZMQ topic of the KV events")
     kv_events_block_size: int = Field(16, ge=1, le=4096, description="tokens per block in the KV events")
-    cors_origins: tuple[str, ...] = Field((), description="origins browsers may call from (comma separated, "
-                                          "'*' for any); default: localhost origins only")
+    # NoDecode: a comma-separated list in the environment (ARBOR_SERVER_CORS_ORIGINS=a,b), not JSON
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="origins browsers may call from (comma separated, '*' for any); default: localhost "
+        "origins only")
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="names clients may reach the server by (Host header, comma separated; '*.example.com' "
+        "for subdomains), besides the localhost names and a specific --host, which are always allowed; '*': any "
+        "(behind a proxy that checks Host itself). server/api/host_check.py")
     embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
     pooling: Literal["model", "mean", "cls", "last"] = Field("model", description="embedding pooling; model: as "
                                                              "the GGUF says (generative models say none)")
@@ -129,6 +151,12 @@ class ServerSettings(BaseSettings):
     max_stop_chars: int = Field(256, ge=1, description="characters in one stop string")
     max_choices: int = Field(8, ge=1, le=64, description="largest n (choices sampled from one prompt per request)")
 
+    max_tools_kib: int = Field(256, ge=1, description="KiB of JSON of all tool definitions of one request")
+    max_grammar_chars: int = Field(65536, ge=1, description="characters of a request's GBNF grammar")
+    max_schema_kib: int = Field(64, ge=1, description="KiB of JSON of a request's response_format.json_schema "
+                                "(or llama-server's json_schema)")
+    max_logit_bias: int = Field(1024, ge=0, description="logit_bias entries per request")
+    max_embeddings_inputs: int = Field(256, ge=1, description="inputs of one /v1/embeddings request")
     @field_validator("cache_tiers", mode="before")
     @classmethod
     def _parse_tiers(cls, v):
@@ -152,6 +180,18 @@ class ServerSettings(BaseSettings):
         return origins
 
     @field_validator("model", "chat_template_file")
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _parse_hosts(cls, v):
+        if isinstance(v, str):
+            v = v.split(",")
+        hosts = tuple(dict.fromkeys(str(h).strip().lower() for h in v if str(h).strip()))
+        bad = [h for h in hosts if not _host_entry_ok(h)]
+        if bad:
+            raise ValueError(f"allowed hosts are names or addresses without scheme or port (a.example, "
+                             f"*.example.com, 10.0.0.5, [::1]) or '*', got {bad}")
+        return hosts
+
     @classmethod
     def _file_exists(cls, v: Path | None):
         if v is not None and not v.is_file():

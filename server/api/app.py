@@ -18,6 +18,7 @@ from server.api.chat_layer import ChatTemplates
 from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
 from server.api.generation import LoopDelivery
+from server.api.host_check import HostCheck
 from server.api.request_guard import RequestGuard
 from server.api.routes import cache, chat, completions, embeddings, info, native_completion, tokens
 from server.api.state import ServerState
@@ -78,6 +79,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(cache.router)
     app.add_middleware(UnprefixedAliases)
     install_cors(app, settings.cors_origins)
+    app.add_middleware(HostCheck, settings=settings)  # added last: outermost, before CORS answers anything
     return app
 
 

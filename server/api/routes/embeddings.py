@@ -6,6 +6,9 @@ openai client asks for base64 by default). Each input is embedded as one job on 
 engine thread, so running generations advance between inputs; the embeddings context is
 separate and leaves their KV alone. A server without an embeddings context answers 501
 with the reason (started without --embeddings, or the model has no pooling).
+
+At most --max-embeddings-inputs inputs per request (400 beyond); a client that goes away stops
+the work before the next input (499).
 """
 
 from __future__ import annotations
@@ -15,17 +18,16 @@ import base64
 import struct
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.api.client_watch import ClientWatch
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError, invalid
 from server.api.prompting import check_model_name
 from server.bootstrap import LoadedModel
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-
-MAX_INPUTS = 256
 
 
 class EmbeddingRequest(BaseModel):
@@ -37,11 +39,21 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1)
 
 
-def _token_inputs(body: EmbeddingRequest, model: LoadedModel) -> list[list[int]]:
+def raw_inputs(body: EmbeddingRequest, max_inputs: int) -> list[Any]:
+    """The request's inputs as a list (one string or one token list is one input); 400 for none
+    or more than `max_inputs`, naming --max-embeddings-inputs."""
     raw: list[Any] = [body.input] if isinstance(body.input, str) or (
         body.input and isinstance(body.input[0], int)) else list(body.input)
-    if not raw or len(raw) > MAX_INPUTS:
-        raise invalid(f"input must hold 1..{MAX_INPUTS} items", param="input")
+    if not raw:
+        raise invalid("input must hold at least one item", param="input")
+    if len(raw) > max_inputs:
+        raise APIError(f"input: {len(raw)} inputs; this server embeds at most {max_inputs} per request "
+                       "(--max-embeddings-inputs)", param="input", code="too_many_inputs")
+    return raw
+
+
+def _token_inputs(body: EmbeddingRequest, model: LoadedModel, max_inputs: int) -> list[list[int]]:
+    raw = raw_inputs(body, max_inputs)
     rt, limit = model.runtime, model.embedder.n_ctx
     out = []
     for i, item in enumerate(raw):
@@ -65,7 +77,7 @@ def _encode(vec: list[float], fmt: str) -> list[float] | str:
 
 
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, state: StateDep, model: ModelDep):
+async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep, model: ModelDep):
     check_model_name(body.model, model, state.settings)
     embedder = model.embedder
     if embedder is None:
@@ -74,11 +86,14 @@ async def embeddings(body: EmbeddingRequest, state: StateDep, model: ModelDep):
     if body.dimensions is not None and body.dimensions != embedder.n_embd:
         raise invalid(f"this model embeds in {embedder.n_embd} dimensions; dimensions cannot change that",
                       param="dimensions")
-    inputs = _token_inputs(body, model)
+    inputs = _token_inputs(body, model, state.settings.max_embeddings_inputs)
     data = []
-    for i, tokens in enumerate(inputs):
-        vec = await asyncio.to_thread(model.engine.run_exclusive, lambda t=tokens: embedder.embed(t))
-        data.append({"object": "embedding", "index": i, "embedding": _encode(vec, body.encoding_format)})
+    async with ClientWatch(request) as watch:
+        for i, tokens in enumerate(inputs):
+            if watch.gone:  # nobody reads the answer: leave the engine thread to the others
+                return APIError("client disconnected", status=499).response()
+            vec = await asyncio.to_thread(model.engine.run_exclusive, lambda t=tokens: embedder.embed(t))
+            data.append({"object": "embedding", "index": i, "embedding": _encode(vec, body.encoding_format)})
     n = sum(len(t) for t in inputs)
     return {"object": "list", "data": data, "model": model.model_name,
             "usage": {"prompt_tokens": n, "total_tokens": n}}

@@ -19,8 +19,9 @@ def preflight(client, origin: str, path: str = "/v1/chat/completions"):
 
 
 def app_client(**settings) -> TestClient:
-    # No `with`: the lifespan (model load) does not run; CORS answers without a model.
-    return TestClient(create_app(ServerSettings(**settings)))
+    # No `with`: the lifespan (model load) does not run; CORS answers without a model. The
+    # client names the server `localhost` (TestClient's own `testserver` is not an allowed Host).
+    return TestClient(create_app(ServerSettings(**settings)), base_url="http://localhost")
 
 
 @pytest.mark.parametrize("origin", ["http://localhost:5173", "http://127.0.0.1", "https://[::1]:8443"])
@@ -47,7 +48,8 @@ def test_allow_list_replaces_localhost():
 def test_star_allows_any_origin_and_the_flag_parses():
     s = settings_from_args(["--cors-origins", "*"])
     assert s.cors_origins == ("*",)
-    r = TestClient(create_app(s)).get("/health", headers={"Origin": "https://anywhere.example"})
+    client = TestClient(create_app(s), base_url="http://localhost")
+    r = client.get("/health", headers={"Origin": "https://anywhere.example"})
     assert r.headers["access-control-allow-origin"] == "*"
 
 

@@ -132,6 +132,28 @@ HOSTILE = [
      "invalid_schema"),
     ("tool parameters pattern ends with a backslash", CHAT, tool_params({"type": "object", "properties": {
         "a": {"type": "string", "pattern": "^id-\\$"}}, "required": ["a"]}), 400, "invalid_schema"),
+    # issue 35: bounded requests, JSON bodies only, a Host this server answers to
+    ("300 KB of tool definitions", CHAT, chat(tools=[{"type": "function", "function": {
+        "name": f"f{i}", "description": "d" * 3000}} for i in range(100)]), 400, "tools_too_large"),
+    ("a 100000-character grammar", CHAT, chat(grammar='root ::= "' + "a" * 100_000 + '"'), 400, "grammar_too_large"),
+    ("a 100 KB response_format schema", CHAT, schema({"enum": ["x" * 100_000]}), 400, "schema_too_large"),
+    ("a 100 KB json_schema, completions", "/v1/completions", {"json": {"prompt": "x", "json_schema": {
+        "enum": ["x" * 100_000]}}}, 400, "schema_too_large"),
+    ("5000 logit_bias entries", CHAT, chat(logit_bias={str(i): 1 for i in range(5000)}), 400, "too_many_logit_bias"),
+    ("5000 logit_bias pairs, /completion", "/completion", {"json": {"prompt": "x", "logit_bias": [
+        [i, 1] for i in range(5000)]}}, 400, "too_many_logit_bias"),
+    ("a form-encoded body", CHAT, {"content": b"messages=hi", "headers": {
+        "content-type": "application/x-www-form-urlencoded"}}, 415, "unsupported_media_type"),
+    ("a text/plain body", CHAT, {"content": b'{"messages":[]}', "headers": {"content-type": "text/plain"}}, 415,
+     "unsupported_media_type"),
+    ("a body without Content-Type", CHAT, {"content": b'{"messages":[]}'}, 415, "unsupported_media_type"),
+    ("a cache flush from a browser page", "/cache/flush", {"headers": {"Origin": "https://evil.example"}}, 415,
+     "unsupported_media_type"),
+    ("a cache hint as text/plain", "/cache/hint", {"content": b'{"session":"s","pin":true}', "headers": {
+        "content-type": "text/plain"}}, 415, "unsupported_media_type"),
+    ("a rebound Host", CHAT, {**chat(), "headers": {"Host": "attacker.example"}}, 400, "invalid_host"),
+    ("a rebound Host on the flush", "/cache/flush", {"headers": {"Host": "attacker.example:8080"}}, 400,
+     "invalid_host"),
 ]
 
 # Valid, if odd: answered normally.

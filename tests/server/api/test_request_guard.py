@@ -10,6 +10,7 @@ from server.api.errors import APIError, ErrorJSONResponse
 from server.api.grammars import json_schema_grammar
 from server.api.request_guard import Limits, check_body
 from server.cli import build_parser, settings_from_args
+from server.settings import ServerSettings
 
 LIMITS = Limits(body_bytes=1024, json_depth=8, messages=3, tools=2, stop=1, stop_chars=4)
 
@@ -58,6 +59,48 @@ def test_at_the_limits_passes_and_non_json_is_left_to_the_route():
     check_body(b"", LIMITS)
 
 
+SIZES = Limits(body_bytes=2**20, json_depth=64, messages=8, tools=8, stop=4, stop_chars=8, tools_bytes=200,
+               grammar_chars=20, schema_bytes=100, logit_bias=3)
+
+
+def _tools(description: str) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", "description": description}}]
+
+
+def test_tool_definitions_larger_than_the_limit_name_the_flag():
+    small = _tools("d" * 100)
+    check_body(json.dumps({"tools": small}).encode(), SIZES)
+    err = refused(json.dumps({"tools": _tools("d" * 200)}).encode(), SIZES)
+    assert err.status == 400 and err.code == "tools_too_large" and err.param == "tools"
+    assert "--max-tools-kib" in err.message
+    # counted as UTF-8: 60 three-byte characters weigh 180 bytes
+    assert refused(json.dumps({"tools": _tools("\u20ac" * 60)}).encode(), SIZES).code == "tools_too_large"
+
+
+def test_a_grammar_longer_than_the_limit_names_the_flag():
+    check_body(json.dumps({"grammar": 'root ::= "' + "a" * 9 + '"'}).encode(), SIZES)  # 20 characters
+    err = refused(json.dumps({"grammar": 'root ::= "' + "a" * 10 + '"'}).encode(), SIZES)
+    assert err.code == "grammar_too_large" and err.param == "grammar" and "--max-grammar-chars" in err.message
+
+
+@pytest.mark.parametrize("field,param", [
+    (lambda s: {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": s}}},
+     "response_format.json_schema"),
+    (lambda s: {"json_schema": s}, "json_schema")])
+def test_a_json_schema_larger_than_the_limit_names_the_flag(field, param):
+    check_body(json.dumps(field({"enum": ["a" * 80]})).encode(), SIZES)
+    err = refused(json.dumps(field({"enum": ["a" * 100]})).encode(), SIZES)
+    assert err.code == "schema_too_large" and err.param == param and "--max-schema-kib" in err.message
+
+
+@pytest.mark.parametrize("bias", [{"1": 1, "2": 1, "3": 1, "4": 1}, [[1, 1], [2, 1], [3, 1], [4, 1]]],
+                         ids=["map", "llama-server pairs"])
+def test_more_logit_bias_entries_than_the_limit_name_the_flag(bias):
+    check_body(json.dumps({"logit_bias": {"1": 1, "2": 1, "3": 1}}).encode(), SIZES)
+    err = refused(json.dumps({"logit_bias": bias}).encode(), SIZES)
+    assert err.code == "too_many_logit_bias" and err.param == "logit_bias" and "--max-logit-bias" in err.message
+
+
 def test_error_bodies_are_ascii_even_with_a_surrogate_in_the_message():
     body = ErrorJSONResponse(APIError("bad name '\ud800'").body()).body
     assert json.loads(body)["error"]["message"] == "bad name '\ud800'"
@@ -86,9 +129,16 @@ def test_ordinary_schemas_still_make_grammars(schema):
 def test_limits_are_flags_documented_in_help():
     text = build_parser().format_help()
     for flag in ("--max-body-kib", "--max-json-depth", "--max-messages", "--max-tools", "--max-stop",
-                 "--max-stop-chars"):
+                 "--max-stop-chars", "--max-tools-kib", "--max-grammar-chars", "--max-schema-kib", "--max-logit-bias",
+                 "--max-embeddings-inputs"):
         assert flag in text
     s = settings_from_args(["--max-body-kib", "8", "--max-tools", "0", "--max-stop", "3", "--max-messages", "5",
-                            "--max-stop-chars", "64"])
+                            "--max-stop-chars", "64", "--max-tools-kib", "2", "--max-grammar-chars", "100",
+                            "--max-schema-kib", "3", "--max-logit-bias", "7", "--max-embeddings-inputs", "9"])
     assert Limits.from_settings(s) == Limits(body_bytes=8192, json_depth=64, messages=5, tools=0, stop=3,
-                                             stop_chars=64)
+                                             stop_chars=64, tools_bytes=2048, grammar_chars=100, schema_bytes=3072,
+                                             logit_bias=7)
+    assert s.max_embeddings_inputs == 9
+    d = ServerSettings()
+    assert (d.max_tools_kib, d.max_grammar_chars, d.max_schema_kib, d.max_logit_bias, d.max_embeddings_inputs) == (
+        256, 65536, 64, 1024, 256)
