@@ -110,8 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-tools", type=int, help="tools per chat request (default 128)")
     limits.add_argument("--max-stop", type=int, help="stop strings per request (default 16)")
     limits.add_argument("--max-stop-chars", type=int, help="characters in one stop string (default 256)")
-    return p
-
     limits.add_argument("--max-tools-kib", type=int, help="KiB of JSON of one request's tool definitions "
                         "(default 256)")
     limits.add_argument("--max-grammar-chars", type=int, help="characters of a request's grammar (default 65536)")
@@ -119,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "or json_schema (default 64)")
     limits.add_argument("--max-logit-bias", type=int, help="logit_bias entries per request (default 1024)")
     limits.add_argument("--max-embeddings-inputs", type=int, help="inputs of one embeddings request (default 256)")
+    return p
+
 
 def settings_from_args(argv: list[str] | None = None) -> ServerSettings:
     args = build_parser().parse_args(argv)

@@ -150,13 +150,13 @@ class ServerSettings(BaseSettings):
     max_stop: int = Field(16, ge=0, description="stop strings per request")
     max_stop_chars: int = Field(256, ge=1, description="characters in one stop string")
     max_choices: int = Field(8, ge=1, le=64, description="largest n (choices sampled from one prompt per request)")
-
     max_tools_kib: int = Field(256, ge=1, description="KiB of JSON of all tool definitions of one request")
     max_grammar_chars: int = Field(65536, ge=1, description="characters of a request's GBNF grammar")
     max_schema_kib: int = Field(64, ge=1, description="KiB of JSON of a request's response_format.json_schema "
                                 "(or llama-server's json_schema)")
     max_logit_bias: int = Field(1024, ge=0, description="logit_bias entries per request")
     max_embeddings_inputs: int = Field(256, ge=1, description="inputs of one /v1/embeddings request")
+
     @field_validator("cache_tiers", mode="before")
     @classmethod
     def _parse_tiers(cls, v):
@@ -179,7 +179,6 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"CORS origins look like scheme://host[:port] or '*', got {bad}")
         return origins
 
-    @field_validator("model", "chat_template_file")
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _parse_hosts(cls, v):
@@ -192,6 +191,7 @@ class ServerSettings(BaseSettings):
                              f"*.example.com, 10.0.0.5, [::1]) or '*', got {bad}")
         return hosts
 
+    @field_validator("model", "chat_template_file")
     @classmethod
     def _file_exists(cls, v: Path | None):
         if v is not None and not v.is_file():
