@@ -98,19 +98,24 @@ wait_healthy() {
   done
 }
 
-# GET a URL (extra arguments: request headers), bounded by the deadline.
+# GET a URL (extra arguments: request headers), bounded by the deadline. The headers reach curl
+# (or python) on stdin, never on a command line, where any user of the machine could read the API
+# key (ps, /proc/PID/cmdline); printf is a shell builtin, so it starts no process either.
 http_get() {
-  local url=$1 max_s
+  local url=$1 max_s header
   shift
   max_s=$(remaining); [ "$max_s" -le 15 ] || max_s=15
   if command -v curl >/dev/null 2>&1; then
-    local args=(--fail --silent --show-error --max-time "$max_s")
-    for header in "$@"; do args+=(-H "$header"); done
-    curl "${args[@]}" "$url"
+    # curl's config syntax: header = "VALUE", with \ and \" escaped inside the quotes
+    for header in "$@"; do
+      header=${header//\\/\\\\}
+      printf 'header = "%s"\n' "${header//\"/\\\"}"
+    done | curl --config - --fail --silent --show-error --max-time "$max_s" "$url"
   else
-    python3 -c 'import sys, urllib.request
-req = urllib.request.Request(sys.argv[1], headers=dict(h.split(": ", 1) for h in sys.argv[3:]))
-sys.stdout.write(urllib.request.urlopen(req, timeout=float(sys.argv[2])).read().decode())' "$url" "$max_s" "$@"
+    printf '%s\n' "$@" | python3 -c 'import sys, urllib.request
+headers = dict(h.split(": ", 1) for h in sys.stdin.read().splitlines() if h)
+req = urllib.request.Request(sys.argv[1], headers=headers)
+sys.stdout.write(urllib.request.urlopen(req, timeout=float(sys.argv[2])).read().decode())' "$url" "$max_s"
   fi
 }
 

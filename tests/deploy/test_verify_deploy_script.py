@@ -231,6 +231,39 @@ def test_props_is_read_with_the_api_key_from_the_environment_or_dotenv(deploymen
     assert deployment.run("--no-chat").returncode == 0
 
 
+@pytest.mark.parametrize("tool", ["curl", "python3"])
+def test_the_api_key_never_appears_on_a_command_line(deployment, tmp_path, tool):
+    """The key travels to curl (or python's urllib, without curl) on stdin: a command line is
+    readable by every user of the machine (ps). Both are wrapped to record their arguments; a key
+    with a quote and a backslash shows the escaping of curl's config syntax holds."""
+    key = 'k"e\\y s3cret'
+    deployment.servers["server"].api_key = key
+    argv_log = tmp_path / "argv.log"
+    for name in ("curl", "python3"):
+        # python3 on PATH may be a shim (pyenv) that needs a full PATH: this interpreter instead
+        real = sys.executable if name == "python3" else shutil.which(name)
+        wrapper = tmp_path / "bin" / name
+        if name != tool or real is None:
+            continue
+        wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {argv_log}\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+    env = {"ARBOR_API_KEY": key}
+    if tool == "python3":  # hide curl: a PATH of the fake bin, python's directory and the shell's tools
+        no_curl = tmp_path / "nocurl"
+        no_curl.mkdir()
+        for name in ("sed", "grep", "head", "cut", "cat", "sleep", "env", "sh", "bash"):
+            found = shutil.which(name)
+            if found:
+                (no_curl / name).symlink_to(found)
+        (no_curl / "python3").symlink_to(tmp_path / "bin" / "python3")
+        env["PATH"] = f"{tmp_path / 'bin'}:{no_curl}"
+    done = deployment.run("--no-chat", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "ok: server runs on the CPU" in done.stdout
+    assert argv_log.exists() and "/props" in argv_log.read_text()  # the wrapped tool did the request
+    assert "s3cret" not in argv_log.read_text()
+
+
 def test_a_server_without_an_offload_report_fails(deployment):
     deployment.servers["server"].props = {"model_alias": "local"}
     done = deployment.run("--no-chat")
