@@ -99,8 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-level", choices=["debug", "info", "warning", "error"])
     events = p.add_argument_group("KV events", "the radix tree's changes as vLLM/SGLang-format ZMQ events, for "
                                   "KV-event routers (Dynamo, llm-d)")
-    events.add_argument("--kv-events-endpoint", help="ZMQ endpoint to publish on: tcp://*:5557 binds, "
-                        "tcp://host:port connects, ipc://PATH binds (default: off)")
+    events.add_argument("--kv-events-endpoint", help="ZMQ endpoint to publish on: a bare port (5557) binds "
+                        "loopback; tcp://*:5557 binds every interface (the events carry the token ids of every "
+                        "cached prefix: anyone reaching the port reads them); tcp://host:port connects; "
+                        "ipc://PATH binds (default: off)")
     events.add_argument("--kv-events-topic", help="ZMQ topic (default: empty)")
     events.add_argument("--kv-events-block-size", type=int, help="tokens per announced block (default 16)")
     limits = p.add_argument_group("request limits", "larger requests get a 4xx answer that names the flag")

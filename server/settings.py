@@ -124,8 +124,9 @@ class ServerSettings(BaseSettings):
     # KV events for exact-routing routers (server/cache/kv_events.py)
     kv_events_endpoint: str | None = Field(
         None, description="publish the radix tree's KV block changes as vLLM/SGLang-format ZMQ events "
-        "(BlockStored/BlockRemoved/AllBlocksCleared) on this endpoint: tcp://*:5557 binds, tcp://host:port "
-        "connects; default: off")
+        "(BlockStored/BlockRemoved/AllBlocksCleared) on this endpoint: a bare port (5557) binds loopback; "
+        "tcp://*:5557 binds every interface (anyone reaching it reads the token ids of every cached prefix); "
+        "tcp://host:port connects; default: off")
     kv_events_topic: str = Field("", description="ZMQ topic of the KV events")
     kv_events_block_size: int = Field(16, ge=1, le=4096, description="tokens per block in the KV events")
     # NoDecode: a comma-separated list in the environment (ARBOR_SERVER_CORS_ORIGINS=a,b), not JSON

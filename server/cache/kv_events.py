@@ -154,12 +154,31 @@ def diff_events(before: dict[int, Block], after: dict[int, Block], block_size: i
     return events
 
 
+def resolve_endpoint(endpoint: str) -> tuple[str, bool]:
+    """The ZMQ endpoint to use and whether to bind it. A bare port (``5557`` or ``:5557``)
+    binds loopback, ``tcp://127.0.0.1:PORT``: the events carry the token ids of every cached
+    prefix (what users' prompts say), so the form without an address keeps them on this
+    machine. Anything else as vLLM reads it: with ``*`` or ``::``, or ``ipc://``/``inproc://``,
+    bound; otherwise connected to (the subscriber binds)."""
+    bare = endpoint[1:] if endpoint.startswith(":") else endpoint
+    if bare.isdigit():
+        return f"tcp://127.0.0.1:{int(bare)}", True
+    return endpoint, "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def exposes_every_interface(endpoint: str) -> bool:
+    """True when the endpoint binds every network interface (``tcp://*``, ``0.0.0.0``, ``[::]``)."""
+    endpoint, bind = resolve_endpoint(endpoint)
+    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
+    return bind and endpoint.startswith("tcp://") and host in ("*", "0.0.0.0", "[::]", "::", "[*]")
+
+
 class KVEventPublisher:
     """Publishes the tree's block changes on a ZMQ PUB socket from its own thread.
 
-    ``endpoint`` as vLLM's: one with ``*`` (``tcp://*:5557``), ``::``, ``ipc://`` or
-    ``inproc://`` is bound, any other connected to. ``close()`` stops the thread and
-    closes the socket. The first batch after start is an ``AllBlocksCleared`` followed by
+    ``endpoint`` (see ``resolve_endpoint``): a bare port binds loopback; otherwise as vLLM's,
+    one with ``*`` (``tcp://*:5557``), ``::``, ``ipc://`` or ``inproc://`` is bound, any
+    other connected to. ``close()`` stops the thread and closes the socket. The first batch after start is an ``AllBlocksCleared`` followed by
     what the tree already holds, so a subscriber that reconnects can reset its view.
     """
 
@@ -174,7 +193,8 @@ class KVEventPublisher:
         self._ctx = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(100_000)
-        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+        endpoint, bind = resolve_endpoint(endpoint)
+        if bind:
             self._pub.bind(endpoint)
         else:
             self._pub.connect(endpoint)
@@ -234,4 +254,8 @@ def start_kv_events(settings, tree: RadixTree | None) -> KVEventPublisher | None
                            settings.kv_events_block_size)
     log.info("kv events: publishing on %s (topic %r, blocks of %d tokens)", pub.endpoint,
              settings.kv_events_topic, settings.kv_events_block_size)
+    if exposes_every_interface(settings.kv_events_endpoint):
+        log.warning("kv events: %s is bound on every interface: anyone who can reach that port reads the token ids "
+                    "of every cached prefix (the text of users' prompts). Use a bare port (loopback) or a "
+                    "firewall/private network that only the router reaches", pub.endpoint)
     return pub

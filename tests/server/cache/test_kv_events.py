@@ -4,6 +4,7 @@ real arbor-server."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
@@ -18,6 +19,8 @@ from server.cache.kv_events import (
     KVEventBatch,
     KVEventPublisher,
     block_hash,
+    exposes_every_interface,
+    resolve_endpoint,
     stored_blocks,
 )
 from tests.server.cache.sim_payload import simulated_tree
@@ -117,6 +120,40 @@ def test_subscriber_view_follows_the_tree(tmp_path):
         assert sub.seqs == sorted(sub.seqs) and len(set(sub.seqs)) == len(sub.seqs)
     finally:
         sub.close()
+        pub.close()
+
+
+@pytest.mark.parametrize("given, used, bind, everywhere", [
+    ("5557", "tcp://127.0.0.1:5557", True, False),  # the bare port: loopback
+    (":5557", "tcp://127.0.0.1:5557", True, False),
+    ("tcp://*:5557", "tcp://*:5557", True, True),
+    ("tcp://0.0.0.0:5557", "tcp://0.0.0.0:5557", False, False),  # vLLM's reading: no '*', so connected to
+    ("tcp://[::]:5557", "tcp://[::]:5557", True, True),
+    ("tcp://router:5557", "tcp://router:5557", False, False),
+    ("ipc:///run/kv.sock", "ipc:///run/kv.sock", True, False),
+])
+def test_endpoint_forms(given, used, bind, everywhere):
+    assert resolve_endpoint(given) == (used, bind)
+    assert exposes_every_interface(given) is everywhere
+
+
+def test_a_bare_port_publishes_on_loopback_only():
+    tree, insert = simulated_tree(tier="H")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pub = KVEventPublisher(tree, str(port), block_size=B, poll_s=0.01)
+    try:
+        assert pub.endpoint == f"tcp://127.0.0.1:{port}"
+        sub = Subscriber(pub.endpoint)
+        try:
+            time.sleep(0.3)
+            with tree.mutex:
+                insert(list(range(1, 9)))
+            sub.drain(lambda: sub.paths() == _prefixes(list(range(1, 9)), B))
+        finally:
+            sub.close()
+    finally:
         pub.close()
 
 
