@@ -99,7 +99,8 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
     if "D" in tiers:
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
-                        queue_bytes=settings.cache_disk_queue * 1024 * 1024)
+                        queue_bytes=settings.cache_disk_queue * 1024 * 1024,
+                        reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024)
     if settings.cache_shared and "H" in tiers:  # written from the host tier
         shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
                             secret=settings.cache_shared_secret.get_secret_value(),  # the settings require it

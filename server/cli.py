@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-disk", type=int, help="disk tier budget in MiB (default 4096)")
     a("--cache-disk-queue", type=int, help="MiB of KV waiting for the disk writer; a store beyond it is dropped "
                                            "and counted (default 64)")
+    a("--cache-disk-reserve-mb", type=int, help="MiB the cache directory's filesystem keeps free: below it the disk "
+      "tier evicts its own files, then declines writes, counted (default 1024; 0: none)")
     a("--cache-sessions", type=int, help="sessions whose lifecycle hints the cache remembers (default 4096)")
     a("--cache-session-idle", type=float, help="seconds after its last hint that a session is forgotten "
                                                "(default 3600)")

@@ -92,6 +92,9 @@ class ServerSettings(BaseSettings):
     cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
     cache_disk_queue: int = Field(64, ge=1, description="MiB of KV waiting for the disk writer; a store beyond "
                                   "it is dropped and counted (queued KV is held outside every budget)")
+    cache_disk_reserve_mb: int = Field(1024, ge=0, description="MiB the cache directory's filesystem keeps free: a "
+                                       "disk-tier write that would leave less first evicts the tier's own files, "
+                                       "then is declined and counted (requests go on without D); 0: no reserve")
     resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
     cache_sessions: int = Field(4096, ge=1, description="sessions whose lifecycle hints the cache remembers; "
                                 "past it the least recently seen is forgotten")

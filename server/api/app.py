@@ -133,7 +133,7 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
     for tier, name in (("H", "host"), ("D", "disk")):
         if tiers[tier].get("enabled", True):
             for key in ("entries", "files", "tokens", "bytes", "held_bytes", "hits", "evictions", "declined",
-                        "pending_bytes", "dropped_writes"):
+                        "pending_bytes", "dropped_writes", "declined_low_space", "no_space_errors"):
                 if key in tiers[tier]:
                     out[f"arbor:cache_{name}_{key}"] = (f"{name} tier {key}.", tiers[tier][key])
     if tiers["D"].get("enabled", True):

@@ -10,9 +10,17 @@ arrays in llama.cpp's own layout (written from the segment's views, read back in
 buffer and viewed, never copied byte by byte). The header has its own checksum because it
 says *where* the KV belongs: a flipped token id would put valid KV on the wrong radix path.
 
-Crash safety: files are written to a temp name, fsynced and renamed (`os.replace`), so a
-process killed mid-write leaves only a `*.tmp` file, which the next start deletes; a
-`.kvseg` name always means a complete write. Nothing is trusted for that alone: at start
+Crash safety: files are written to a temp name, fsynced, renamed (`os.replace`) and the
+directory fsynced (so the rename itself survives a power loss), so a process killed mid-write
+leaves only a `*.tmp` file, which the next start deletes; a write that fails (ENOSPC, EIO, a
+quota) deletes its temp file at once; a `.kvseg` name always means a complete write.
+
+Free space: before each write the filesystem's free space is checked (`shutil.disk_usage`);
+a write that would leave less than `reserve_bytes` free first evicts this tier's own files (by
+the policy; pinned and locked ones stay) and, if that is not enough, is declined and counted
+(`declined_low_space`), as is one that fails for lack of space (`no_space_errors`): the disk
+tier stops growing, requests go on with the tiers above it (a full disk never fails a
+request; the disk budget is a second bound, the reserve the one that sees other writers). Nothing is trusted for that alone: at start
 the directory is indexed from the headers (checksummed) and the file sizes (a truncated
 body is caught without reading it); the body checksum is verified when a request restores
 the file, while it holds a lock reference on the matched path, and each read range must
@@ -35,10 +43,12 @@ under the lock, writes the file without it, then indexes it under the lock.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 import struct
 import uuid
 from dataclasses import dataclass, field
@@ -162,18 +172,37 @@ def encode_segment(fingerprint: str, path_tokens: list[int], seg: KVSegment) -> 
 
 
 def write_segment_file(directory: Path, encoded: EncodedSegment) -> SegmentFile:
-    """Write a file atomically: to a temp file, fsynced, then renamed. The arrays go to the
-    file from their own memory."""
+    """Write a file atomically: to a temp file, fsynced, renamed, then the directory fsynced
+    (the rename is durable). The arrays go to the file from their own memory. On any error
+    (ENOSPC included) the temp file is deleted before the error propagates."""
     final = directory / f"{uuid.uuid4().hex}{SUFFIX}"
     tmp = final.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(encoded.head)
-        for a in encoded.arrays:
-            f.write(a.data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(encoded.head)
+            for a in encoded.arrays:
+                f.write(a.data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind (not even until the next start)
+        raise
+    fsync_directory(directory)
     return SegmentFile(final, encoded.start, encoded.n, final.stat().st_size, encoded.header_sha256)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the directory's entries (a rename, an unlink) durable: without it a power loss
+    after the rename may lose the new name although the file's data were synced."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def read_header(path: Path) -> tuple[dict, int, str]:
@@ -322,7 +351,9 @@ class DiskTier:
     name = TIER
 
     def __init__(self, tree: RadixTree, directory: Path, budget_bytes: int, fingerprint: str,
-                 policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES):
+                 policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES, reserve_bytes: int = 0):
+        """`reserve_bytes`: free space the filesystem must keep after a write; a write that
+        would go below it is declined (counted), see the module's "Free space"."""
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.budget_bytes = budget_bytes
@@ -333,6 +364,10 @@ class DiskTier:
         self._doomed: list[Path] = []  # files no node uses any more; unlinked outside the lock
         self.queue_bytes = queue_bytes  # KV the writer's queue may hold (see store)
         self.declined = 0  # writes refused because pinned or locked files filled the budget
+        self.reserve_bytes = reserve_bytes
+        self.declined_low_space = 0  # writes refused: they would leave less than reserve_bytes free
+        self.no_space_errors = 0  # writes that failed for lack of space (ENOSPC, EDQUOT): temp file deleted
+        self._low_space = False  # logged once per episode, not at every declined write
         self.hits = 0
         self.evictions = 0
         self.skipped_files = 0  # files not indexed at start (corrupt or foreign)
@@ -522,7 +557,40 @@ class DiskTier:
 
     def _write_failed(self, exc: Exception) -> None:
         self.write_errors += 1
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            self.no_space_errors += 1
+            self._space_low(f"a write failed: {exc.strerror or exc}")
+            return
         log.error("disk cache: writing segments failed: %s", exc, exc_info=exc)
+
+    def _space_low(self, why: str) -> None:
+        if not self._low_space:
+            self._low_space = True
+            log.warning("disk cache: %s in %s; segments are not written until space is back (requests go on "
+                        "with the other tiers)", why, self.dir)
+
+    def _room_on_disk(self, size: int) -> bool:
+        """Whether writing `size` bytes leaves the filesystem `reserve_bytes` free, after
+        evicting this tier's own files (by the policy) to make up a shortfall."""
+        if self.reserve_bytes <= 0:
+            return True
+        free = shutil.disk_usage(self.dir).free
+        short = self.reserve_bytes + size - free
+        if short > 0:
+            with self._lock:  # our own least valuable files give way to the reserve first
+                held = self.tree.tier(TIER).held_bytes
+                self._released(enforce_budget(self.tree, TIER, ByteBudget(max(0, held - short)), self.policy))
+            self._unlink_doomed()
+            free = shutil.disk_usage(self.dir).free
+        if free - size < self.reserve_bytes:
+            self.declined_low_space += 1
+            self._space_low(f"{free >> 20} MiB free, below the {self.reserve_bytes >> 20} MiB reserve "
+                            "(--cache-disk-reserve-mb)")
+            return False
+        if self._low_space:
+            self._low_space = False
+            log.info("disk cache: space is back in %s (%d MiB free); writing segments again", self.dir, free >> 20)
+        return True
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Write one file for the part of `tokens` past what the disk holds, if `ranges`
@@ -533,6 +601,8 @@ class DiskTier:
         if seg is None:
             return
         encoded = encode_segment(self.fingerprint, tokens, seg)
+        if not self._room_on_disk(encoded.size):
+            return
         with self._lock:
             room = self._make_room(encoded.size)
         if not room:  # pinned or locked files fill the budget: the disk keeps what it has
@@ -574,6 +644,8 @@ class DiskTier:
         c = self.tree.counters(TIER)
         return {"entries": c.n_payloads, "files": len(c.memory), "tokens": c.payload_tokens, "bytes": c.total_bytes,
                 "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "declined": self.declined,
+                "reserve_bytes": self.reserve_bytes, "declined_low_space": self.declined_low_space,
+                "no_space_errors": self.no_space_errors,
                 "pending_bytes": self._writer.pending_bytes, "queue_bytes": self.queue_bytes,
                 "dropped_writes": self.dropped_writes,
                 "hits": self.hits, "evictions": self.evictions,

@@ -106,6 +106,38 @@ def _assert_no_leak(model):
     assert used_cells(model) == kept_cells(model)
 
 
+@pytest.mark.parametrize("full", ["reserve", "enospc"])
+def test_a_full_disk_declines_the_disk_tier_and_requests_answer_as_before(tmp_path, reference, monkeypatch, full):
+    """Issue 35, item 8: with the cache directory's filesystem 'full' (a reserve above the free
+    space, or every write failing with ENOSPC), D stores nothing and leaves no temp file, the
+    declines are counted, and requests answer as a cache-off server does."""
+    import errno
+
+    import server.cache.disk_tier as disk_tier
+
+    reserve = 1 << 40 if full == "reserve" else 0  # MiB: more than any disk has free
+    if full == "enospc":
+        def no_space(*a, **kw):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(disk_tier.os, "fsync", no_space)  # the temp file exists when it fails
+    model = load(tmp_path, cache_tiers=("A", "D"), cache_disk_reserve_mb=reserve)
+    try:
+        trunk = _store_trunk(model)  # the write-back to D is declined or fails
+        st = model.router.disk.stats()
+        if full == "reserve":
+            assert st["declined_low_space"] >= 1 and st["write_errors"] == 0
+        else:
+            assert st["no_space_errors"] >= 1
+        assert st["entries"] == 0 and list((tmp_path / "kv").iterdir()) == []
+        got = generate(model, trunk, max_tokens=6)
+        assert got.final.cache.source != "D"
+        assert got.text == generate(reference, trunk, max_tokens=6).text
+        _assert_no_leak(model)
+    finally:
+        model.close()
+
+
 def test_host_tier_restores_a_trunk_no_slot_holds(cached, reference):
     trunk = _store_trunk(cached)
     follow = trunk[:-3] + chat_tokens(cached, "", QUESTIONS[1])[3:]
