@@ -85,7 +85,9 @@ def unsupported_cache_reason(info) -> str | None:
 
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
                   running: Callable[[], list], path: Path) -> CacheRouter:
-    registry = SessionRegistry(max_sessions=settings.cache_sessions, idle_seconds=settings.cache_session_idle)
+    registry = SessionRegistry(max_sessions=settings.cache_sessions, idle_seconds=settings.cache_session_idle,
+                               max_pinned=settings.cache_max_pinned_sessions,
+                               max_pinned_bytes=settings.cache_max_pinned_mb * 1024 * 1024)
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D

@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-sessions", type=int, help="sessions whose lifecycle hints the cache remembers (default 4096)")
     a("--cache-session-idle", type=float, help="seconds after its last hint that a session is forgotten "
                                                "(default 3600)")
+    a("--cache-max-pinned-sessions", type=int, help="sessions pinned at once; a new pin beyond it releases the "
+      "oldest (default 64)")
+    a("--cache-max-pinned-mb", type=int, help="MiB of host + disk KV pinned sessions may hold; beyond it the oldest "
+      "pins are released (default 512)")
     a("--resident-cells", type=int, help="KV cells resident prefix owners may hold (default 2048)")
     a("--cache-route", choices=["cost", "longest"],
       help="cost (default): the plan with the lowest estimated time to first token; longest: the longest match")

@@ -100,6 +100,10 @@ class ServerSettings(BaseSettings):
                                 "past it the least recently seen is forgotten")
     cache_session_idle: float = Field(3600.0, gt=0, description="seconds after its last hint that a session "
                                       "(pinned or not) is forgotten")
+    cache_max_pinned_sessions: int = Field(64, ge=0, description="sessions that may be pinned at once (pinned KV "
+                                           "is never evicted); a new pin beyond it releases the oldest pin")
+    cache_max_pinned_mb: int = Field(512, ge=0, description="MiB of host and disk KV that pinned sessions may hold; "
+                                     "beyond it the oldest pins are released (their KV becomes evictable)")
     cache_route: Literal["cost", "longest"] = Field(
         "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")

@@ -126,6 +126,12 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
                                  st["lifecycle"]["sessions"]),
         "arbor:cache_sessions_aged_out_total": ("Sessions forgotten: idle, finished long ago, or past the bound.",
                                                 st["lifecycle"]["aged_out"]),
+        "arbor:cache_pinned_sessions": ("Sessions pinned now (bounded by --cache-max-pinned-sessions).",
+                                        st["lifecycle"]["pinned"]),
+        "arbor:cache_pinned_bytes": ("Host and disk KV bytes pinned sessions hold (--cache-max-pinned-mb).",
+                                     st["lifecycle"]["pinned_bytes"]),
+        "arbor:cache_pins_released_total": ("Pins released by the pin quotas (oldest first) to make room for newer ones.",
+                                            st["lifecycle"]["pins_released"]),
     }
     if st["tree"] is not None:
         out["arbor:cache_tree_nodes"] = ("Nodes of the radix tree that indexes S owners, H and D.", st["tree"]["nodes"])

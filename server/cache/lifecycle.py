@@ -18,10 +18,11 @@ each touched.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -163,6 +164,7 @@ class _Session:
     state: CacheState
     pinned: bool = False
     seen: float = 0.0  # clock() at its latest hint
+    pinned_at: int = 0  # order in which pins were set: the quotas release the oldest first
 
 
 # A node shared by more sessions than this (a system prompt every session starts with) keeps
@@ -189,6 +191,16 @@ class SessionRegistry:
     (a tag of an unknown session ranks nothing), and each node keeps at most
     ``MAX_NODE_SESSIONS`` tags.
 
+    Quotas (pinned KV is never evicted, so one client could otherwise fill H
+    and D and make every other store be declined): at most ``max_pinned``
+    sessions are pinned at once, and the KV that pinned nodes hold stays under
+    ``max_pinned_bytes``. A pin that would exceed either releases the oldest
+    pins first (the session stays known, its state unchanged, its KV evictable
+    again), counted in ``pins_released``. The session count is enforced when a
+    pin is set; the bytes, which grow as pinned sessions store more KV, by
+    ``enforce_pinned_bytes`` (the router calls it from the engine thread, at
+    the step after a pin or a store changed them).
+
     Threads: the engine thread observes requests and ranks nodes; ``apply``
     runs on the HTTP event loop, so a bare hint never waits for an engine
     step.  Writes and whole-registry reads hold a lock; the per-node reads
@@ -196,6 +208,7 @@ class SessionRegistry:
     """
 
     def __init__(self, *, max_sessions: int = 4096, max_done: int = 256, idle_seconds: float = 3600.0,
+                 max_pinned: int | None = None, max_pinned_bytes: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently seen first
         self._done: OrderedDict[str, None] = OrderedDict()  # finished sessions, oldest first
@@ -205,6 +218,12 @@ class SessionRegistry:
         self.idle_seconds = idle_seconds
         self._clock = clock
         self.aged_out = 0  # sessions forgotten since start
+        self.max_pinned = max_pinned  # None: no bound
+        self.max_pinned_bytes = max_pinned_bytes  # None: no bound
+        self._pin_order = itertools.count(1)
+        self.pin_epoch = 0  # changes whenever a pin is set or dropped (the byte quota looks again then)
+        self.pins_released = 0  # pins released by the quotas, oldest first
+        self.pinned_bytes = 0  # KV bytes pinned nodes held at the last enforce_pinned_bytes
 
     def observe(self, hint: CacheHint, tip: RadixNode | None = None) -> None:
         """Record ``hint`` for its session; ``tip`` is the end of the radix path it used.
@@ -218,12 +237,69 @@ class SessionRegistry:
         info = self._touch(hint.session)
         state: CacheState = hint.state or "active"
         self._set_state(hint.session, info, state)
+        was = info.pinned
         if hint.pin is not None:
             info.pinned = hint.pin
         elif state == "done":
             info.pinned = False  # a release
+        if info.pinned != was:
+            self.pin_epoch += 1
         self._tag(hint.session, tip)
+        if info.pinned and not was:
+            info.pinned_at = next(self._pin_order)
+            self._enforce_pin_count()
         self._age_out()
+
+    def _pinned_oldest_first(self) -> list[str]:
+        return [name for _, name in sorted((i.pinned_at, n) for n, i in self._sessions.items() if i.pinned)]
+
+    def _release_pin(self, session: str) -> None:
+        """A quota takes a pin back (caller holds the lock)."""
+        self._sessions[session].pinned = False
+        self.pins_released += 1
+        self.pin_epoch += 1
+
+    def _enforce_pin_count(self) -> None:
+        """Release the oldest pins while more than ``max_pinned`` sessions are pinned (caller
+        holds the lock); with ``max_pinned`` 0 a new pin is released at once."""
+        if self.max_pinned is None:
+            return
+        pinned = self._pinned_oldest_first()
+        for name in pinned[:max(0, len(pinned) - self.max_pinned)]:
+            self._release_pin(name)
+
+    def enforce_pinned_bytes(self, nodes: Iterable[RadixNode], nbytes: Callable[[RadixNode], int]) -> int:
+        """Release the oldest pins until the KV that pinned nodes hold (``nbytes(node)`` summed
+        over the nodes some pinned session tags, each node once) fits ``max_pinned_bytes``;
+        returns the pinned bytes after. Caller holds the tree's mutex (the walk reads tags)."""
+        with self._lock:
+            pinned = self._pinned_oldest_first()
+            if not pinned:
+                self.pinned_bytes = 0
+                return 0
+            rank = {name: i for i, name in enumerate(pinned)}
+            # per node: its bytes and the pins protecting it (a node stays pinned while any is left)
+            held: list[tuple[int, list[int]]] = []
+            total = 0
+            for node in nodes:
+                pins = [rank[s] for s in tuple(node.sessions) if s in rank]
+                if pins:
+                    b = nbytes(node)
+                    held.append((b, pins))
+                    total += b
+            if self.max_pinned_bytes is not None and total > self.max_pinned_bytes:
+                # Oldest first: a node is unprotected once its newest pin is released, so its
+                # bytes come off the total at that release.
+                freed_by = [0] * len(pinned)
+                for b, pins in held:
+                    freed_by[max(pins)] += b
+                k = 0
+                while total > self.max_pinned_bytes and k < len(pinned):
+                    self._release_pin(pinned[k])
+                    total -= freed_by[k]
+                    k += 1
+            self.pinned_bytes = total
+            return total
 
     def _touch(self, session: str) -> _Session:
         info = self._sessions.get(session)
@@ -254,7 +330,9 @@ class SessionRegistry:
             self._forget(next(iter(self._done)))
 
     def _forget(self, session: str) -> None:
-        self._sessions.pop(session, None)
+        info = self._sessions.pop(session, None)
+        if info is not None and info.pinned:
+            self.pin_epoch += 1
         self._done.pop(session, None)
         self.aged_out += 1
 
@@ -327,6 +405,8 @@ class SessionRegistry:
         for info in infos:
             by_state[info.state] += 1
         return {"sessions": len(infos), "max_sessions": self.max_sessions, "pinned": sum(i.pinned for i in infos),
+                "max_pinned": self.max_pinned, "pinned_bytes": self.pinned_bytes,
+                "max_pinned_bytes": self.max_pinned_bytes, "pins_released": self.pins_released,
                 "by_state": by_state, "aged_out": aged_out}
 
     def state(self, session: str) -> CacheState | None:

@@ -101,6 +101,7 @@ class CacheRouter:
         self.resident = (ResidentOwners(tree, runtime, kv.seq_ids, resident_cells, registry,
                                         on_evict=self._write_back_owner) if resident_cells is not None else None)
         self.registry = registry
+        self._pin_signature: tuple | None = None  # what the pinned-bytes quota last looked at
         self.min_tokens = min_tokens
         self.route = route
         self.costs = CostModel()
@@ -454,8 +455,10 @@ class CacheRouter:
         tag(self._timed_store(slot.seq_id, tokens))
 
     def background(self, idle: bool) -> None:
-        """Once per engine step: free idle slots beyond the idle-cell limit while requests run,
-        then store the next piece of parked copies (all of them when the engine is idle)."""
+        """Once per engine step: hold the pinned KV to its quota, free idle slots beyond the
+        idle-cell limit while requests run, then store the next piece of parked copies (all of
+        them when the engine is idle)."""
+        self._enforce_pin_quota()
         if not idle and self.idle_cells is not None:
             self._offload_idle_slots()
         if self.parked is None or not self.parked.queue:
@@ -469,6 +472,22 @@ class CacheRouter:
             self.write_back_ms += ms
             if not idle:
                 self.max_step_cache_ms = max(self.max_step_cache_ms, ms)
+
+    def _enforce_pin_quota(self) -> None:
+        """The pinned-bytes quota (SessionRegistry.enforce_pinned_bytes: the oldest pins are
+        released until the H and D values of pinned nodes fit). The walk over the tree runs
+        only when a pin or the tree's H/D contents changed since the last one."""
+        reg, tree = self.registry, self.tree
+        if tree is None or reg.max_pinned_bytes is None:
+            return
+        h, d = tree.counters("H"), tree.counters("D")
+        signature = (reg.pin_epoch, tree.n_nodes, h.n_payloads, h.held_bytes, d.n_payloads, d.held_bytes)
+        if signature == self._pin_signature:
+            return
+        with tree.mutex:
+            reg.enforce_pinned_bytes(tree.nodes(), _stored_bytes)
+        h, d = tree.counters("H"), tree.counters("D")  # releases change only the epoch
+        self._pin_signature = (reg.pin_epoch, tree.n_nodes, h.n_payloads, h.held_bytes, d.n_payloads, d.held_bytes)
 
     def _offload_idle_slots(self) -> None:
         """While requests run, idle slots keep at most `idle_cells` cells: under unified KV
@@ -647,6 +666,11 @@ class CacheRouter:
         if self.resident is not None:
             freed["S_cells"] = self.resident.flush()
         return freed
+
+
+def _stored_bytes(node) -> int:
+    """The KV bytes a node's H and D values hold (what a pin keeps from being evicted there)."""
+    return sum(node.values[t].nbytes for t in ("H", "D") if t in node.values)
 
 
 def _ms(x: float | None) -> float | None:

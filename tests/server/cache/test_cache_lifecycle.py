@@ -115,7 +115,8 @@ def test_bare_hints_change_only_what_they_name():
     reg.apply(CacheHint("new", "tool_wait"))
     assert reg.apply(CacheHint("new", "done")).pinned is False, "done named alone releases"
     reg.apply(CacheHint("new", "active", pin=True))
-    assert reg.summary() == {"sessions": 2, "max_sessions": 4096, "pinned": 1,
+    assert reg.summary() == {"sessions": 2, "max_sessions": 4096, "pinned": 1, "max_pinned": None,
+                             "pinned_bytes": 0, "max_pinned_bytes": None, "pins_released": 0,
                              "by_state": {"active": 1, "tool_wait": 1, "done": 0}, "aged_out": 0}
 
 
