@@ -224,6 +224,7 @@ class SessionRegistry:
         self.pin_epoch = 0  # changes whenever a pin is set or dropped (the byte quota looks again then)
         self.pins_released = 0  # pins released by the quotas, oldest first
         self.pinned_bytes = 0  # KV bytes pinned nodes held at the last enforce_pinned_bytes
+        self.n_pinned = 0  # sessions pinned now (a read without the lock: the router's fast path)
 
     def observe(self, hint: CacheHint, tip: RadixNode | None = None) -> None:
         """Record ``hint`` for its session; ``tip`` is the end of the radix path it used.
@@ -244,6 +245,7 @@ class SessionRegistry:
             info.pinned = False  # a release
         if info.pinned != was:
             self.pin_epoch += 1
+            self.n_pinned += 1 if info.pinned else -1
         self._tag(hint.session, tip)
         if info.pinned and not was:
             info.pinned_at = next(self._pin_order)
@@ -258,6 +260,7 @@ class SessionRegistry:
         self._sessions[session].pinned = False
         self.pins_released += 1
         self.pin_epoch += 1
+        self.n_pinned -= 1
 
     def _enforce_pin_count(self) -> None:
         """Release the oldest pins while more than ``max_pinned`` sessions are pinned (caller
@@ -333,6 +336,7 @@ class SessionRegistry:
         info = self._sessions.pop(session, None)
         if info is not None and info.pinned:
             self.pin_epoch += 1
+            self.n_pinned -= 1
         self._done.pop(session, None)
         self.aged_out += 1
 

@@ -480,6 +480,8 @@ class CacheRouter:
         reg, tree = self.registry, self.tree
         if tree is None or reg.max_pinned_bytes is None:
             return
+        if reg.n_pinned == 0 and reg.pinned_bytes == 0:
+            return  # the common case, at every engine step: nothing pinned, nothing to walk
         h, d = tree.counters("H"), tree.counters("D")
         signature = (reg.pin_epoch, tree.n_nodes, h.n_payloads, h.held_bytes, d.n_payloads, d.held_bytes)
         if signature == self._pin_signature:

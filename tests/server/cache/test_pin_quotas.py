@@ -37,7 +37,7 @@ def test_a_pin_beyond_the_session_quota_releases_the_oldest_pin():
     pin(reg, "d")
     assert pinned(reg) == {"c", "d"} and reg.pins_released == 1
     s = reg.summary()
-    assert (s["pinned"], s["max_pinned"], s["pins_released"]) == (2, 2, 1)
+    assert (s["pinned"], s["max_pinned"], s["pins_released"]) == (2, 2, 1) and reg.n_pinned == 2
 
 
 def test_a_zero_quota_turns_pins_off_and_a_bare_hint_counts_the_same():
@@ -67,7 +67,7 @@ def test_pinned_bytes_over_the_quota_release_the_oldest_pins_until_they_fit():
         reg.enforce_pinned_bytes(tree.nodes(), _stored_bytes)
     # 40 + 30 + 30 + 100 = 200 tokens = 400 bytes: b and c go; d alone (140 tokens) still exceeds
     # 100 tokens, so it goes too, oldest first, and nothing is pinned
-    assert pinned(reg) == set() and reg.pins_released == 4 and reg.pinned_bytes == 0
+    assert pinned(reg) == set() and reg.pins_released == 4 and reg.pinned_bytes == 0 and reg.n_pinned == 0
     assert reg.summary()["pinned_bytes"] == 0
 
 
@@ -109,3 +109,16 @@ def test_the_router_checks_the_byte_quota_once_per_change(monkeypatch):
     assert len(walks) == 2 and not reg.is_pinned("a") and reg.pins_released == 1
     step()
     assert len(walks) == 2
+
+
+def test_the_pinned_count_follows_every_way_a_pin_ends():
+    now = [0.0]
+    reg = SessionRegistry(max_pinned=2, idle_seconds=10, clock=lambda: now[0])
+    pin(reg, "a")
+    pin(reg, "b")
+    pin(reg, "c")  # the quota releases "a"
+    reg.observe(CacheHint("b", None, False))  # unpinned by a hint
+    assert reg.n_pinned == 1 == reg.summary()["pinned"]
+    now[0] = 100.0
+    pin(reg, "d")  # "c" ages out (idle), pinned as it was
+    assert reg.n_pinned == 1 == reg.summary()["pinned"] and not reg.status("c").known
