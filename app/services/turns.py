@@ -364,6 +364,12 @@ class TurnService:
         if handle is not None:
             handle.request_cancel()
             await asyncio.wait({handle.task})  # not cancelled with this request: the turn ends regardless
+            # A task that was just recording a pause (its stream had already ended at the
+            # approval request) ends paused, not cancelled: the pause is cancelled like any other.
+            if (await asyncio.to_thread(self.turn_public, turn_id)).status == "awaiting_approval":
+                session_key = await asyncio.to_thread(self._cancel_recorded, turn_id)
+                if session_key is not None:
+                    await self.hints.turn_ended(session_key)
         else:
             session_key = await asyncio.to_thread(self._cancel_recorded, turn_id)
             if session_key is None:  # passed on to the process running it
