@@ -286,7 +286,11 @@ class ArtifactPublic(SQLModel):
 class WorkspaceFile(SQLModel, table=True):
     """A file a tool wrote (an approved story chapter, ...), owned by one branch: a fork gets
     copies of its parent's files at the fork point (app/services/workspace.py). Written once:
-    (branch, path) is unique."""
+    (branch, path) is unique.
+
+    A file is `staged` (True) from its write until the turn that wrote it completes: only that
+    turn's own tools see it. The turn's completion publishes it (NULL) in the transaction that
+    records the completion; a turn that ends failed or cancelled deletes it."""
     __tablename__ = "workspace_files"
     __table_args__ = (UniqueConstraint("branch_id", "path"),)
     id: str = Field(default_factory=new_id, primary_key=True)
@@ -298,6 +302,8 @@ class WorkspaceFile(SQLModel, table=True):
     # T's path); no foreign key: a copy names a turn of another branch
     turn_id: str = Field(max_length=32)
     created_at: datetime = Field(default_factory=utcnow)
+    # nullable, so a database from before staging reads its files as published (app/db/migrate.py)
+    staged: bool | None = Field(default=None)
 
 
 class WorkspaceFilePublic(SQLModel):

@@ -19,6 +19,9 @@ branch's thread after every node. So after a crash:
   already be reading. Only when the checkpointer holds no pending interrupt for the run
   (its file lost or reset) is the turn failed and its approval `expired`, because deciding
   it could resume nothing; the turn can then be retried like any failed one.
+- Files a cut turn's tools wrote (a chapter approved just before the crash) were staged, never
+  visible (app/services/workspace.py); failing the turn deletes them, so its retry finds the
+  branch's files as they were before it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.db.models import Approval, Run, Turn, utcnow
+from app.services.workspace import discard_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +45,9 @@ PAUSE_LOST = ("the workbench restarted and the paused state of this turn's appro
 
 
 def mark_interrupted_turns(db: Session, alive: Callable[[str | None], bool] = lambda owner: False) -> int:
-    """Turns and runs left `running` by a stopped process become `failed` (INTERRUPTED).
-    `alive(run.owner)` (app/services/liveness.py) spares those another live workbench process
-    on the same database is running."""
+    """Turns and runs left `running` by a stopped process become `failed` (INTERRUPTED), and
+    the files they staged are deleted. `alive(run.owner)` (app/services/liveness.py) spares
+    those another live workbench process on the same database is running."""
     running = db.exec(select(Run).where(Run.status == "running")).all()
     live_turns = {r.turn_id for r in running if alive(r.owner)}
     runs = [r for r in running if r.turn_id not in live_turns]
@@ -51,6 +55,7 @@ def mark_interrupted_turns(db: Session, alive: Callable[[str | None], bool] = la
     for row in [*turns, *runs]:
         _fail(row, INTERRUPTED)
         db.add(row)
+    discard_abandoned(db)
     db.commit()
     if turns:
         log.warning("marked %d interrupted turn(s) failed: %s", len(turns), ", ".join(t.id for t in turns))
@@ -87,6 +92,7 @@ async def expire_lost_approvals(engine: Engine, graph: Any) -> int:
                 approval.comment = PAUSE_LOST
                 approval.decided_at = utcnow()
                 db.add(approval)
+        discard_abandoned(db)
         db.commit()
     log.warning("failed %d paused turn(s) whose checkpoint is gone: %s", len(lost), ", ".join(lost))
     return len(lost)

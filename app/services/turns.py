@@ -69,7 +69,7 @@ from app.db.models import (
 )
 from app.errors import Conflict, MessageTooLong, NotFound, WorkbenchError
 from app.scenario_catalog import ScenarioCatalog
-from app.services import branch_threads
+from app.services import branch_threads, workspace
 from app.services import sessions as sessions_service
 from app.services.remote_cancel import CancelWatcher, stamp_request, wait_ended
 from app.services.traces import session_artifact_text
@@ -406,6 +406,7 @@ class TurnService:
                 db.add(approval)
             turn.status, turn.error, turn.finished_at = "cancelled", CANCELLED, now
             db.add(turn)
+            workspace.discard(db, turn)  # a paused turn may have written files on an earlier approval
             append_event(db, turn, {"type": "cancelled", "turn_id": turn.id, "message": CANCELLED})
             db.commit()
             return hint_key(turn.session_id, turn.branch_id)
@@ -541,6 +542,7 @@ class TurnService:
             branch.head_turn_id = turn.id
             for row in (turn, run, branch):
                 db.add(row)
+            workspace.publish(db, turn)  # its files appear with its completion, in one commit
             db.commit()
             return {"type": "final", "turn_id": turn.id, "branch_id": turn.branch_id, "content": turn.final_answer,
                     "outcome": turn.outcome, "steps": values.get("steps", 0)}
@@ -555,7 +557,8 @@ class TurnService:
         return {"type": "cancelled", "turn_id": context.turn_id, "message": CANCELLED}
 
     def _end_unfinished(self, context: TurnContext, status: str, message: str) -> None:
-        """Record a turn (and its run) that ended without an outcome: failed or cancelled."""
+        """Record a turn (and its run) that ended without an outcome: failed or cancelled; the
+        files it staged go with it (app/services/workspace.py)."""
         with Session(self.engine) as db:
             turn, run = db.get(Turn, context.turn_id), db.get(Run, context.run_id)
             turn.status = run.status = status
@@ -563,6 +566,7 @@ class TurnService:
             turn.finished_at = run.ended_at = utcnow()
             db.add(turn)
             db.add(run)
+            workspace.discard(db, turn)
             db.commit()
 
     def turn_public(self, turn_id: str) -> TurnPublic:
