@@ -36,6 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=_serve)
 
+    prune = subparsers.add_parser("prune", help="delete now what the retention settings no longer keep "
+                                                "(ARBOR_RETAIN_*_DAYS; a running workbench also does it periodically)")
+    for name, what in (("traces", "trace span bodies"), ("turn-events", "turn events"),
+                       ("checkpoints", "checkpoints inside turns")):
+        prune.add_argument(f"--{name}-days", type=float, default=None, metavar="DAYS",
+                           help=f"keep {what} this many days after their turn ended instead of the setting's "
+                                "(0 = forever)")
+    prune.set_defaults(func=_prune)
+
     verify = subparsers.add_parser("verify", help="check a running workbench end to end")
     verify.add_argument("--base-url", default="http://127.0.0.1:8090", help="the workbench URL")
     verify.add_argument("--chat", action="store_true",
@@ -52,6 +61,32 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     result = args.func(args)
     return int(result or 0)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    """Prune once with the settings' retention (or the days given), print what went."""
+    from dataclasses import replace
+
+    from app.db.engine import make_engine
+    from app.services.retention import RetentionPolicy, prune
+    from app.settings import WorkbenchSettings
+
+    settings = WorkbenchSettings()
+    policy = RetentionPolicy.of(settings)
+    overrides = {field: value for field, value in (("traces_days", args.traces_days),
+                                                  ("turn_events_days", args.turn_events_days),
+                                                  ("checkpoints_days", args.checkpoints_days)) if value is not None}
+    if any(value < 0 for value in overrides.values()):
+        print("arbor prune: days must be 0 (keep forever) or more", file=sys.stderr)
+        return 2
+    policy = replace(policy, **overrides)
+    engine = make_engine(settings.database_url)
+    try:
+        report = prune(engine, settings, policy)
+    finally:
+        engine.dispose()
+    print(f"arbor prune: {report.summary(policy)}")
+    return 0
 
 
 if __name__ == "__main__":

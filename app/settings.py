@@ -73,6 +73,23 @@ class WorkbenchSettings(BaseSettings):
                                         description="estimated at 4 characters per token")
     max_message_chars: int = Field(8000, ge=1, le=1_000_000, validation_alias="ARBOR_MAX_MESSAGE_CHARS")
 
+    # -- retention (app/services/retention.py: `arbor prune` and the workbench's periodic prune) --
+    # Days after a turn ended; 0 keeps forever. Nothing of a running or paused turn is pruned.
+    retain_traces_days: float = Field(
+        30.0, ge=0, le=36500, validation_alias="ARBOR_RETAIN_TRACES_DAYS",
+        description="days the request and response bodies of a turn's trace spans are kept (the spans' "
+                    "timings, token counts and cache figures stay)")
+    retain_turn_events_days: float = Field(
+        7.0, ge=0, le=36500, validation_alias="ARBOR_RETAIN_TURN_EVENTS_DAYS",
+        description="days a turn's streamed events are kept for replay (its messages and answer stay)")
+    retain_checkpoints_days: float = Field(
+        30.0, ge=0, le=36500, validation_alias="ARBOR_RETAIN_CHECKPOINTS_DAYS",
+        description="days the LangGraph checkpoints inside a turn are kept (forks from inside it); every "
+                    "turn's start and end checkpoints and every branch's base stay")
+    prune_interval_s: float = Field(
+        3600.0, ge=0, le=7 * 86400, validation_alias="ARBOR_PRUNE_INTERVAL_S",
+        description="seconds between the running workbench's prunes; 0 = only `arbor prune`")
+
     @field_validator("llm_base_url")
     @classmethod
     def _llm_url(cls, value: str) -> str:

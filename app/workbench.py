@@ -23,6 +23,7 @@ from app.services import sessions as sessions_service
 from app.services.branches import BranchService
 from app.services.liveness import ProcessLiveness
 from app.services.recovery import expire_lost_approvals, mark_interrupted_turns
+from app.services.retention import PruneJob
 from app.services.turns import TurnService
 from app.settings import WorkbenchSettings
 
@@ -38,6 +39,7 @@ class Workbench:
     graph: Any
     turns: TurnService
     branches: BranchService
+    pruning: PruneJob
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
 
     @classmethod
@@ -59,7 +61,9 @@ class Workbench:
                             alive=liveness.alive)
         branches = BranchService(engine, graph, saver, turns.hints)
         stack.callback(liveness.close)
-        return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, branches, stack)
+        pruning = PruneJob(engine, settings)  # retention (app/services/retention.py)
+        pruning.start()
+        return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, branches, pruning, stack)
 
     async def delete_session(self, db: Session, session: AgentSession) -> None:
         """Delete `session` with everything it owns: turns, branches, runs, traces, artifacts,
@@ -74,6 +78,7 @@ class Workbench:
         await run_in_threadpool(sessions_service.delete_session, db, session)
 
     async def close(self) -> None:
+        await self.pruning.stop()
         await self.turns.shutdown()
         await self.adapter.close()
         await self._stack.aclose()
