@@ -35,6 +35,8 @@ A failed turn (the model backend failed, or the workbench stopped under it: see
 app/services/recovery.py) is retried as a new turn with the same message and options, on the
 same branch from the same parent, so from the parent's end checkpoint: the failed turn's
 half-advanced checkpoints are never continued, and the failed turn stays in the tree as it was.
+The files its tools wrote went with it (they are staged until a turn completes:
+app/services/workspace.py), so the retry finds the branch's files as the failed turn did.
 
 Database work runs in worker threads (`asyncio.to_thread`), never on the event loop that
 streams every turn. When a turn ends (answer, budget, failure; not a pause for approval) the
