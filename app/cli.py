@@ -1,4 +1,4 @@
-"""`arbor`: the workbench command line (serve, verify, replay)."""
+"""`arbor`: the workbench command line (serve, verify, token, prune, replay)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,35 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from app.auth.operator_token import existing_token
+    from app.settings import WorkbenchSettings
     from app.verify import verify
 
-    return verify(args.base_url, chat=args.chat, timeout_s=args.timeout, keep=args.keep)
+    settings = WorkbenchSettings()
+    configured = settings.workbench_token.get_secret_value() if settings.workbench_token else None
+    token = existing_token(configured, settings.data_dir)
+    return verify(args.base_url, chat=args.chat, timeout_s=args.timeout, keep=args.keep, token=token)
+
+
+def _token(args: argparse.Namespace) -> int:
+    """Print the URL that signs a browser into the workbench (generating the token if there is
+    none yet), or with --rotate replace the stored token first."""
+    from app.auth.operator_token import resolve_token, rotate_token
+    from app.main import sign_in_url
+    from app.settings import WorkbenchSettings
+
+    settings = WorkbenchSettings()
+    if settings.workbench_token:
+        if args.rotate:
+            print("arbor: ARBOR_WORKBENCH_TOKEN sets the token; change it there and restart", file=sys.stderr)
+            return 2
+        token = resolve_token(settings.workbench_token.get_secret_value(), settings.data_dir)
+    else:
+        token = rotate_token(settings.data_dir) if args.rotate else resolve_token(None, settings.data_dir)
+    print(sign_in_url(settings, token))
+    if args.rotate:
+        print("arbor: restart the workbench for the new token to take effect", file=sys.stderr)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request (default 600)")
     verify.add_argument("--keep", action="store_true", help="keep the sessions verify creates")
     verify.set_defaults(func=_verify)
+
+    token = subparsers.add_parser("token", help="print the URL that signs a browser in (ARBOR_DATA_DIR's token)")
+    token.add_argument("--rotate", action="store_true", help="replace the stored token (restart the workbench after)")
+    token.set_defaults(func=_token)
 
     register_replay(subparsers)  # `arbor replay` lives in app/replay/cli.py
     return parser

@@ -2,8 +2,10 @@
 
 Environment names: LLM_BASE_URL, LLM_MODEL, LLM_API_KEY, LLM_TIMEOUT_S, LLM_MAX_TOKENS,
 LLM_TEMPERATURE, LLM_CONTEXT_TOKENS, INCIDENT_BASE_URL, INCIDENT_TIMEOUT_S, ARBOR_DATA_DIR, DATABASE_URL,
-ARBOR_HOST, ARBOR_PORT, ARBOR_STEP_BUDGET, ARBOR_TOOL_RESULT_MAX_CHARS,
-ARBOR_TOOL_RESULT_MAX_TOKENS, ARBOR_MAX_MESSAGE_CHARS.
+ARBOR_HOST, ARBOR_PORT, ARBOR_WORKBENCH_TOKEN, ARBOR_ALLOWED_HOSTS, ARBOR_IDENTITY_HEADER,
+ARBOR_SESSION_HOURS, ARBOR_STEP_BUDGET, ARBOR_TOOL_RESULT_MAX_CHARS,
+ARBOR_TOOL_RESULT_MAX_TOKENS, ARBOR_MAX_MESSAGE_CHARS, ARBOR_RETAIN_TRACES_DAYS, ARBOR_RETAIN_TURN_EVENTS_DAYS,
+ARBOR_RETAIN_CHECKPOINTS_DAYS, ARBOR_PRUNE_INTERVAL_S.
 
 Bad values fail at start-up with pydantic's readable validation message, never later.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.db.urls import is_postgres, sqlite_path
@@ -64,6 +66,22 @@ class WorkbenchSettings(BaseSettings):
     # -- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", validation_alias="ARBOR_HOST")
     port: int = Field(8090, ge=1, le=65535, validation_alias="ARBOR_PORT")
+
+    # -- who may use it (app/auth/, docs/security.md) ---------------------------------------------
+    workbench_token: SecretStr | None = Field(
+        None, validation_alias="ARBOR_WORKBENCH_TOKEN",
+        description="the operator token (at least 16 characters); unset = the one in <data dir>/workbench-token, "
+                    "generated at the first start")
+    allowed_hosts: str = Field(
+        "", validation_alias="ARBOR_ALLOWED_HOSTS",
+        description="comma-separated host names the workbench answers to, besides localhost, 127.0.0.1, ::1 and "
+                    "ARBOR_HOST; * = any (only behind a proxy that checks Host itself)")
+    identity_header: str = Field(
+        "", validation_alias="ARBOR_IDENTITY_HEADER", pattern=r"^[A-Za-z0-9-]*$",
+        description="header a trusted reverse proxy sets to the signed-in user (e.g. X-Forwarded-User); unset = "
+                    "none is trusted. Set it only when nothing but that proxy can reach the workbench")
+    session_hours: float = Field(168.0, gt=0, le=24 * 365, validation_alias="ARBOR_SESSION_HOURS",
+                                 description="hours a browser stays signed in")
 
     # -- agent limits --------------------------------------------------------------------------
     step_budget: int = Field(6, ge=1, le=50, validation_alias="ARBOR_STEP_BUDGET",
@@ -127,6 +145,20 @@ class WorkbenchSettings(BaseSettings):
             return None
         database = sqlite_path(self.database_url)
         return (database.parent if database else self.data_dir) / "checkpoints.sqlite"
+
+    @property
+    def trusted_hosts(self) -> list[str]:
+        """The host names requests may carry: localhost's, ARBOR_HOST unless it is a wildcard
+        bind address, and ARBOR_ALLOWED_HOSTS."""
+        hosts = ["localhost", "127.0.0.1", "::1"]
+        if self.host not in ("0.0.0.0", "::", ""):
+            hosts.append(self.host.strip("[]").lower())
+        hosts += [h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip()]
+        return hosts
+
+    @property
+    def session_max_age_s(self) -> int:
+        return int(self.session_hours * 3600)
 
     @property
     def tool_result_budget_chars(self) -> int:

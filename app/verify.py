@@ -34,11 +34,14 @@ class Verifier:
     chat: bool = False
     timeout_s: float = 600.0
     keep: bool = False
+    token: str | None = None  # the workbench's operator token (arbor verify reads ARBOR_DATA_DIR's)
     rows: list[CheckRow] = field(default_factory=list)
     _sessions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.http = httpx.Client(base_url=self.base_url.rstrip("/"), timeout=httpx.Timeout(self.timeout_s, connect=5))
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.http = httpx.Client(base_url=self.base_url.rstrip("/"), timeout=httpx.Timeout(self.timeout_s, connect=5),
+                                 headers=headers)
 
     # -- plumbing ------------------------------------------------------------------------------
     def add(self, check: str, target: str, status: str, detail: str) -> None:
@@ -202,5 +205,6 @@ def render_table(rows: list[CheckRow]) -> str:
     return "\n".join(lines)
 
 
-def verify(base_url: str, chat: bool = False, timeout_s: float = 600.0, keep: bool = False) -> int:
-    return Verifier(base_url, chat=chat, timeout_s=timeout_s, keep=keep).run()
+def verify(base_url: str, chat: bool = False, timeout_s: float = 600.0, keep: bool = False,
+           token: str | None = None) -> int:
+    return Verifier(base_url, chat=chat, timeout_s=timeout_s, keep=keep, token=token).run()

@@ -54,15 +54,16 @@ class Server:
 
 
 def wait_healthy(proc: subprocess.Popen, base_url: str, timeout: float = 180, what: str = "server",
-                 detail: Callable[[], str] = lambda: "") -> None:
-    """Poll base_url/health until 200; raise with `detail()` (e.g. the log) if the process
-    exits or the time runs out. Shared by the benchmarks and the tests' server fixtures."""
+                 detail: Callable[[], str] = lambda: "", path: str = "/health") -> None:
+    """Poll base_url + path (a server's /health, a workbench's /healthz) until 200; raise with
+    `detail()` (e.g. the log) if the process exits or the time runs out. Shared by the
+    benchmarks and the tests' server fixtures."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}:\n{detail()}")
         try:
-            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
+            if httpx.get(base_url + path, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

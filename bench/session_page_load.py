@@ -28,6 +28,7 @@ from app.main import create_app
 from app.settings import WorkbenchSettings
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, tool_call
 from tests.frontend.support import CHROMIUM, CHROMIUM_ARGS, serve
+from tests.workbench_auth import AUTH_HEADERS, WORKBENCH_TOKEN, session_cookie
 
 ANSWER = " ".join(["雾很大，灯按时亮了，海燕号的信号是三长一短。"] * 8)
 
@@ -41,7 +42,7 @@ def reply(body: dict) -> ScriptedReply:
 
 def timed_get(url: str) -> tuple[float, int]:
     start = time.perf_counter()
-    response = httpx.get(url, timeout=60)
+    response = httpx.get(url, timeout=60, headers=AUTH_HEADERS)
     response.raise_for_status()
     return (time.perf_counter() - start) * 1000, len(response.content)
 
@@ -54,6 +55,7 @@ def page_loads(url: str, turns: int, loads: int) -> list[float]:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.context.add_cookies([session_cookie()])
             for _ in range(loads):
                 start = time.perf_counter()
                 page.goto(url)
@@ -74,16 +76,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with tempfile.TemporaryDirectory() as data:
             settings = WorkbenchSettings(_env_file=None, llm_base_url=fake.base_url, llm_model="",
-                                         data_dir=Path(data), step_budget=3)
+                                         data_dir=Path(data), step_budget=3, workbench_token=WORKBENCH_TOKEN)
             with serve(create_app(settings), "workbench") as url:
-                sid = httpx.post(f"{url}/api/sessions", json={"scenario": "story_writer"}).json()["id"]
+                sid = httpx.post(f"{url}/api/sessions", json={"scenario": "story_writer"}, headers=AUTH_HEADERS).json()["id"]
                 start = time.perf_counter()
                 for i in range(a.turns):
-                    answer = httpx.post(f"{url}/api/sessions/{sid}/turns", timeout=60,
+                    answer = httpx.post(f"{url}/api/sessions/{sid}/turns", timeout=60, headers=AUTH_HEADERS,
                                         json={"message": f"第{i + 1}个问题：海燕号的信号是什么？", "stream": False})
                     answer.raise_for_status()
                 filled_s = time.perf_counter() - start
-                detail = httpx.get(f"{url}/api/sessions/{sid}").json()
+                detail = httpx.get(f"{url}/api/sessions/{sid}", headers=AUTH_HEADERS).json()
                 base = f"{url}/api/sessions/{sid}"
                 fetches = {"session detail": f"{base}", "spans without bodies": f"{base}/trace?bodies=false",
                            "before: spans with bodies": f"{base}/trace",

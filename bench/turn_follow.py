@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -28,6 +29,7 @@ import httpx
 from tests.app.processes import workbench
 from tests.app.support import SseReader
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server
+from tests.workbench_auth import AUTH_HEADERS, WORKBENCH_TOKEN
 from tests.pg_cluster import TempCluster
 
 
@@ -60,6 +62,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/turn_follow.json"))
     a = parser.parse_args()
     content = " ".join(f"w{i}" for i in range(a.words))
+    os.environ.setdefault("ARBOR_WORKBENCH_TOKEN", WORKBENCH_TOKEN)  # both `arbor serve`s sign us in with it
     cluster = TempCluster().start()
     turns = []
     try:
@@ -69,7 +72,8 @@ def main() -> None:
                 lambda body: ScriptedReply(content=content, token_delay_s=a.token_delay_s)))
             first, _ = stack.enter_context(workbench(Path(tmp), "a", database, fake.base_url))
             second, _ = stack.enter_context(workbench(Path(tmp), "b", database, fake.base_url))
-            session = httpx.post(f"{first}/api/sessions", json={"scenario": "edge_incident"}, timeout=30).json()["id"]
+            session = httpx.post(f"{first}/api/sessions", json={"scenario": "edge_incident"}, timeout=30,
+                                 headers=AUTH_HEADERS).json()["id"]
             for i in range(a.turns):
                 owner = SseReader("POST", f"{first}/api/sessions/{session}/turns", json={"message": f"turn {i}"})
                 started = time.monotonic()

@@ -58,7 +58,7 @@ def _settings(request: Request) -> Any:
     return request.app.state.settings
 
 
-def _page(request: Request, template: str, active: str, **context: Any) -> HTMLResponse:
+def render_page(request: Request, template: str, active: str, **context: Any) -> HTMLResponse:
     response = templates.TemplateResponse(request, template, {"active": active, **context})
     response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
     response.headers["X-Content-Type-Options"] = "nosniff"
@@ -105,29 +105,29 @@ def _scenario_cards(request: Request) -> list[dict]:
 @router.get("/", response_class=HTMLResponse)
 def home(request: Request) -> HTMLResponse:
     settings = _settings(request)
-    return _page(request, "home.html", "home", scenarios=_scenario_cards(request),
+    return render_page(request, "home.html", "home", scenarios=_scenario_cards(request),
                  llm_base_url=settings.llm_base_url)
 
 
 @router.get("/sessions/{session_id}", response_class=HTMLResponse)
 def session_page(request: Request, session_id: str) -> HTMLResponse:
-    return _page(request, "session.html", "session", session_id=session_id)
+    return render_page(request, "session.html", "session", session_id=session_id)
 
 
 @router.get("/sessions/{session_id}/trace", response_class=HTMLResponse)
 def trace_page(request: Request, session_id: str) -> HTMLResponse:
-    return _page(request, "trace.html", "trace", session_id=session_id)
+    return render_page(request, "trace.html", "trace", session_id=session_id)
 
 
 @router.get("/cache", response_class=HTMLResponse)
 def cache_page(request: Request) -> HTMLResponse:
-    return _page(request, "cache.html", "cache", llm_base_url=_settings(request).llm_base_url)
+    return render_page(request, "cache.html", "cache", llm_base_url=_settings(request).llm_base_url)
 
 
 @router.get("/replay", response_class=HTMLResponse)
 def replay_page(request: Request) -> HTMLResponse:
     found = request.app.state.replay_runs(_settings(request).data_dir)
-    return _page(request, "replay.html", "replay", runs=found.runs, unreadable=found.unreadable,
+    return render_page(request, "replay.html", "replay", runs=found.runs, unreadable=found.unreadable,
                  folder=str(found.folder))
 
 

@@ -36,5 +36,8 @@ done
 export LLM_BASE_URL="http://127.0.0.1:$SERVER_PORT/v1"
 export INCIDENT_BASE_URL="http://127.0.0.1:$INCIDENT_PORT"
 export ARBOR_DATA_DIR="${ARBOR_DATA_DIR:-var}"
-echo "workbench: http://127.0.0.1:$WORKBENCH_PORT"
+export ARBOR_PORT="$WORKBENCH_PORT"
+# The workbench asks for its operator token (generated into $ARBOR_DATA_DIR/workbench-token on
+# the first run); this link signs the browser in.
+echo "workbench: open $(arbor token)"
 arbor serve --port "$WORKBENCH_PORT"

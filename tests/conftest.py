@@ -15,6 +15,7 @@ import os
 import pytest
 
 from tests.cores import model_threads
+from tests.workbench_auth import TEST_HOSTS, WORKBENCH_TOKEN
 
 # Every run ends with the slowest test files and a warning past 45 minutes (tests/suite_timing.py).
 from tests.suite_timing import (  # noqa: F401  (hooks: pytest finds them in this module)
@@ -30,6 +31,10 @@ def pytest_configure(config):
     runs no test and whose environment its workers inherit."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         os.environ.setdefault("ARBOR_SERVER_THREADS", str(model_threads()))
+    # Every workbench a test starts, in this process or as `arbor serve`, signs callers in with
+    # the suite's token (tests/workbench_auth.py); the tests of sign-in itself set their own.
+    os.environ.setdefault("ARBOR_WORKBENCH_TOKEN", WORKBENCH_TOKEN)
+    os.environ.setdefault("ARBOR_ALLOWED_HOSTS", TEST_HOSTS)
 
 
 def in_ci() -> bool:

@@ -337,6 +337,9 @@ class Approval(SQLModel, table=True):
     comment: str | None = Field(default=None, sa_column=Column(Text))
     created_at: datetime = Field(default_factory=utcnow)
     decided_at: datetime | None = None
+    # who decided: "operator" (the token or its session cookie) or the name a trusted proxy's
+    # identity header gave (app/auth/guard.py); NULL when no person did (expiry, cancel, old rows)
+    decided_by: str | None = Field(default=None, max_length=200)
 
 
 class ApprovalPublic(SQLModel):
@@ -351,6 +354,7 @@ class ApprovalPublic(SQLModel):
     comment: str | None
     created_at: datetime
     decided_at: datetime | None
+    decided_by: str | None = None
 
 
 class SessionDetail(SessionPublic):

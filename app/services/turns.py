@@ -304,18 +304,19 @@ class TurnService:
             head = db.get(Turn, branch.head_turn_id) if branch.head_turn_id else None
             return branch, _turn_start(db, branch, head)
 
-    async def decide(self, approval_id: str, approved: bool, comment: str) -> TurnHandle:
-        """Record the operator's decision and resume the paused run."""
+    async def decide(self, approval_id: str, approved: bool, comment: str,
+                     decided_by: str | None = None) -> TurnHandle:
+        """Record the operator's decision (and who made it) and resume the paused run."""
         handle, first, context, thread_id = await asyncio.to_thread(
-            self._record_decision, approval_id, approved, comment)
+            self._record_decision, approval_id, approved, comment, decided_by)
         handle.emit(first)
         # No checkpoint id: the paused checkpoint is the thread's latest (its branch is busy).
         self._launch(handle, Command(resume={"approved": approved, "comment": comment}), context,
                      self._run_config(thread_id, None, context))
         return handle
 
-    def _record_decision(self, approval_id: str, approved: bool,
-                         comment: str) -> tuple[TurnHandle, dict, TurnContext, str]:
+    def _record_decision(self, approval_id: str, approved: bool, comment: str,
+                         decided_by: str | None) -> tuple[TurnHandle, dict, TurnContext, str]:
         with self._record_lock, Session(self.engine) as db:
             approval = db.get(Approval, approval_id)
             if approval is None:
@@ -334,7 +335,7 @@ class TurnService:
             # first commits) and answers 409, so one turn never resumes twice.
             claimed = db.execute(update(Approval).where(Approval.id == approval_id, Approval.status == "pending")
                                  .values(status="approved" if approved else "rejected", comment=comment,
-                                         decided_at=utcnow()))
+                                         decided_at=utcnow(), decided_by=decided_by))
             if claimed.rowcount != 1:
                 db.rollback()
                 raise Conflict(f"approval {approval_id!r} was decided meanwhile", "approval_decided")

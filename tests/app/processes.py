@@ -26,7 +26,7 @@ def workbench(tmp_path: Path, name: str, database_url: str, llm_base_url: str):
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(proc, url + "/api", 120, name, lambda: log.read_text(errors="replace")[-3000:])
+        wait_healthy(proc, url, 120, name, lambda: log.read_text(errors="replace")[-3000:], path="/healthz")
         yield url, proc
     finally:
         if proc.poll() is None:

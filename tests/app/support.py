@@ -18,6 +18,7 @@ from app.scenario_catalog import ScenarioCatalog
 from app.settings import WorkbenchSettings
 from scenarios.scenario import Scenario
 from tests.fakes.scripted_openai import free_port
+from tests.workbench_auth import AUTH_HEADERS
 from tools.base import Tool, ToolError, object_schema
 
 SYSTEM_PROMPT = "You are the lab assistant. Use the tools."
@@ -86,7 +87,7 @@ def make_settings(tmp_path: Path, base_url: str, **overrides) -> WorkbenchSettin
 @contextlib.contextmanager
 def workbench_client(settings: WorkbenchSettings, catalog: ScenarioCatalog | None = None) -> Iterator[TestClient]:
     app = create_app(settings, catalog or lab_catalog())
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, raise_server_exceptions=False, headers=AUTH_HEADERS) as client:
         yield client
 
 
@@ -176,7 +177,8 @@ class SseReader(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream(self.method, self.url, timeout=60, **self.kwargs) as response:
+            kwargs = {**self.kwargs, "headers": {**AUTH_HEADERS, **self.kwargs.get("headers", {})}}
+            with httpx.stream(self.method, self.url, timeout=60, **kwargs) as response:
                 assert response.status_code == 200, response.read()
                 for line in response.iter_lines():
                     if line.startswith("data:"):

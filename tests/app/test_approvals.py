@@ -52,6 +52,7 @@ def test_proposal_waits_for_operator_then_resumes(tmp_path, approved):
 
         approval = client.get(f"/api/approvals/{request['approval_id']}").json()
         assert approval["status"] == verdict and approval["comment"] == "checked"
+        assert approval["decided_by"] == "operator"  # signed in with the token (app/auth/guard.py)
         again = client.post(f"/api/approvals/{request['approval_id']}", json={"approved": True})
         assert again.status_code == 409 and again.json()["error"]["type"] == "approval_decided"
 

@@ -15,6 +15,7 @@ from app.main import create_app
 from app.settings import WorkbenchSettings
 from tests.app.real_backends import real_backends
 from tests.app.support import lab_catalog, live_server
+from tests.workbench_auth import AUTH_HEADERS
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 
@@ -31,9 +32,9 @@ def test_cancel_frees_the_server_slot_and_the_branch_goes_on(tmp_path):
         settings = WorkbenchSettings(_env_file=None, llm_base_url=urls["llm"], llm_model="", data_dir=tmp_path / "var",
                                      llm_timeout_s=300, llm_max_tokens=2000, llm_temperature=0.0, step_budget=1)
         with live_server(create_app(settings, lab_catalog())) as url:
-            api = httpx.Client(base_url=url, timeout=300)
+            api = httpx.Client(base_url=url, timeout=300, headers=AUTH_HEADERS)
             sid = api.post("/api/sessions", json={"scenario": "lab"}).json()["id"]
-            with httpx.stream("POST", f"{url}/api/sessions/{sid}/turns", timeout=300,
+            with httpx.stream("POST", f"{url}/api/sessions/{sid}/turns", timeout=300, headers=AUTH_HEADERS,
                               json={"message": "Count from 1 to 2000, one number per line."}) as response:
                 events, stopped = [], None
                 for line in response.iter_lines():

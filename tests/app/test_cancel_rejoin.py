@@ -13,6 +13,7 @@ import pytest
 from app.main import create_app
 from tests.app.support import SseReader, lab_catalog, live_server, make_settings
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, tool_call
+from tests.workbench_auth import AUTH_HEADERS
 
 pytestmark = [pytest.mark.usefixtures("workbench_database"), pytest.mark.timeout(120)]
 
@@ -51,7 +52,7 @@ def stack(tmp_path):
 
 def test_cancel_closes_the_model_request_and_the_branch_goes_on_from_its_last_turn(stack):
     fake, url = stack
-    api = httpx.Client(base_url=url, timeout=30)
+    api = httpx.Client(base_url=url, timeout=30, headers=AUTH_HEADERS)
     sid = api.post("/api/sessions", json={"scenario": "lab"}).json()["id"]
     t1 = api.post(f"/api/sessions/{sid}/turns", json={"message": "first", "stream": False}).json()["turn"]["id"]
 
@@ -103,7 +104,7 @@ def test_cancel_closes_the_model_request_and_the_branch_goes_on_from_its_last_tu
 
 def test_a_turn_waiting_for_approval_is_cancelled_with_its_approval(stack):
     fake, url = stack
-    api = httpx.Client(base_url=url, timeout=30)
+    api = httpx.Client(base_url=url, timeout=30, headers=AUTH_HEADERS)
     sid = api.post("/api/sessions", json={"scenario": "lab"}).json()["id"]
     paused = api.post(f"/api/sessions/{sid}/turns", json={"message": "propose", "stream": False}).json()
     assert paused["turn"]["status"] == "awaiting_approval"

@@ -8,6 +8,7 @@ from app.scenario_catalog import ScenarioCatalog
 from scenarios.scenario import Scenario
 from tests.app.support import LAB_TOOLS, live_server, make_settings
 from tests.fakes.scripted_openai import ScriptedReply, free_port, scripted_server, tool_call
+from tests.workbench_auth import AUTH_HEADERS
 from tools.base import Tool, object_schema
 
 STATUS = Tool("status", "Overall status.", object_schema({}), lambda ctx: {"status": "degraded"})
@@ -44,7 +45,7 @@ def test_verify_passes_with_chat_and_rejects_proposals(tmp_path, capsys):
             assert "1 proposal(s) rejected" in out
             # verify cleans up after itself
             import httpx
-            assert httpx.get(f"{url}/api/sessions").json() == []
+            assert httpx.get(f"{url}/api/sessions", headers=AUTH_HEADERS).json() == []
     approvals = [m for b in fake.bodies for m in b["messages"] if m["role"] == "tool" and "rejected" in m["content"]]
     assert approvals, "the rejection reached the model"
 

@@ -31,6 +31,7 @@ import pytest
 from app.services.recovery import INTERRUPTED, PAUSE_LOST
 from tests.app.support import parse_sse
 from tests.fakes.scripted_openai import ScriptedReply, free_port, scripted_server, tool_call
+from tests.workbench_auth import AUTH_HEADERS, WORKBENCH_TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = "edge_incident"  # has propose_action, an approval-gated tool
@@ -44,17 +45,18 @@ class Workbench:
     log: Path
 
     def get(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=60, **kw)
+        return httpx.get(self.url + path, timeout=60, headers=AUTH_HEADERS, **kw)
 
     def post(self, path: str, **kw) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=60, **kw)
+        return httpx.post(self.url + path, timeout=60, headers=AUTH_HEADERS, **kw)
 
 
 def start_workbench(data_dir: Path, llm_url: str, log: Path) -> Workbench:
     """`arbor serve` on a free port; its settings from the environment only (no .env)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "ARBOR_", "DATABASE_URL"))}
-    env.update(PYTHONPATH=str(ROOT), ARBOR_DATA_DIR=str(data_dir), LLM_BASE_URL=llm_url, LLM_TIMEOUT_S="60")
+    env.update(PYTHONPATH=str(ROOT), ARBOR_DATA_DIR=str(data_dir), LLM_BASE_URL=llm_url, LLM_TIMEOUT_S="60",
+               ARBOR_WORKBENCH_TOKEN=WORKBENCH_TOKEN)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "info"],
                             cwd=log.parent, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
     wb = Workbench(f"http://127.0.0.1:{port}", proc, log)
@@ -63,7 +65,7 @@ def start_workbench(data_dir: Path, llm_url: str, log: Path) -> Workbench:
         if proc.poll() is not None:
             pytest.fail(f"the workbench exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(wb.url + "/api/health", timeout=5).status_code == 200:
+            if httpx.get(wb.url + "/api/health", timeout=5, headers=AUTH_HEADERS).status_code == 200:
                 return wb
         time.sleep(0.2)
     pytest.fail(f"the workbench did not start:\n{log.read_text()[-3000:]}")
@@ -134,7 +136,7 @@ def test_kill_during_a_turn_then_restart_and_retry(tmp_path):
             def stream_turn() -> None:
                 buffer = ""
                 with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                        "POST", f"{wb.url}/api/sessions/{sid}/turns", json={"message": "What next?"},
+                        "POST", f"{wb.url}/api/sessions/{sid}/turns", json={"message": "What next?"}, headers=AUTH_HEADERS,
                         timeout=60) as r:
                     for text in r.iter_text():
                         *complete, buffer = (buffer + text).replace("\r\n", "\n").split("\n\n")

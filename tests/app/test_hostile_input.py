@@ -14,6 +14,7 @@ import pytest
 from app.main import create_app
 from tests.app.support import lab_catalog, live_server, make_settings
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
+from tests.workbench_auth import AUTH_HEADERS
 
 MAX_CHARS = 500  # make_settings' max_message_chars
 PROPOSAL = {"action": "restart_service", "target": "api", "reason": "stuck"}
@@ -64,7 +65,7 @@ def _approval(client: httpx.Client, session: str) -> str:
 def world(tmp_path_factory, module_database):  # the whole module once per database
     with scripted_server(reply) as fake:
         app = create_app(make_settings(tmp_path_factory.mktemp("wb"), fake.base_url), lab_catalog())
-        with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        with live_server(app) as url, httpx.Client(base_url=url, timeout=60, headers=AUTH_HEADERS) as client:
             main = _new(client)
             done = _turn(client, main["id"], "hello")["turn"]
             waiting = _new(client)
@@ -202,7 +203,7 @@ def test_concurrent_sends_on_one_branch_run_one_turn(world):
     lock = threading.Lock()
 
     def send(i: int):
-        with httpx.Client(base_url=w.url, timeout=60) as own:
+        with httpx.Client(base_url=w.url, timeout=60, headers=AUTH_HEADERS) as own:
             r = own.post(f"/api/sessions/{session['id']}/turns", json={"message": f"hello {i}", "stream": False})
         with lock:
             results.append(r)

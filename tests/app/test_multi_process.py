@@ -26,6 +26,7 @@ from tests.app.processes import workbench
 from tests.app.support import SseReader
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server
 from tests.pg_cluster import TempCluster
+from tests.workbench_auth import AUTH_HEADERS
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def database(postgres_cluster: TempCluster):
 
 
 def _session(url: str) -> str:
-    r = httpx.post(url + "/api/sessions", json={"scenario": "edge_incident"}, timeout=30)
+    r = httpx.post(url + "/api/sessions", json={"scenario": "edge_incident"}, timeout=30, headers=AUTH_HEADERS)
     assert r.status_code == 201, r.text
     return r.json()["id"]
 
@@ -47,13 +48,14 @@ def _turn(url: str, session_id: str, message: str, out: list, timeout: float = 1
     """POST a turn and wait for its end; the answer (or the transport error) goes to `out`."""
     try:
         out.append(httpx.post(f"{url}/api/sessions/{session_id}/turns", json={"message": message, "stream": False},
+                              headers=AUTH_HEADERS,
                               timeout=timeout))
     except httpx.HTTPError as exc:  # the process was killed under it
         out.append(exc)
 
 
 def _turns(url: str, session_id: str) -> list[dict]:
-    return httpx.get(f"{url}/api/sessions/{session_id}", timeout=30).json()["turns"]
+    return httpx.get(f"{url}/api/sessions/{session_id}", timeout=30, headers=AUTH_HEADERS).json()["turns"]
 
 
 def _slow(delay_s: float):
@@ -140,7 +142,7 @@ def test_a_turn_is_followed_and_stopped_from_another_process(tmp_path, database)
         follower = SseReader("GET", f"{b}/api/turns/{turn_id}/events")
         follower.start()
         follower.wait_for(lambda events: len(_tokens(events)) >= 1, "tokens through B")
-        seen_running = httpx.get(f"{b}/api/turns/{turn_id}", timeout=10).json()["status"]
+        seen_running = httpx.get(f"{b}/api/turns/{turn_id}", timeout=10, headers=AUTH_HEADERS).json()["status"]
         poster.join(60)
         follower.join(60)
         assert not poster.is_alive() and not follower.is_alive() and follower.error is None
@@ -153,7 +155,7 @@ def test_a_turn_is_followed_and_stopped_from_another_process(tmp_path, database)
 
         # once it has ended, either process replays it whole
         for url in (a, b):
-            replay = httpx.get(f"{url}/api/turns/{turn_id}/events", timeout=30)
+            replay = httpx.get(f"{url}/api/turns/{turn_id}/events", timeout=30, headers=AUTH_HEADERS)
             events = [json.loads(line[5:]) for line in replay.text.splitlines() if line.startswith("data:")]
             assert "".join(_tokens(events)) == LONG and events[-1] == poster.events[-1]
 
@@ -161,7 +163,7 @@ def test_a_turn_is_followed_and_stopped_from_another_process(tmp_path, database)
         poster = SseReader("POST", f"{a}/api/sessions/{session}/turns", json={"message": "and again"})
         poster.start()
         poster.wait_for(lambda events: len(_tokens(events)) >= 3, "tokens from A")
-        stopped = httpx.post(f"{b}/api/turns/{poster.events[0]['turn_id']}/cancel", timeout=60)
+        stopped = httpx.post(f"{b}/api/turns/{poster.events[0]['turn_id']}/cancel", timeout=60, headers=AUTH_HEADERS)
         assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled", stopped.text
         poster.join(30)
         assert poster.events[-1]["type"] == "cancelled" and len(_tokens(poster.events)) < 120
@@ -182,7 +184,7 @@ def test_a_turn_is_followed_and_stopped_from_another_process(tmp_path, database)
         assert 1 <= len(_tokens(follower.events)) < 120
         # nobody runs it now: a Stop through B ends it at once, and the branch is free again
         lost = poster.events[0]["turn_id"]
-        stopped = httpx.post(f"{b}/api/turns/{lost}/cancel", timeout=30)
+        stopped = httpx.post(f"{b}/api/turns/{lost}/cancel", timeout=30, headers=AUTH_HEADERS)
         assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled", stopped.text
         after: list = []
         _turn(b, session, "after the crash", after)

@@ -13,7 +13,7 @@ SERVICES = BASE["services"]
 OVERLAYS = {"cuda": load_compose("compose.cuda.yaml"), "cann": load_compose("compose.cann.yaml"),
             "cann-2npu": load_compose("compose.cann-2npu.yaml")}
 # the incident service answers /health with 503 in its simulated "failed" state, by design; /status is 200
-HEALTH = {"server": (8080, "/health"), "workbench": (8090, "/api/health"), "incident-api": (8765, "/status")}
+HEALTH = {"server": (8080, "/health"), "workbench": (8090, "/healthz"), "incident-api": (8765, "/status")}
 
 
 def flag(command: list[str], name: str) -> str:
@@ -71,10 +71,13 @@ def test_workbench_waits_for_healthy_dependencies():
 
 @pytest.mark.parametrize("name", sorted(HEALTH))
 def test_ports_are_published_on_loopback_by_default(name):
+    """Each service has a bind address of its own (opening the workbench must not open the
+    server: issue 35, item 3), loopback unless .env says otherwise."""
     port = HEALTH[name][0]
     (entry,) = SERVICES[name]["ports"]
-    assert re.fullmatch(r"\$\{ARBOR_BIND_ADDRESS:-127\.0\.0\.1\}:\$\{\w+_PORT:-%d\}:%d" % (port, port), entry), entry
-    assert env_example()["ARBOR_BIND_ADDRESS"] == "127.0.0.1"
+    variable = {"server": "SERVER", "workbench": "WORKBENCH", "incident-api": "INCIDENT"}[name] + "_BIND_ADDRESS"
+    assert re.fullmatch(r"\$\{%s:-127\.0\.0\.1\}:\$\{\w+_PORT:-%d\}:%d" % (variable, port, port), entry), entry
+    assert env_example()[variable] == "127.0.0.1"
 
 
 def test_services_listen_on_all_container_interfaces():

@@ -13,7 +13,8 @@ from tests.deploy.test_compose_cli import COMPOSE, config, env_with
 pytestmark = pytest.mark.skipif(COMPOSE is None, reason="docker-compose (v1) is not installed")
 
 FILES = ["compose.yaml", "compose.scale.yaml"]
-STORE = {"POSTGRES_PASSWORD": "s3cret", "VALKEY_PASSWORD": "v4lkeypass", "ARBOR_CACHE_SHARED_SECRET": "0123456789abcdef01"}
+STORE = {"POSTGRES_PASSWORD": "s3cret", "VALKEY_PASSWORD": "v4lkeypass", "ARBOR_CACHE_SHARED_SECRET": "0123456789abcdef01",
+         "ARBOR_WORKBENCH_TOKEN": "workbench-token-0123456789"}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_the_database_password_is_required(tmp_path):
     assert done.returncode != 0 and "POSTGRES_PASSWORD" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("missing", ["VALKEY_PASSWORD", "ARBOR_CACHE_SHARED_SECRET"])
+@pytest.mark.parametrize("missing", ["VALKEY_PASSWORD", "ARBOR_CACHE_SHARED_SECRET", "ARBOR_WORKBENCH_TOKEN"])
 def test_the_store_password_and_the_shared_secret_are_required(tmp_path, missing):
     done = config(FILES, env_with(tmp_path, **{k: v for k, v in STORE.items() if k != missing}))
     assert done.returncode != 0 and missing in done.stderr, done.stderr

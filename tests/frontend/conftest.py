@@ -14,6 +14,7 @@ from tests.frontend.support import (
     incident_service,
     live_workbench,
 )
+from tests.workbench_auth import session_cookie
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -73,6 +74,7 @@ def page(request, browser):
     """A fresh page at 1280x900; on failure its screenshot goes to test-artifacts/."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(15_000)
+    context.add_cookies([session_cookie()])  # signed in; test_signin.py starts signed out
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))

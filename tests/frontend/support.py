@@ -18,6 +18,7 @@ import uvicorn
 from app.main import create_app
 from app.settings import WorkbenchSettings
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, free_port
+from tests.workbench_auth import AUTH_HEADERS
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -123,7 +124,8 @@ class LiveWorkbench:
     settings: WorkbenchSettings
 
     def api(self, method: str, path: str, **kwargs) -> httpx.Response:
-        return httpx.request(method, f"{self.url}{path}", timeout=30, **kwargs)
+        headers = {**AUTH_HEADERS, **kwargs.pop("headers", {})}
+        return httpx.request(method, f"{self.url}{path}", timeout=30, headers=headers, **kwargs)
 
     def new_session(self, scenario: str) -> dict:
         response = self.api("POST", "/api/sessions", json={"scenario": scenario})

@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 from tests.fakes.scripted_openai import ScriptedReply, tool_call
 from tests.frontend.support import REPO, live_workbench
 from tests.frontend.test_replay_page import _run
+from tests.workbench_auth import session_cookie
 
 pytestmark = [pytest.mark.browser, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -93,6 +94,7 @@ def test_pages_fit_wide_and_narrow_screens(browser, tmp_path, incident_url, scri
                  "replay": "#chart-ttft svg"}
         for width, height in WIDTHS.values():
             context = browser.new_context(viewport={"width": width, "height": height})
+            context.add_cookies([session_cookie()])
             page = context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))

@@ -16,6 +16,7 @@ from tests.app.support import SseReader
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server
 from tests.frontend.test_session_page import last_turn
 from tests.pg_cluster import TempCluster, unavailable_reason
+from tests.workbench_auth import AUTH_HEADERS
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -59,13 +60,14 @@ def _start_on(url: str, session: str, message: str) -> SseReader:
 
 def test_the_page_of_another_process_follows_the_turn_live_to_its_end(page, two_workbenches):
     a, b, _ = two_workbenches
-    session = httpx.post(f"{a}/api/sessions", json={"scenario": "edge_incident"}, timeout=30).json()["id"]
+    session = httpx.post(f"{a}/api/sessions", json={"scenario": "edge_incident"}, timeout=30,
+                         headers=AUTH_HEADERS).json()["id"]
     other_tab = _start_on(a, session, "read the gauges")
 
     page.goto(f"{b}/sessions/{session}")  # process B serves the page; A runs the turn
     turn = last_turn(page)
     expect(turn.locator(".md.streaming")).to_contain_text("word0 word1 word2")
-    assert httpx.get(f"{b}/api/turns/{other_tab.events[0]['turn_id']}", timeout=10).json()["status"] == "running"
+    assert httpx.get(f"{b}/api/turns/{other_tab.events[0]['turn_id']}", timeout=10, headers=AUTH_HEADERS).json()["status"] == "running"
     expect(turn).to_have_attribute("data-status", "completed", timeout=30_000)
     expect(turn.locator(".md.answer")).to_have_text(_words(100))
     other_tab.join(30)
@@ -75,7 +77,8 @@ def test_the_page_of_another_process_follows_the_turn_live_to_its_end(page, two_
 
 def test_stop_on_the_page_of_another_process_stops_the_turn(page, two_workbenches):
     a, b, fake = two_workbenches
-    session = httpx.post(f"{a}/api/sessions", json={"scenario": "edge_incident"}, timeout=30).json()["id"]
+    session = httpx.post(f"{a}/api/sessions", json={"scenario": "edge_incident"}, timeout=30,
+                         headers=AUTH_HEADERS).json()["id"]
     aborted = fake.aborted
     other_tab = _start_on(a, session, "stop me")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlmodel import select
 
 from app.api.deps import DbDep, TurnServiceDep
@@ -32,9 +32,11 @@ def get_approval(approval_id: str, db: DbDep) -> ApprovalPublic:
 
 
 @router.post("/{approval_id}")
-async def decide(approval_id: str, decision: ApprovalDecision, turns: TurnServiceDep):
-    """Approve or reject; the run resumes and its remaining events stream like a turn's."""
-    handle = await turns.decide(approval_id, decision.approved, decision.comment)
+async def decide(approval_id: str, decision: ApprovalDecision, turns: TurnServiceDep, request: Request):
+    """Approve or reject; the run resumes and its remaining events stream like a turn's. Who
+    decided (the signed-in operator, app/auth/guard.py) is recorded with the decision."""
+    handle = await turns.decide(approval_id, decision.approved, decision.comment,
+                                getattr(request.state, "operator", None))
     if decision.stream:
         return event_stream(handle)
     return await collected(handle, turns)

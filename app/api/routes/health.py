@@ -1,4 +1,5 @@
-"""GET /api/health: the workbench, its database and the model backend."""
+"""GET /api/health: the workbench, its database and the model backend (signed in); GET /healthz:
+alive, for probes that hold no token."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ from sqlalchemy import text
 from app.api.deps import DbDep, WorkbenchDep
 
 router = APIRouter(tags=["health"])
+#: served without sign-in (compose's healthcheck): says the process answers, and nothing else
+open_router = APIRouter(include_in_schema=False)
 
 _PROBE_TIMEOUT_S = 3.0
+
+
+@open_router.get("/healthz")
+def alive() -> dict:
+    return {"status": "ok"}
 
 
 @router.get("/health")
