@@ -39,7 +39,7 @@ deadline=$(( SECONDS + timeout_s ))
 services=(
   "incident-api 8765 /status"
   "server 8080 /health"
-  "workbench 8090 /api/health"
+  "workbench 8090 /healthz"
 )
 
 if [ -n "${ARBOR_COMPOSE:-}" ]; then

@@ -16,7 +16,7 @@ import pytest
 from tests.deploy.deploy_files import VERIFY_SCRIPT
 
 HERE = Path(__file__).parent
-ENDPOINTS = {"incident-api": "/status", "server": "/health", "workbench": "/api/health"}
+ENDPOINTS = {"incident-api": "/status", "server": "/health", "workbench": "/healthz"}
 
 
 def offload_props(asked: int = 0, offloaded: int = 0, *, fallback: bool = False, cpu_types: dict | None = None,
