@@ -71,8 +71,8 @@ ARG CANN_ENV=/usr/local/Ascend/ascend-toolkit/set_env.sh
 ARG SOC_TYPE=Ascend910B3
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
-COPY docker/check-llama-cpp.sh /opt/arbor/check-llama-cpp.sh
-RUN chmod 0755 /usr/local/bin/arbor-entrypoint \
+COPY docker/check-llama-cpp.sh docker/log_writer.py /opt/arbor/
+RUN chmod 0755 /usr/local/bin/arbor-entrypoint && chmod 0644 /opt/arbor/log_writer.py \
  && groupadd --system --gid 10001 arbor \
  && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /sbin/nologin arbor \
  && mkdir -p /models /var/lib/arbor/cache /var/log/arbor \

@@ -41,12 +41,12 @@ RUN pip install --no-cache-dir --no-deps -e /app
 # server: slim runtime with the venv and the source tree, checked again where it will run.
 FROM ${PYTHON_IMAGE} AS server
 COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
-COPY docker/check-llama-cpp.sh /opt/arbor/check-llama-cpp.sh
+COPY docker/check-llama-cpp.sh docker/log_writer.py /opt/arbor/
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libgomp1 \
  && rm -rf /var/lib/apt/lists/* \
- && chmod 0755 /usr/local/bin/arbor-entrypoint \
+ && chmod 0755 /usr/local/bin/arbor-entrypoint && chmod 0644 /opt/arbor/log_writer.py \
  && groupadd --system --gid 10001 arbor \
  && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /usr/sbin/nologin arbor \
  && mkdir -p /models /var/lib/arbor/cache /var/log/arbor \

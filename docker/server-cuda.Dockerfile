@@ -50,7 +50,7 @@ RUN pip install --no-cache-dir --no-deps -e /app
 # again where it will run (a cuBLAS or OpenMP library missing here fails the build, by name).
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${CUDA_UBUNTU} AS server
 COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
-COPY docker/check-llama-cpp.sh docker/install-python.sh /opt/arbor/
+COPY docker/check-llama-cpp.sh docker/install-python.sh docker/log_writer.py /opt/arbor/
 # The same Python as the build stage (same base, same choice). /var/cache/arbor/cuda: the driver's
 # compute cache (CUDA_CACHE_PATH, a named volume in compose.cuda.yaml) for PTX it JIT-compiles.
 # hadolint ignore=DL3008
@@ -58,7 +58,7 @@ RUN bash /opt/arbor/install-python.sh \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libgomp1 \
  && rm -rf /var/lib/apt/lists/* \
- && chmod 0755 /usr/local/bin/arbor-entrypoint \
+ && chmod 0755 /usr/local/bin/arbor-entrypoint && chmod 0644 /opt/arbor/log_writer.py \
  && groupadd --system --gid 10001 arbor \
  && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /usr/sbin/nologin arbor \
  && mkdir -p /models /var/lib/arbor/cache /var/log/arbor /var/cache/arbor/cuda \

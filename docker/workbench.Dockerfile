@@ -19,7 +19,8 @@ RUN pip install --no-cache-dir --no-deps -e /app
 # workbench: `arbor serve` by default.
 FROM ${PYTHON_IMAGE} AS workbench
 COPY docker/entrypoint.sh /usr/local/bin/arbor-entrypoint
-RUN chmod 0755 /usr/local/bin/arbor-entrypoint \
+COPY docker/log_writer.py /opt/arbor/log_writer.py
+RUN chmod 0755 /usr/local/bin/arbor-entrypoint && chmod 0644 /opt/arbor/log_writer.py \
  && groupadd --system --gid 10001 arbor \
  && useradd --system --uid 10001 --gid arbor --create-home --home-dir /home/arbor --shell /usr/sbin/nologin arbor \
  && mkdir -p /data /var/log/arbor \

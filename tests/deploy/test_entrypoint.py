@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
 from tests.deploy.deploy_files import DOCKERFILES, ENTRYPOINT_SCRIPT, parse_dockerfile
 
 ENTRYPOINT = "/usr/local/bin/arbor-entrypoint"
+LOG_WRITER = "/opt/arbor/log_writer.py"  # where entrypoint.sh looks for it when it is not beside it
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +24,9 @@ def entrypoint():
         copies = [i.value for i in runtime.of("COPY") if not i.flags]
         assert ("docker/entrypoint.sh", ENTRYPOINT) in copies, f"{name} does not install docker/entrypoint.sh"
         assert f"chmod 0755 {ENTRYPOINT}" in runtime.text("RUN"), f"{name}: the checkout's file mode is not trusted"
+        assert any("docker/log_writer.py" in copy[:-1] and copy[-1] in (LOG_WRITER, "/opt/arbor/") for copy in copies), \
+            f"{name} does not install docker/log_writer.py as {LOG_WRITER}"
+        assert f"chmod 0644 {LOG_WRITER}" in runtime.text("RUN"), f"{name}: user 10001 must be able to read {LOG_WRITER}"
     return ENTRYPOINT_SCRIPT
 
 
@@ -54,3 +62,49 @@ def test_missing_environment_script_is_a_clear_error(entrypoint, tmp_path):
     done = run(entrypoint, "true", env={"PATH": "/usr/bin:/bin", "ARBOR_ENV_SCRIPT": str(tmp_path / "none.sh")})
     assert done.returncode != 0
     assert "cannot load" in done.stderr
+
+
+def test_rotates_the_log_file_and_keeps_a_failing_exit_status(entrypoint, tmp_path):
+    log = tmp_path / "logs" / "server.log"
+    env = {"PATH": "/usr/bin:/bin", "ARBOR_LOG_FILE": str(log),
+           "ARBOR_LOG_MAX_MB": "0.001", "ARBOR_LOG_BACKUPS": "2"}  # 1048 bytes, 2 backups
+    script = 'i=0; while [ $i -lt 200 ]; do echo "line $i of the service"; i=$((i+1)); done; echo "failed" >&2; exit 5'
+    done = run(entrypoint, "sh", "-c", script, env=env)
+    assert done.returncode == 5, done.stderr  # the service's own status, not the log writer's
+    lines = done.stdout.splitlines()
+    assert len(lines) == 201 and lines[-1] == "failed"  # `docker compose logs` still has all of it
+    names = sorted(p.name for p in log.parent.iterdir())
+    assert names == ["server.log", "server.log.1", "server.log.2"]
+    assert all(p.stat().st_size <= 1048 for p in log.parent.iterdir())
+    kept = "".join((log.parent / n).read_text() for n in ["server.log.2", "server.log.1", "server.log"])
+    assert done.stdout.endswith(kept) and kept.endswith("line 199 of the service\nfailed\n")
+
+
+def test_the_stop_signal_reaches_the_command_and_its_last_lines_are_logged(entrypoint, tmp_path):
+    log = tmp_path / "logs" / "workbench.log"
+    script = 'trap "echo stopping; exit 143" TERM; echo ready; while :; do sleep 0.05; done'
+    proc = subprocess.Popen([str(entrypoint), "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PATH": "/usr/bin:/bin", "ARBOR_LOG_FILE": str(log)})
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # its pid is the command's: the entrypoint exec'd it
+        out, _ = proc.communicate(timeout=10)  # and the log writer ends with the command's output
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and out == b"stopping\n"
+    assert time.monotonic() - started < 5
+    assert log.read_text() == "ready\nstopping\n"
+
+
+def test_without_python3_it_appends_without_rotation(entrypoint, tmp_path):
+    bin_dir = tmp_path / "bin"  # the tools the entrypoint needs, and no python3
+    bin_dir.mkdir()
+    for tool in ("sh", "tee", "mkdir", "dirname"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    log = tmp_path / "logs" / "server.log"
+    env = {"PATH": str(bin_dir), "ARBOR_LOG_FILE": str(log), "ARBOR_LOG_MAX_MB": "0.0001"}
+    done = run(entrypoint, "sh", "-c", "echo one; echo two; exit 4", env=env)
+    assert done.returncode == 4
+    assert "without rotation" in done.stderr
+    assert log.read_text() == "one\ntwo\n" and "one\ntwo\n" in done.stdout
