@@ -165,6 +165,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         scheduler = Scheduler(
             slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
             kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
+            prefill_while_decoding=settings.prefill_while_decoding or None,
         )
         runner = LlamaRunner(runtime, prefix)
         engine = Engine(runner, scheduler, deliver)

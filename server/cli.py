@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--parallel", "-np", type=int, help="slots: requests computed concurrently (default 4)")
     a("--ctx-size", "-c", type=int, help="total KV cells of the unified cache, shared by the slots (default 8192)")
     a("--batch-size", "-b", type=int, help="tokens per decode step (default 512)")
+    a("--prefill-while-decoding", type=int, help="prompt tokens a step carries while other requests decode "
+      "(default 0: the rest of --batch-size; docs/benchmarks.md, hostile requests, measures 128)")
     a("--threads", "-t", type=int, help="CPU threads (default: physical cores, as llama-server)")
     a("--alias", help="model name clients use (default: the file name)")
     a("--strict-model-name", action="store_true", default=None,

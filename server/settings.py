@@ -58,6 +58,9 @@ class ServerSettings(BaseSettings):
     ctx_size: int = Field(8192, ge=256, description="cells of the unified KV shared by all slots; one request may "
                           "use all of them (up to the model's training context)")
     batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step")
+    prefill_while_decoding: int = Field(
+        0, ge=0, le=8192, description="prompt tokens a step carries while other requests decode (0: the rest of "
+        "--batch-size); smaller keeps their streams moving during a long prompt at some cost to its prefill")
     threads: int = Field(default_factory=physical_cores, ge=1, description="default: physical cores, as llama.cpp")
     alias: str | None = Field(None, description="model name clients use; default: the file name")
     strict_model_name: bool = Field(False, description="answer 404 to a request naming another model "

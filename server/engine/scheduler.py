@@ -3,7 +3,7 @@
 Every step first takes one decode token from each generating sequence, then fills the
 rest of the batch budget with prompt chunks of sequences still prefilling, oldest first.
 So a long prompt is split across steps and never holds other requests' decoding back by
-more than one chunk. Pure logic: no llama.cpp here (tested with a simulated runner).
+more than one chunk; `prefill_while_decoding` makes that chunk smaller while anyone decodes. Pure logic: no llama.cpp here (tested with a simulated runner).
 
 KV cells: the unified KV is one pool, so any slot may grow to the whole context. Admission
 reserves each request's prompt plus its reserved output (`GenerationRequest.reserved_cells`)
@@ -47,9 +47,14 @@ class Admission:
 
 class Scheduler:
     def __init__(self, slots: SlotPool, *, max_batch_tokens: int, max_waiting: int, reuse: bool,
-                 kv_cells: int | None = None, defer: Callable[[Sequence], bool] | None = None):
+                 kv_cells: int | None = None, defer: Callable[[Sequence], bool] | None = None,
+                 prefill_while_decoding: int | None = None):
         if max_batch_tokens < len(slots.slots):
             raise ValueError("the batch must fit at least one decode token per slot")
+        # Prompt tokens a step may carry while other sequences decode (None: the rest of the
+        # batch). A step's time grows with its tokens, so this bounds how long one prompt's
+        # chunk holds every stream's next token back; prompts alone still take whole batches.
+        self.prefill_while_decoding = prefill_while_decoding
         self.kv_cells = kv_cells  # cells running requests may reserve in all (None: no limit)
         self.slots = slots
         self.max_batch_tokens = max_batch_tokens
@@ -131,6 +136,8 @@ class Scheduler:
             if seq.status is SeqStatus.DECODING:
                 items.append(StepItem(seq, [seq.output[-1]], seq.n_past, sample=True))
                 budget -= 1
+        if items and self.prefill_while_decoding is not None:
+            budget = min(budget, self.prefill_while_decoding)
         for seq in self.running:
             if budget <= 0:
                 break

@@ -70,6 +70,27 @@ def test_long_prefill_is_chunked_and_decoding_continues_every_step():
     assert len(prefill_steps) >= 3, "a 30-token prompt with an 8-token batch takes several steps"
 
 
+def test_prefill_while_decoding_caps_prompt_chunks_only_while_someone_decodes():
+    runner = SimRunner()
+    sched = Scheduler(SlotPool([0, 1]), max_batch_tokens=16, max_waiting=8, reuse=True, prefill_while_decoding=4)
+    engine = Engine(runner, sched)
+    first = engine.submit(req(range(200, 240), max_tokens=1), Collector())  # 40 tokens, nobody decodes
+    engine.step()
+    assert [n for (sid, n, _, _) in runner.steps[0] if sid == first.id] == [16]  # alone: the whole batch
+    run_until_idle(engine)
+    a, b = Collector(), Collector()
+    sa = engine.submit(req(range(10, 13), max_tokens=30), a)  # short: decodes while b prefills
+    engine.step()
+    sb = engine.submit(req(range(100, 140), max_tokens=2), b)
+    start = len(runner.steps)
+    run_until_idle(engine)
+    assert b.final.finish_reason == "length" and a.final.finish_reason == "length"
+    chunks = [sum(n for (sid, n, _, _) in step if sid == sb.id) for step in runner.steps[start:]
+              if any(sid == sa.id for (sid, *_rest) in step) and any(sid == sb.id and not smp for (sid, _, _, smp) in step)]
+    assert chunks and max(chunks) <= 4, chunks  # while a decodes, b's prompt goes 4 tokens a step
+    assert sum(chunks) >= 36
+
+
 def test_fifo_admission_and_waiting_when_slots_are_busy():
     engine, runner = make_engine(n_slots=1, batch=16)
     c1, c2 = Collector(), Collector()
