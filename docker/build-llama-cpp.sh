@@ -111,8 +111,10 @@ echo "build-llama-cpp: cmake ${configure[*]}"
 cmake -S "$src/vendor/llama.cpp" -B "$work/build" "${configure[@]}"
 cmake --build "$work/build" --parallel "${jobs:-$(nproc)}" --target llama arbor-chat
 
-# The bindings alone: LLAMA_BUILD=OFF makes the package's own CMake build nothing.
-CMAKE_ARGS=-DLLAMA_BUILD=OFF "$python" -m pip install --no-cache-dir "$src"
+# The bindings alone: LLAMA_BUILD=OFF makes the package's own CMake build nothing. --no-deps: its
+# dependencies (numpy, jinja2, diskcache, typing-extensions) come from the hash-pinned
+# requirements/lock.txt, which every Dockerfile installs next.
+CMAKE_ARGS=-DLLAMA_BUILD=OFF "$python" -m pip install --no-cache-dir --no-deps "$src"
 pkg=$("$python" -c 'import importlib.util; print(importlib.util.find_spec("llama_cpp").submodule_search_locations[0])')
 mkdir -p "$pkg/lib"
 find "$work/build" -name 'lib*.so*' -not -path '*/CMakeFiles/*' \( -type f -o -type l \) -exec cp -P {} "$pkg/lib/" \;

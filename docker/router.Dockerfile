@@ -5,8 +5,11 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 ARG PIP_INDEX_URL=https://pypi.org/simple
-# The same range as the `scale` extra of pyproject.toml.
-RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" "smg>=1.13,<2" \
+# smg (the `scale` extra's range of pyproject.toml) and its dependencies from the hash-pinned lock
+# (scripts/lock-dependencies.sh): pip refuses any file whose SHA-256 the lock does not list.
+COPY requirements/router-lock.txt /tmp/router-lock.txt
+RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" --require-hashes -r /tmp/router-lock.txt \
+ && rm /tmp/router-lock.txt \
  && groupadd --system --gid 10001 arbor \
  && useradd --system --uid 10001 --gid arbor --no-create-home --shell /usr/sbin/nologin arbor
 USER 10001:10001

@@ -53,14 +53,17 @@ RUN . "$CANN_ENV" \
  && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/opt/arbor/build-stubs" \
     TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
     bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" -DGGML_CANN=ON "-DSOC_TYPE=$SOC_TYPE" "-DUSE_ACL_GRAPH=$acl_graph"
+# The dependencies from the hash-pinned lock (scripts/lock-dependencies.sh; DEVELOPERS.md, "Dependencies"):
+# pip refuses any file whose SHA-256 the lock does not list; llama-cpp-python's own dependencies are
+# there (build-llama-cpp.sh installs the bindings with --no-deps). The project goes in with --no-deps
+# and the locked setuptools (--no-build-isolation).
+COPY requirements/lock.txt /tmp/arbor/lock.txt
+RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" --require-hashes -r /tmp/arbor/lock.txt
 # hadolint ignore=SC1090
 RUN . "$CANN_ENV" && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cann --stubs /opt/arbor/build-stubs
-COPY pyproject.toml docker/requirements.py /tmp/arbor/
-RUN python /tmp/arbor/requirements.py /tmp/arbor/pyproject.toml > /tmp/arbor/requirements.txt \
- && pip install --no-cache-dir --index-url "$PIP_INDEX_URL" -r /tmp/arbor/requirements.txt
 WORKDIR /app
 COPY . /app
-RUN pip install --no-cache-dir --no-deps -e /app
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /app
 
 # server: the CANN runtime libraries and operator kernels are needed at run time, so this stage
 # starts from the same CANN image (no slimmer official runtime image exists); only the venv, the

@@ -29,14 +29,17 @@ ENV PATH=/opt/venv/bin:$PATH
 COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
 COPY patches /opt/arbor/patches
 RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
-    bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" \
+    bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC"
+# The dependencies from the hash-pinned lock (scripts/lock-dependencies.sh; DEVELOPERS.md, "Dependencies"):
+# pip refuses any file whose SHA-256 the lock does not list; llama-cpp-python's own dependencies are
+# there (build-llama-cpp.sh installs the bindings with --no-deps). The project goes in with --no-deps
+# and the locked setuptools (--no-build-isolation).
+COPY requirements/lock.txt /tmp/arbor/lock.txt
+RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" --require-hashes -r /tmp/arbor/lock.txt \
  && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cpu
-COPY pyproject.toml docker/requirements.py /tmp/arbor/
-RUN python /tmp/arbor/requirements.py /tmp/arbor/pyproject.toml > /tmp/arbor/requirements.txt \
- && pip install --no-cache-dir --index-url "$PIP_INDEX_URL" -r /tmp/arbor/requirements.txt
 WORKDIR /app
 COPY . /app
-RUN pip install --no-cache-dir --no-deps -e /app
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /app
 
 # server: slim runtime with the venv and the source tree, checked again where it will run.
 FROM ${PYTHON_IMAGE} AS server

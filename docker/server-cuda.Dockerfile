@@ -34,17 +34,20 @@ COPY patches /opt/arbor/patches
 RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
     CUDA_ARCHITECTURES="$CUDA_ARCHITECTURES" CUDA_VERSION="$CUDA_VERSION" \
     bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC" -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF
+# The dependencies from the hash-pinned lock (scripts/lock-dependencies.sh; DEVELOPERS.md, "Dependencies"):
+# pip refuses any file whose SHA-256 the lock does not list; llama-cpp-python's own dependencies are
+# there (build-llama-cpp.sh installs the bindings with --no-deps). The project goes in with --no-deps
+# and the locked setuptools (--no-build-isolation).
+COPY requirements/lock.txt /tmp/arbor/lock.txt
+RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" --require-hashes -r /tmp/arbor/lock.txt
 # libcuda.so.1 comes from the host's driver at run time (NVIDIA Container Toolkit); the toolkit's
 # stub stands in for it while the image is checked.
 RUN mkdir -p /opt/arbor/build-stubs \
  && cp /usr/local/cuda/lib64/stubs/libcuda.so /opt/arbor/build-stubs/libcuda.so.1 \
  && bash /opt/arbor/check-llama-cpp.sh --expect ggml-cuda --stubs /opt/arbor/build-stubs
-COPY pyproject.toml docker/requirements.py /tmp/arbor/
-RUN python /tmp/arbor/requirements.py /tmp/arbor/pyproject.toml > /tmp/arbor/requirements.txt \
- && pip install --no-cache-dir --index-url "$PIP_INDEX_URL" -r /tmp/arbor/requirements.txt
 WORKDIR /app
 COPY . /app
-RUN pip install --no-cache-dir --no-deps -e /app
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /app
 
 # server: NVIDIA's runtime image (CUDA runtime + cuBLAS), the venv and the source tree, checked
 # again where it will run (a cuBLAS or OpenMP library missing here fails the build, by name).

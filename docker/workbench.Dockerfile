@@ -9,12 +9,14 @@ FROM ${PYTHON_IMAGE} AS build
 ARG PIP_INDEX_URL=https://pypi.org/simple
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml docker/requirements.py /tmp/arbor/
-RUN python /tmp/arbor/requirements.py /tmp/arbor/pyproject.toml > /tmp/arbor/requirements.txt \
- && pip install --no-cache-dir --index-url "$PIP_INDEX_URL" -r /tmp/arbor/requirements.txt
+# The dependencies from the hash-pinned lock (scripts/lock-dependencies.sh; DEVELOPERS.md, "Dependencies"):
+# pip refuses any file whose SHA-256 the lock does not list. The project goes in with --no-deps and the
+# locked setuptools (--no-build-isolation), so nothing unlocked is downloaded.
+COPY requirements/lock.txt /tmp/arbor/lock.txt
+RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" --require-hashes -r /tmp/arbor/lock.txt
 WORKDIR /app
 COPY . /app
-RUN pip install --no-cache-dir --no-deps -e /app
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /app
 
 # workbench: `arbor serve` by default.
 FROM ${PYTHON_IMAGE} AS workbench

