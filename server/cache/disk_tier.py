@@ -57,7 +57,8 @@ from pathlib import Path
 import numpy as np
 
 from server.cache.bounded_writer import BoundedWriter
-from server.cache.eviction import BudgetResult, ByteBudget, EvictionPolicy, enforce_budget
+from server.cache.budget import BudgetResult, ByteBudget, enforce_budget
+from server.cache.eviction import EvictionPolicy
 from server.cache.host_tier import TierMatch
 from server.cache.kv_format import EmptyStateBlob, KVLayout, KVSegment, segment_from_arrays
 from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree

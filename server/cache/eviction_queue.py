@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from server.cache.radix_tree import RadixNode
+    from server.cache.radix_node import RadixNode
 
 Priority = Callable[["RadixNode"], "Hashable | None"]
 

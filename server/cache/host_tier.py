@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from server.cache.eviction import ByteBudget, EvictionPolicy, enforce_budget
+from server.cache.budget import ByteBudget, enforce_budget
+from server.cache.eviction import EvictionPolicy
 from server.cache.kv_format import KVSegment
 from server.cache.radix_tree import InsertResult, MatchResult, RadixNode, RadixTree
 

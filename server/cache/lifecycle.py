@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
-    from server.cache.radix_tree import RadixNode
+    from server.cache.radix_node import RadixNode
 
 CacheState = Literal["active", "tool_wait", "done"]
 CACHE_STATES: tuple[str, ...] = get_args(CacheState)

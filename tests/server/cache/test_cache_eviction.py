@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.cache.eviction import (
-    ByteBudget,
-    LifecycleClass,
-    LifecyclePolicy,
-    LRUPolicy,
-    enforce_budget,
-)
+from server.cache.budget import ByteBudget, enforce_budget
+from server.cache.eviction import LifecycleClass, LifecyclePolicy, LRUPolicy
 from server.cache.lifecycle import CacheHint, SessionRegistry
 from tests.server.cache.sim_payload import simulated_tree
 from tests.server.cache.tree_helpers import freed_nodes, locked

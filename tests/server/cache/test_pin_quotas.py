@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from server.cache.eviction import ByteBudget, LifecyclePolicy, enforce_budget
+from server.cache.budget import ByteBudget, enforce_budget
+from server.cache.eviction import LifecyclePolicy
 from server.cache.lifecycle import CacheHint, SessionRegistry
 from server.cache.router import CacheRouter, _stored_bytes
 from tests.server.cache.sim_payload import simulated_tree
