@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from server.cache.store_url import redact_url
@@ -48,125 +49,183 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
+# Each field is a flag of arbor-server (server/cli.py builds the parser from them) and an
+# ARBOR_SERVER_* variable: its description is the flag's help, and the help adds the default
+# from the field, so no text here states a default value (only what None or a factory means).
+# json_schema_extra: "short" (llama-server's short alias), "flag" (a long name other than the
+# field's), "group" (a section of --help, FLAG_GROUPS), "bare" (the value of the flag given
+# without one). The flag's type comes from the annotation (bool: a switch; Literal: choices;
+# a tuple: comma separated; a dict: a JSON object).
+FLAG_GROUPS = {
+    "prefix cache": "where prefixes' KV is kept and reused: tiers A (the slot's own), S (resident), H (host), "
+                    "D (disk)",
+    "shared store": "tier R: KV chunks in a Redis/Valkey store shared by the replicas of this model",
+    "KV events": "the radix tree's changes as vLLM/SGLang-format ZMQ events, for KV-event routers (Dynamo, llm-d)",
+    "request limits": "larger requests get a 4xx answer that names the flag",
+}
+_CACHE: JsonDict = {"group": "prefix cache"}
+_SHARED: JsonDict = {"group": "shared store"}
+_EVENTS: JsonDict = {"group": "KV events"}
+_LIMITS: JsonDict = {"group": "request limits"}
+
+
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ARBOR_SERVER_", extra="forbid")
 
-    model: Path | None = Field(None, description="GGUF file; default: the embedded SmolLM2-135M-Instruct")
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
-    parallel: int = Field(4, ge=1, le=64, description="slots (concurrent requests)")
-    ctx_size: int = Field(8192, ge=256, description="cells of the unified KV shared by all slots; one request may "
-                          "use all of them (up to the model's training context)")
-    batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step")
+    model: Path | None = Field(None, description="GGUF model file (default: the embedded SmolLM2-135M-Instruct)",
+                               json_schema_extra={"short": "-m"})
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8080, ge=0, le=65535, description="port")
+    parallel: int = Field(4, ge=1, le=64, description="slots: requests computed concurrently",
+                          json_schema_extra={"short": "-np"})
+    ctx_size: int = Field(8192, ge=256, description="total KV cells of the unified cache, shared by the slots; one "
+                          "request may use all of them (up to the model's training context)",
+                          json_schema_extra={"short": "-c"})
+    batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step",
+                            json_schema_extra={"short": "-b"})
     prefill_while_decoding: int = Field(
         0, ge=0, le=8192, description="prompt tokens a step carries while other requests decode (0: the rest of "
-        "--batch-size); smaller keeps their streams moving during a long prompt at some cost to its prefill")
-    threads: int = Field(default_factory=physical_cores, ge=1, description="default: physical cores, as llama.cpp")
-    alias: str | None = Field(None, description="model name clients use; default: the file name")
-    strict_model_name: bool = Field(False, description="answer 404 to a request naming another model "
-                                                       "(default: serve the one model whatever the name, as llama-server does)")
-    api_key: str | None = None
-    chat_template_file: Path | None = None
+        "--batch-size); smaller keeps their streams moving during a long prompt at some cost to its prefill "
+        "(docs/benchmarks.md, hostile requests, measures 128)")
+    threads: int = Field(default_factory=physical_cores, ge=1, description="CPU threads (default: physical cores, "
+                         "as llama.cpp)", json_schema_extra={"short": "-t"})
+    alias: str | None = Field(None, description="model name clients use (default: the file name)")
+    strict_model_name: bool = Field(False, description="answer 404 to a request naming another model (without it: "
+                                    "serve the one model whatever the name, as llama-server does)")
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY' on every route but /health")
+    chat_template_file: Path | None = Field(None, description="a Jinja chat template to use instead of the model's")
     reasoning_format: ReasoningFormat = Field(
         "auto", description="how a thinking model's reasoning comes back (llama-server's --reasoning-format): "
         "auto/deepseek in message.reasoning_content, none left in the content")
     reasoning_budget: int = Field(-1, ge=-1, description="tokens a thinking model may reason before its end tag is "
-                                  "forced (llama-server's --reasoning-budget; -1: no limit)")
+                                  "forced (llama-server's --reasoning-budget; -1: no limit; a request's "
+                                  "reasoning_budget_tokens overrides)")
     reasoning_budget_message: str = Field("", description="text written before the forced end tag")
     chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="extra variables for every render of the chat template (a JSON "
-        "object, e.g. {\"enable_thinking\": false}); a request's chat_template_kwargs override them")
-    no_cache: bool = Field(False, description="disable every kind of prefix reuse (benchmark baseline)")
+        default_factory=dict, description="extra variables for every render of the chat template, a JSON object, "
+        "e.g. '{\"enable_thinking\": false}'; a request's chat_template_kwargs override them")
+    no_cache: bool = Field(False, description="disable every kind of prefix reuse (the benchmark baseline)")
     max_queue: int = Field(64, ge=0, description="requests that may wait for a slot before 503")
-    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to an accelerator (-1: all); without a "
-                              "GPU or NPU device the server refuses to start, unless allow_cpu_fallback")
-    allow_cpu_fallback: bool = Field(False, description="with n_gpu_layers set and no accelerator device, run on "
-                                     "the CPU (with a warning and /props saying so) instead of refusing to start")
-    flash_attn: Literal["auto", "on", "off"] = "auto"
+    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to a GPU or NPU (-1: all); with no such "
+                              "device the server refuses to start, see --allow-cpu-fallback",
+                              json_schema_extra={"short": "-ngl"})
+    allow_cpu_fallback: bool = Field(False, description="with --n-gpu-layers and no GPU/NPU device, run on the CPU "
+                                     "on purpose (a warning, /props says so) instead of refusing to start")
+    flash_attn: Literal["auto", "on", "off"] = Field("auto", description="llama.cpp's flash attention; auto: where "
+                                                     "the backend supports it")
     paged_attn: Literal["auto", "on", "off"] = Field(
-        "auto", description="paged attention over the unified KV (each sequence reads only its own pages of cells; "
-        "our llama.cpp patch): auto turns it on where the backend has the kernel (the CPU), on refuses to start "
-        "without it, off uses llama.cpp's attention over every cell")
+        "auto", description="paged attention over the unified KV: each sequence reads only the pages of cells it "
+        "owns (our llama.cpp patch); auto: on where the backend has the kernel (the CPU); on (also a bare "
+        "--paged-attn): refuse to start without it; off: llama.cpp's attention over every cell",
+        json_schema_extra={"bare": "on"})
     page_size: int = Field(16, ge=1, le=4096, description="KV cells per page of paged attention")
     # cache (server/cache)
-    cache_tiers: tuple[str, ...] = Field(("A", "S", "H"), description="enabled prefix sources among A,S,H,D")
-    cache_ram: int = Field(1024, ge=0, description="host tier budget, MiB")
-    cache_dir: Path | None = None
-    cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB")
+    cache_tiers: tuple[str, ...] = Field(("A", "S", "H"), description="prefix sources to use, comma separated "
+                                         "among A,S,H,D", json_schema_extra=_CACHE)
+    cache_ram: int = Field(1024, ge=0, description="host tier budget, MiB", json_schema_extra=_CACHE)
+    cache_dir: Path | None = Field(None, description="directory of the disk tier (adds D to the default tiers; "
+                                   "with --cache-tiers, list D there)", json_schema_extra=_CACHE)
+    cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB", json_schema_extra=_CACHE)
     cache_disk_queue: int = Field(64, ge=1, description="MiB of KV waiting for the disk writer; a store beyond "
-                                  "it is dropped and counted (queued KV is held outside every budget)")
+                                  "it is dropped and counted (queued KV is held outside every budget)",
+                                  json_schema_extra=_CACHE)
     cache_disk_reserve_mb: int = Field(1024, ge=0, description="MiB the cache directory's filesystem keeps free: a "
                                        "disk-tier write that would leave less first evicts the tier's own files, "
-                                       "then is declined and counted (requests go on without D); 0: no reserve")
-    resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold")
+                                       "then is declined and counted (requests go on without D); 0: no reserve",
+                                       json_schema_extra=_CACHE)
+    resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold",
+                                json_schema_extra=_CACHE)
     cache_sessions: int = Field(4096, ge=1, description="sessions whose lifecycle hints the cache remembers; "
-                                "past it the least recently seen is forgotten")
+                                "past it the least recently seen is forgotten", json_schema_extra=_CACHE)
     cache_session_idle: float = Field(3600.0, gt=0, description="seconds after its last hint that a session "
-                                      "(pinned or not) is forgotten")
+                                      "(pinned or not) is forgotten", json_schema_extra=_CACHE)
     cache_max_pinned_sessions: int = Field(64, ge=0, description="sessions that may be pinned at once (pinned KV "
-                                           "is never evicted); a new pin beyond it releases the oldest pin")
+                                           "is never evicted); a new pin beyond it releases the oldest pin",
+                                           json_schema_extra=_CACHE)
     cache_max_pinned_mb: int = Field(512, ge=0, description="MiB of host and disk KV that pinned sessions may hold; "
-                                     "beyond it the oldest pins are released (their KV becomes evictable)")
+                                     "beyond it the oldest pins are released (their KV becomes evictable)",
+                                     json_schema_extra=_CACHE)
     cache_route: Literal["cost", "longest"] = Field(
-        "cost", description="cost: lowest estimated time to first token from measured rates; longest: longest match")
-    cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing")
+        "cost", description="cost: the plan with the lowest estimated time to first token, from measured rates; "
+        "longest: the longest match", json_schema_extra=_CACHE)
+    cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing",
+                                  json_schema_extra=_CACHE)
     cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
-                                       "engine step; 0: write back at once (stalls decoding for the whole copy)")
-    cache_shared: str | None = Field(
-        None, repr=False, description="URL of a Redis/Valkey store shared by replicas of this model (tier R, e.g. "
-        "redis://127.0.0.1:6379/0): chunks of the host tier's KV are written there and restored from there")
-    cache_shared_chunk: int = Field(64, ge=16, le=8192, description="tokens per chunk in the shared store")
-    cache_shared_timeout_ms: float = Field(50.0, gt=0, description="timeout of the shared store lookup at "
-                                           "admission (engine thread); a failure leaves the store alone 5 s")
-    cache_shared_queue: int = Field(64, ge=1, description="MiB of KV waiting for the shared-store writer; "
-                                    "a store beyond it is dropped and counted")
-    cache_shared_secret: SecretStr | None = Field(
-        None, description="the deployment secret every replica sharing the store holds (at least 16 bytes, e.g. "
-        "`openssl rand -hex 32`): values are MACed with it and keys derived from it; required with cache_shared")
-    cache_shared_secret_file: Path | None = Field(
-        None, description="a file holding cache_shared_secret (a docker secret; surrounding whitespace ignored)")
-    cache_shared_max_value_mb: int = Field(64, ge=1, description="MiB: a longer shared-store value is refused "
-                                           "from its length, before it is read (and not written)")
+                                       "engine step; 0: write a slot back at once when it is reused (stalls "
+                                       "decoding for the whole copy)", json_schema_extra=_CACHE)
     cache_idle_cells: int | None = Field(
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
-        "kept cell slows every running request's steps: bench/idle_cells.py). Default: no limit")
+        "kept cell slows every running request's steps: bench/idle_cells.py); default: no limit",
+        json_schema_extra=_CACHE)
+    # the shared store, tier R (server/cache/shared_tier.py)
+    cache_shared: str | None = Field(
+        None, repr=False, description="URL of the store (redis://, rediss:// or unix://, e.g. "
+        "redis://127.0.0.1:6379/0): chunks of the host tier's KV are written there and restored from there; needs "
+        "tier H (default: off)", json_schema_extra=_SHARED)
+    cache_shared_chunk: int = Field(64, ge=16, le=8192, description="tokens per chunk in the shared store "
+                                    "(bench/shared_chunk.py)", json_schema_extra=_SHARED)
+    cache_shared_timeout_ms: float = Field(50.0, gt=0, description="timeout of the shared-store lookup at "
+                                           "admission (engine thread), ms; a failure leaves the store alone 5 s",
+                                           json_schema_extra=_SHARED)
+    cache_shared_queue: int = Field(64, ge=1, description="MiB of KV waiting for the shared-store writer; "
+                                    "a store beyond it is dropped and counted", json_schema_extra=_SHARED)
+    cache_shared_secret: SecretStr | None = Field(
+        None, description="the deployment secret every replica sharing the store holds (at least 16 bytes, e.g. "
+        "`openssl rand -hex 32`): values are MACed with it and keys derived from it; required with "
+        "--cache-shared. Prefer --cache-shared-secret-file or ARBOR_SERVER_CACHE_SHARED_SECRET: a command line is "
+        "visible to every local user", json_schema_extra=_SHARED)
+    cache_shared_secret_file: Path | None = Field(
+        None, description="a file holding the shared-store secret (a docker secret; surrounding whitespace "
+        "ignored)", json_schema_extra=_SHARED)
+    cache_shared_max_value_mb: int = Field(64, ge=1, description="MiB: a longer shared-store value is refused "
+                                           "from its length, before it is read (and not written)",
+                                           json_schema_extra=_SHARED)
     # KV events for exact-routing routers (server/cache/kv_events.py)
     kv_events_endpoint: str | None = Field(
-        None, description="publish the radix tree's KV block changes as vLLM/SGLang-format ZMQ events "
-        "(BlockStored/BlockRemoved/AllBlocksCleared) on this endpoint: a bare port (5557) binds loopback; "
-        "tcp://*:5557 binds every interface (anyone reaching it reads the token ids of every cached prefix); "
-        "tcp://host:port connects; default: off")
-    kv_events_topic: str = Field("", description="ZMQ topic of the KV events")
-    kv_events_block_size: int = Field(16, ge=1, le=4096, description="tokens per block in the KV events")
+        None, description="publish the radix tree's KV block changes (BlockStored/BlockRemoved/AllBlocksCleared) "
+        "on this ZMQ endpoint: a bare port (5557) binds loopback; tcp://*:5557 binds every interface (the events "
+        "carry the token ids of every cached prefix: anyone reaching the port reads them); tcp://host:port "
+        "connects; ipc://PATH binds (default: off)", json_schema_extra=_EVENTS)
+    kv_events_topic: str = Field("", description="ZMQ topic of the KV events", json_schema_extra=_EVENTS)
+    kv_events_block_size: int = Field(16, ge=1, le=4096, description="tokens per announced block",
+                                      json_schema_extra=_EVENTS)
     # NoDecode: a comma-separated list in the environment (ARBOR_SERVER_CORS_ORIGINS=a,b), not JSON
     cors_origins: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="origins browsers may call from (comma separated, '*' for any); default: localhost "
-        "origins only")
+        (), description="origins browsers may call from, comma separated ('*': any; default: localhost origins "
+        "only)")
     allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="names clients may reach the server by (Host header, comma separated; '*.example.com' "
-        "for subdomains), besides the localhost names and a specific --host, which are always allowed; '*': any "
-        "(behind a proxy that checks Host itself). server/api/host_check.py")
-    embeddings: bool = Field(False, description="serve /v1/embeddings from a second llama.cpp context")
+        (), description="names clients may reach the server by (the Host header; comma separated, "
+        "'*.example.com' for subdomains), besides localhost, 127.0.0.1, ::1 and a specific --host; '*': any "
+        "(behind a proxy that checks Host, or in compose where other containers call the server by its service "
+        "name). server/api/host_check.py")
+    embeddings: bool = Field(False, description="serve /v1/embeddings from a second, small llama.cpp context")
     pooling: Literal["model", "mean", "cls", "last"] = Field("model", description="embedding pooling; model: as "
                                                              "the GGUF says (generative models say none)")
     embeddings_ctx: int = Field(512, ge=8, description="most tokens of one embeddings input")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="the server's log level "
+                                                                    "(uvicorn's too)")
     # request limits (server/api/request_guard.py): hostile or broken clients get a 4xx, not a
     # slow or crashed server; the defaults are far above what agent traffic sends.
-    max_body_kib: int = Field(4096, ge=1, description="largest request body, KiB")
-    max_json_depth: int = Field(64, ge=2, le=512, description="deepest nesting of a JSON body")
-    max_messages: int = Field(1024, ge=1, description="messages per chat request")
-    max_tools: int = Field(128, ge=0, description="tools per chat request")
-    max_stop: int = Field(16, ge=0, description="stop strings per request")
-    max_stop_chars: int = Field(256, ge=1, description="characters in one stop string")
-    max_choices: int = Field(8, ge=1, le=64, description="largest n (choices sampled from one prompt per request)")
-    max_tools_kib: int = Field(256, ge=1, description="KiB of JSON of all tool definitions of one request")
-    max_grammar_chars: int = Field(65536, ge=1, description="characters of a request's GBNF grammar")
+    max_body_kib: int = Field(4096, ge=1, description="largest request body, KiB (413 beyond)",
+                              json_schema_extra=_LIMITS)
+    max_json_depth: int = Field(64, ge=2, le=512, description="deepest nesting of a JSON body",
+                                json_schema_extra=_LIMITS)
+    max_messages: int = Field(1024, ge=1, description="messages per chat request", json_schema_extra=_LIMITS)
+    max_tools: int = Field(128, ge=0, description="tools per chat request", json_schema_extra=_LIMITS)
+    max_stop: int = Field(16, ge=0, description="stop strings per request", json_schema_extra=_LIMITS)
+    max_stop_chars: int = Field(256, ge=1, description="characters in one stop string", json_schema_extra=_LIMITS)
+    max_choices: int = Field(8, ge=1, le=64, description="largest n (choices sampled from one prompt per request)",
+                             json_schema_extra=_LIMITS)
+    max_tools_kib: int = Field(256, ge=1, description="KiB of JSON of one request's tool definitions",
+                               json_schema_extra=_LIMITS)
+    max_grammar_chars: int = Field(65536, ge=1, description="characters of a request's GBNF grammar",
+                                   json_schema_extra=_LIMITS)
     max_schema_kib: int = Field(64, ge=1, description="KiB of JSON of a request's response_format.json_schema "
-                                "(or llama-server's json_schema)")
-    max_logit_bias: int = Field(1024, ge=0, description="logit_bias entries per request")
-    max_embeddings_inputs: int = Field(256, ge=1, description="inputs of one /v1/embeddings request")
+                                "(or llama-server's json_schema)", json_schema_extra=_LIMITS)
+    max_logit_bias: int = Field(1024, ge=0, description="logit_bias entries per request", json_schema_extra=_LIMITS)
+    max_embeddings_inputs: int = Field(256, ge=1, description="inputs of one /v1/embeddings request",
+                                       json_schema_extra=_LIMITS)
 
     @field_validator("cache_tiers", mode="before")
     @classmethod

@@ -125,3 +125,71 @@ def test_version_lists_the_backends_and_devices_llama_cpp_sees(capsys):
     for line in inventory().lines():
         assert line.split(",")[0] in out
     assert "backends: " in out and "CPU (1 device)" in out
+
+
+# The flags are generated from ServerSettings (server/cli.py): one per field, help and default from the field.
+
+def _actions():
+    from server.cli import build_parser
+
+    return {a.dest: a for a in build_parser()._actions}
+
+
+def test_every_setting_is_a_flag_whose_help_states_the_fields_default_once():
+    from server.settings import ServerSettings
+
+    actions = _actions()
+    for name, field in ServerSettings.model_fields.items():
+        action = actions[name]
+        assert action.option_strings[0] == "--" + name.replace("_", "-")
+        assert action.default is None  # not given: the environment or the field's default applies
+        assert field.description and action.help.startswith(field.description.replace("%", "%%"))
+        assert "(default " not in field.description, f"{name}: the help adds the default from the field"
+        default = field.default if field.default_factory is None else None  # a factory: the description says
+        if default not in (None, False, (), ""):
+            shown = ",".join(default) if isinstance(default, tuple) else f"{default:g}" \
+                if isinstance(default, float) else str(default)
+            assert action.help.endswith(f"(default {shown})") and action.help.count("(default") == 1, name
+
+
+def test_llama_server_short_flags_and_the_sections_of_help():
+    from server.cli import build_parser
+
+    actions = _actions()
+    for name, short in (("model", "-m"), ("parallel", "-np"), ("ctx_size", "-c"), ("batch_size", "-b"),
+                        ("threads", "-t"), ("n_gpu_layers", "-ngl")):
+        assert actions[name].option_strings == ["--" + name.replace("_", "-"), short]
+    s = settings_from_args(["-m", __file__, "-np", "2", "-c", "1024", "-b", "64", "-t", "1", "-ngl", "0"])
+    assert (s.model, s.parallel, s.ctx_size, s.batch_size, s.threads, s.n_gpu_layers) == (
+        Path(__file__), 2, 1024, 64, 1, 0)
+    text = build_parser().format_help()
+    for section in ("prefix cache:", "shared store:", "KV events:", "request limits:"):
+        assert "\n" + section in text
+    assert "--cache-ram CACHE_RAM\n" in text.split("prefix cache:")[1].split("shared store:")[0]
+    assert "--ctx-size CTX_SIZE, -c CTX_SIZE" in text and "(default 8192)" in text
+
+
+def test_flags_of_every_kind_reach_their_fields(tmp_path: Path):
+    s = settings_from_args([
+        "--host", "0.0.0.0", "--cache-session-idle", "2.5", "--cache-dir", str(tmp_path), "--no-cache",
+        "--strict-model-name", "--cache-route", "longest", "--cache-tiers", " a, s ,H,D,", "--cors-origins",
+        "http://a.example/, https://b.example", "--allowed-hosts", "Server, server-2", "--chat-template-kwargs",
+        '{"enable_thinking": false}', "--max-choices", "3", "--kv-events-topic", "kv"])
+    assert (s.host, s.cache_session_idle, s.cache_dir, s.no_cache, s.strict_model_name, s.cache_route) == (
+        "0.0.0.0", 2.5, tmp_path, True, True, "longest")
+    assert s.cache_tiers == ("A", "S", "H", "D")  # lists: comma separated
+    assert s.cors_origins == ("http://a.example", "https://b.example")
+    assert s.allowed_hosts == ("server", "server-2")
+    assert (s.chat_template_kwargs, s.max_choices, s.kv_events_topic) == ({"enable_thinking": False}, 3, "kv")
+    with pytest.raises(SystemExit):
+        settings_from_args(["--cache-route", "shortest"])  # Literal: argparse's choices
+    with pytest.raises(SystemExit):
+        settings_from_args(["--chat-template-kwargs", "[1]"])
+
+
+def test_an_invalid_flag_is_named_in_the_error(capsys):
+    from server.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["-c", "16"])
+    assert exc.value.code == 2 and "arbor-server: --ctx-size: " in capsys.readouterr().err
