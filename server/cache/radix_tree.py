@@ -506,12 +506,15 @@ class RadixTree:
         c.use(node, payload, sign)
 
     def _prune_up(self, node: RadixNode) -> None:
-        """Detach ``node`` and its ancestors while each is a bare, unlocked leaf."""
+        """Detach ``node`` and its ancestors while each is a bare, unlocked leaf. A bare leaf
+        kept only by a lock is pruned at an eviction once unlocked (``_maybe_bare``)."""
         cur: RadixNode | None = node
         while cur is not None and not cur.is_root and cur.is_leaf and _bare(cur) and cur.lock_ref == 0:
             parent = cur.parent
             self._detach_leaf(cur)
             cur = parent
+        if cur is not None and not cur.is_root and cur.is_leaf and _bare(cur):
+            self._maybe_bare.add(cur)
 
     # ---------------------------------------------------------------- holders
 

@@ -422,3 +422,20 @@ def test_a_split_keeps_holders_on_both_halves():
     upper = split_node(tree, tip, 2)
     assert upper.holders == tip.holders == {1} and tree.held_tokens == 4
     tree.check_invariants()
+
+
+def test_a_bare_parent_kept_by_a_lock_is_pruned_at_an_eviction_after_its_unlock():
+    """A holder's path dropped while an ancestor is locked: the child goes at once, the locked
+    ancestor (bare now) at the first eviction after the unlock (found by the stateful test)."""
+    tree, insert = simulated_tree(bytes_per_token=1)
+    parent = insert([0]).last_node
+    tip = tree.insert([0, 0]).last_node
+    tree.add_holder(tip, 0)
+    tree.flush("H")
+    tree.lock(parent)
+    tree.remove_holder(tip, 0)
+    assert not tip.attached and parent.attached
+    tree.unlock(parent)
+    tree.flush("H")
+    assert not parent.attached and tree.n_nodes == 0
+    tree.check_invariants()
