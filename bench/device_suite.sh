@@ -92,7 +92,7 @@ step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL"
 step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
   --out "$R/cache_micro.json"
 
-"$PY" -m bench.report --results "$R" --out "$OUT/summary.md" --notes /nonexistent >> "$LOG" 2>&1 || say "report failed"
+"$PY" -m bench.report --results "$R" --out "$OUT/summary.md" >> "$LOG" 2>&1 || say "report failed"
 tar czf "$OUT/results.tgz" -C "$OUT" results 2>> "$LOG"
 rm -rf "$R"
 say "done: $OUT/summary.md, $OUT/suite.log, $OUT/results.tgz"

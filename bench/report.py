@@ -2,7 +2,10 @@
 
     python -m bench.report [--results bench/results] [--out docs/benchmarks.md]
 
-Only what was measured is reported; a missing result file becomes a line saying so.
+Only what was measured is reported; a section whose result file is missing keeps its figures from the
+previous docs/benchmarks.md (marked as carried over), or becomes a line saying so. The tables are all
+this writes: what they mean, what is not done and the figures measured by hand are in
+docs/benchmark-notes.md, which each section points to.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -251,7 +255,7 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
         for name, s, eng in rows:
             ideal = s.get("ideal", {})
 
-            def rel(key, sub=None):
+            def rel(key, sub=None, s=s, base=base):
                 a = s[key] if sub is None else s[key].get(sub)
                 b = None if base is None else (base[key] if sub is None else base[key].get(sub))
                 return _f(a / b) if a and b else "–"
@@ -272,11 +276,48 @@ def _share(eng: dict | None) -> str:
     return share
 
 
-CARRIED = "_Carried over from an earlier generation of this file: not re-measured in this revision._"
+READING = Path("docs/benchmark-notes.md")
+READING_PREFIX = "Reading these figures: "
+
+# Each generated section (by its heading) and the heading of docs/benchmark-notes.md that reads it.
+READING_TOPICS = {
+    "## Engine: decode throughput and TTFT": "Engine throughput and TTFT",
+    "## Unified KV against split streams": "Unified KV against split streams",
+    "## What idle KV cells cost the running requests": "Idle cells and paged attention",
+    "## Paged attention against unpaged and stock llama-server": "Idle cells and paged attention",
+    "## Cache micro-benchmarks": "Cache micro-benchmarks",
+    "## Workloads: every configuration side by side": "Workloads side by side",
+    "## Workloads on a compute-light synthetic model": "The compute-light synthetic model",
+    "## n choices from one prompt": "n choices from one prompt",
+    "## Soak: mixed traffic for a long time": "Soak",
+    "## /metrics and /health while the cache stores large KV": "/metrics and /health under load",
+    "## One budget eviction as the radix tree grows": "Eviction and budgets",
+    "## Hostile requests while another request decodes": "Hostile requests",
+}
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def reading_pointer(section: list[str]) -> list[str]:
+    """The section followed by one line that says where its figures are read."""
+    topic = next((t for h, t in READING_TOPICS.items() if section[0].startswith(h)), None)
+    if topic is None:
+        return section
+    body = [line for line in section if not line.startswith(READING_PREFIX)]
+    while body and not body[-1].strip():
+        body.pop()
+    return body + ["", f"{READING_PREFIX}[{READING.as_posix()}, “{topic}”]({READING.name}#{anchor(topic)}).", ""]
+
+
+CARRIED = "_Carried over from an earlier generation of this file: not re-measured in this revision"
 
 
 def _old_sections(path: Path) -> dict[str, list[str]]:
-    """The sections ('## ' headings) of the previous docs/benchmarks.md, by heading."""
+    """The sections ('## ' headings) of the previous docs/benchmarks.md, by heading; its machine line
+    under the key 'Machine:'."""
     if not path.exists():
         return {}
     out: dict[str, list[str]] = {}
@@ -287,20 +328,26 @@ def _old_sections(path: Path) -> dict[str, list[str]]:
             out[current] = []
         elif current is not None:
             out[current].append(line)
+        elif line.startswith("Machine: "):
+            out["Machine:"] = [line.removeprefix("Machine: ").split(". Model:")[0].rstrip(".")]
     return out
 
 
 def _or_carried(section: list[str], old: dict[str, list[str]]) -> list[str]:
-    """A section with no results this time keeps its earlier figures, marked as such."""
+    """A section with no results this time keeps its earlier figures, marked as such with the machine they
+    were measured on (the mark of an earlier carry is kept as it was)."""
     if not any(line.startswith("Not measured in this revision") for line in section):
         return section
     body = old.get(section[0])
     if not body or any(line.startswith("Not measured in this revision") for line in body):
         return section
-    body = [line for line in body if line != CARRIED]
+    marks = [line for line in body if line.startswith(CARRIED)]
+    body = [line for line in body if not line.startswith(CARRIED) and not line.startswith(READING_PREFIX)]
     while body and not body[0].strip():  # keep the blank lines from piling up generation after generation
         body = body[1:]
-    return [section[0], "", CARRIED, ""] + body
+    machine_was = old.get("Machine:", [""])[0]
+    mark = marks[0] if marks else CARRIED + (f" (measured on {machine_was})._" if machine_was else "._")
+    return [section[0], "", mark, ""] + body
 
 
 def soak_section(res: Path) -> list[str]:
@@ -407,29 +454,105 @@ def n_choices_section(res: Path) -> list[str]:
     return out + ["", f"n over separate, decode tok/s: {data['n_over_separate_decode']}.", ""]
 
 
+HOSTILE = "hostile_requests.json"
+
+
+def _server_flags(command: str) -> str:
+    """arbor-server's flags from a recorded command line, without the interpreter and the port."""
+    words = command.split()
+    if "server" in words:
+        words = words[words.index("server") + 1:]
+    if "--port" in words:
+        i = words.index("--port")
+        del words[i:i + 2]
+    return " ".join(words)
+
+
+def _gap_by_case(data: dict) -> dict[str, float]:
+    """The longest watcher gap seen while each case was in flight ('no case' for gaps between cases)."""
+    out: dict[str, float] = {}
+    for stall in data.get("stalls_over_threshold", []):
+        for name in stall["cases_in_flight"] or ["no case in flight"]:
+            out[name] = max(out.get(name, 0.0), stall["gap_s"])
+    return out
+
+
+def hostile_section(res: Path) -> list[str]:
+    data = _load(res / HOSTILE)
+    out = ["## Hostile requests while another request decodes", "",
+           "Command: `python -m bench.hostile_requests` (arbor-server on the embedded model with an API key and "
+           "/v1/embeddings; hostile bodies, headers, hosts and keys sent one after the other while a watcher "
+           "streams 200-token chat completions back to back and times every chunk; then /health and /slots). "
+           "A *clear error* is a 4xx with an OpenAI error body, *served sanely* a 2xx with the route's shape. "
+           "A gap is the longest wait between two chunks of one watcher stream; the first stream, before any "
+           "case is sent, is the undisturbed one. Target: no 5xx, /health answers after, gaps under a second.", ""]
+    if data is None:
+        return out + ["Not measured in this revision.", ""]
+    w = data["watcher"]
+    statuses: dict[int, int] = {}
+    for case in data["cases"]:
+        if case["kind"] == "clear error":
+            statuses[case["status"]] = statuses.get(case["status"], 0) + 1
+    served = [c for c in data["cases"] if c["kind"] == "served sanely"]
+    out += [f"Server: `arbor-server {_server_flags(data['command'])}`.", "",
+            "| figure | value |", "|---|---|",
+            f"| cases | {data['n_cases']} |",
+            f"| clear errors | {data['n_clear_errors']} ("
+            + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())) + ") |",
+            f"| served sanely | {data['n_served_sanely']} |",
+            f"| 5xx | {len(data['five_xx'])} |",
+            f"| neither a clear error nor a sane answer | {len(data['neither_clear_nor_sane'])} |",
+            f"| not the outcome the case expects | {len(data['unexpected_outcome'])} |",
+            f"| /health after | {data['health_after']} |",
+            f"| every slot idle after | {'yes' if data['slots_after_idle'] else 'no'} |",
+            f"| watcher streams | {w['streams']} of {w['tokens_per_stream']} tokens |",
+            f"| longest gap, undisturbed first stream | {_f(w['baseline_max_gap_s'])} s |",
+            f"| longest gap while the cases ran | {_f(w['max_gap_s'])} s |", ""]
+    if served:
+        out += ["Served sanely (case: latency): " + "; ".join(f"{c['name']}: {_f(c['latency_s'], 1)} s" for c in served)
+                + ".", ""]
+    gaps = sorted(_gap_by_case(data).items(), key=lambda kv: -kv[1])
+    if gaps:
+        out += [f"Longest gap while each case was in flight (gaps over {data['settings']['stall_s']} s; a gap counts "
+                "for every case in flight during it):", "",
+                "| case | longest gap s |", "|---|---|", *(f"| {name} | {_f(g)} |" for name, g in gaps[:8]), ""]
+    runs = [_load(f) for f in sorted(res.glob("hostile_*.json")) if f.name != HOSTILE]
+    if runs:
+        out += ["The same watcher against a few cases under other server flags (`python -m bench.hostile_requests "
+                "--only CASES --server-args FLAGS --out FILE`, one run each):", "",
+                "| server flags | cases (latency) | undisturbed gap s | longest gap s | longest gap with a case in "
+                "flight |", "|---|---|---|---|---|"]
+        for d in runs:
+            st, w = d["settings"], d["watcher"]
+            with_case = [(n, g) for n, g in _gap_by_case(d).items() if n != "no case in flight"]
+            worst = max(with_case, key=lambda kv: kv[1], default=None)
+            cases = "; ".join(f"{c['name']} ({_f(c['latency_s'], 1)} s)" for c in d["cases"])
+            out.append(f"| {st.get('server_args') or 'defaults'} | {cases} | {_f(w['baseline_max_gap_s'])} | "
+                       f"{_f(w['max_gap_s'])} | " + (f"{_f(worst[1])} s ({worst[0]})" if worst else "–") + " |")
+        out.append("")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=Path("bench/results"))
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
-    p.add_argument("--notes", type=Path, default=Path("bench/NOTES.md"),
-                   help="hand-written analysis appended as is")
     a = p.parse_args(argv)
     lines = ["# Benchmarks", "", "Generated by `python -m bench.report` from `bench/results/` (raw JSON, not "
-             "committed). All figures come from one machine, measured side by side; the machine is shared and "
-             "noisy, so compare ratios within a table, not absolute numbers across tables.", "",
+             "committed): the tables only. What they show, what is not done yet, and the figures measured by "
+             f"hand are in [{READING.as_posix()}]({READING.name}) (links relative to docs/); each section "
+             "points to its part. All figures come from one machine, measured side by side; the machine is "
+             "shared and noisy, so compare ratios within a table, not absolute numbers across tables.", "",
              f"Machine: {machine()}. Model: the embedded SmolLM2-135M-Instruct Q4_1 unless a section names "
              "another.", ""]
     old = _old_sections(a.out)
-    for section in (engine_section, unified_section, idle_cells_section, paged_section, cache_micro_section):
-        lines += _or_carried(section(a.results), old)
-    for dirname in RUN_ALL_DIRS:
-        lines += _or_carried(run_all_section(a.results, dirname), old)
-    lines += _or_carried(n_choices_section(a.results), old)
-    lines += _or_carried(soak_section(a.results), old)
-    lines += _or_carried(loop_latency_section(a.results), old)
-    lines += _or_carried(tree_evict_section(a.results), old)
-    if a.notes.exists():
-        lines += [a.notes.read_text().rstrip(), ""]
+    sections = [section(a.results) for section in (engine_section, unified_section, idle_cells_section,
+                                                    paged_section, cache_micro_section)]
+    sections += [run_all_section(a.results, dirname) for dirname in RUN_ALL_DIRS]
+    sections += [section(a.results) for section in (n_choices_section, soak_section, loop_latency_section,
+                                                    tree_evict_section, hostile_section)]
+    for section in sections:
+        lines += reading_pointer(_or_carried(section, old))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("\n".join(lines))
     print("wrote", a.out)

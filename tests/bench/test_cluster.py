@@ -10,7 +10,7 @@
   round_robin's count is then what round robin does (each session's turns alternate between
   the replicas); with 4 sessions in flight it depends on the order requests arrive in (in
   lockstep an even number of sessions keeps each on one replica by accident), and measured
-  0.58-0.63x over runs (docs/benchmarks.md).
+  0.58-0.63x over runs (docs/benchmark-notes.md).
 - Failover: a replica killed mid-run; every later request succeeds, none gets a 5xx.
 """
 

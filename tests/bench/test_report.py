@@ -58,3 +58,71 @@ def test_paged_section_renders_the_seed_shape_and_the_synthetic_figures(tmp_path
     assert "| arbor-server | 8 | 3050 | 1.50 | 250.0 |" in text
     assert "| llama-server (split KV) | 8 | 3050 | 1.50 | 240.0 |" in text
     assert "unified + paged 2040 (**1.02x**)" in text
+
+
+def _hostile(only="", server_args="", cases=None, stalls=None, baseline=0.5, longest=3.0):
+    cases = cases or [
+        {"name": "a 10 MB body", "status": 413, "kind": "clear error", "latency_s": 0.01},
+        {"name": "no API key", "status": 401, "kind": "clear error", "latency_s": 0.002},
+        {"name": "120 tools within the limits", "status": 200, "kind": "served sanely", "latency_s": 60.94}]
+    return {"command": "/v/bin/python -m server --port 4811 --parallel 4 --api-key k", "n_cases": len(cases),
+            "settings": {"stall_s": 0.5, "only": only, "server_args": server_args},
+            "n_clear_errors": sum(c["kind"] == "clear error" for c in cases),
+            "n_served_sanely": sum(c["kind"] == "served sanely" for c in cases), "cases": cases,
+            "five_xx": [], "neither_clear_nor_sane": [], "unexpected_outcome": [], "health_after": 200,
+            "slots_after_idle": True,
+            "watcher": {"streams": 3, "tokens_per_stream": 200, "baseline_max_gap_s": baseline, "max_gap_s": longest},
+            "stalls_over_threshold": stalls if stalls is not None else [
+                {"stream": 1, "gap_s": longest, "cases_in_flight": ["120 tools within the limits"]},
+                {"stream": 1, "gap_s": 1.2, "cases_in_flight": []}]}
+
+
+def test_hostile_section_counts_outcomes_and_names_the_cases_behind_the_longest_gaps(tmp_path):
+    from bench.report import hostile_section
+
+    assert "Not measured in this revision." in hostile_section(tmp_path)
+    (tmp_path / "hostile_requests.json").write_text(json.dumps(_hostile(longest=11.979)))
+    one = [{"name": "120 tools within the limits", "status": 200, "kind": "served sanely", "latency_s": 58.18}]
+    (tmp_path / "hostile_prefill_pwd128.json").write_text(json.dumps(_hostile(
+        only="120 tools", server_args="--prefill-while-decoding 128", cases=one, baseline=0.577, longest=3.383)))
+    text = "\n".join(hostile_section(tmp_path))
+    assert "Server: `arbor-server --parallel 4 --api-key k`." in text  # no interpreter, no port
+    assert "| clear errors | 2 (401: 1, 413: 1) |" in text
+    assert "| 5xx | 0 |" in text and "| /health after | 200 |" in text
+    assert "| longest gap while the cases ran | 11.98 s |" in text
+    assert "| 120 tools within the limits | 11.98 |" in text and "| no case in flight | 1.20 |" in text
+    assert ("| --prefill-while-decoding 128 | 120 tools within the limits (58.2 s) | 0.58 | 3.38 | "
+            "3.38 s (120 tools within the limits) |") in text
+
+
+def test_every_section_points_to_a_heading_of_the_reading():
+    from pathlib import Path
+
+    from bench.report import READING, READING_TOPICS, anchor
+
+    headings = {anchor(line.lstrip("#")) for line in Path(READING).read_text().splitlines() if line.startswith("#")}
+    assert {anchor(topic) for topic in READING_TOPICS.values()} <= headings
+
+
+def test_regenerating_without_results_keeps_the_tables_and_one_pointer_each(tmp_path):
+    from bench.report import main
+
+    results, out = tmp_path / "results", tmp_path / "docs" / "benchmarks.md"
+    results.mkdir()
+    (results / "hostile_requests.json").write_text(json.dumps(_hostile()))
+    main(["--results", str(results), "--out", str(out)])
+    first = out.read_text()
+    assert "| served sanely | 1 |" in first
+    assert first.count("Reading these figures: ") == first.count("\n## ")
+    assert "[docs/benchmark-notes.md, “Hostile requests”](benchmark-notes.md#hostile-requests)" in first
+
+    (results / "hostile_requests.json").unlink()  # raw results are not committed
+    main(["--results", str(results), "--out", str(out)])
+    second = out.read_text()
+    hostile = second[second.index("## Hostile requests"):]
+    assert "| served sanely | 1 |" in hostile
+    assert "_Carried over from an earlier generation of this file: not re-measured in this revision (measured on " \
+        in hostile
+    assert hostile.count("Reading these figures: ") == 1
+    main(["--results", str(results), "--out", str(out)])
+    assert out.read_text() == second  # a carried section stays as it was
