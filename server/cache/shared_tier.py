@@ -26,7 +26,7 @@ two sub-keys are derived from it (HMAC-SHA256 of the secret over a label, one pe
 
 Only whole chunks are stored; the partial tail of a prompt is computed (as LMCache does).
 The value under the MAC is the disk tier's self-describing segment encoding (server/cache/
-disk_tier.py: magic, a checksummed JSON header with the fingerprint, the token path up to the
+segment_format.py: magic, a checksummed JSON header with the fingerprint, the token path up to the
 chunk's end, its start and the KV layout, then the raw K/V arrays), checked against the prompt
 it is for as well, so a hash collision or another model's value is refused too (counted).
 
@@ -53,19 +53,17 @@ Contracts:
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import logging
-import struct
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from server.cache.bounded_writer import BoundedWriter
-from server.cache.disk_tier import DIGEST_BYTES, MAGIC, MAX_HEADER, cover, encode_segment, layout_from_json
-from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
+from server.cache.disk_tier import cover
+from server.cache.kv_format import KVSegment, segment_from_arrays
+from server.cache.segment_format import DiskSegmentError, check_header, encode_segment, parse_segment
 from server.cache.store_url import password_of, redact_url
 
 log = logging.getLogger(__name__)
@@ -160,31 +158,14 @@ def decode_chunk(secret: SharedSecret, key: str, data: bytes, fingerprint: str, 
     format, the header checksum, the fingerprint, the token path, the position and the size.
     (The body's own SHA-256 is not recomputed: the MAC already covers every byte of it.)"""
     data = secret.verify(key, data)
-    head = len(MAGIC) + 4
-    if len(data) < head or data[:len(MAGIC)] != MAGIC:
-        raise SharedTierError("not an Arbor KV chunk (another format version, or garbage)")
-    (hlen,) = struct.unpack_from("<I", data, len(MAGIC))
-    if hlen > MAX_HEADER or len(data) < head + hlen + DIGEST_BYTES:
-        raise SharedTierError("the chunk ends inside its header (torn value)")
-    raw = data[head:head + hlen]
-    if hashlib.sha256(raw).digest() != data[head + hlen:head + hlen + DIGEST_BYTES]:
-        raise SharedTierError("chunk header checksum mismatch")
     try:
-        header = json.loads(bytes(raw))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SharedTierError("unreadable chunk header") from exc
-    if not isinstance(header, dict):
-        raise SharedTierError("unreadable chunk header")
-    if header.get("fingerprint") != fingerprint:
-        raise SharedTierError("a chunk of another model or KV layout")
-    if header.get("tokens") != list(path_tokens) or header.get("start") != start:
+        header, offset = parse_segment(data, "chunk")
+        tokens, layout = check_header("chunk", header, fingerprint, len(data), offset)
+    except DiskSegmentError as exc:
+        raise SharedTierError(str(exc)) from exc
+    if tokens != list(path_tokens) or header["start"] != start:
         raise SharedTierError("the chunk holds another token path (hash collision?)")
-    n = len(path_tokens) - start
-    layout: KVLayout = layout_from_json(header["layout"])
-    body = data[head + hlen + DIGEST_BYTES:]
-    if header.get("n") != n or len(body) != n * int(layout.bytes_per_token):
-        raise SharedTierError("chunk size does not match its header (truncated value)")
-    return segment_from_arrays(layout, start, n, body)  # read-only views: a restore only reads them
+    return segment_from_arrays(layout, start, len(tokens) - start, data[offset:])  # read-only views
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import server.cache.disk_tier as disk_tier
+import server.cache.segment_format as segment_format
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
@@ -81,7 +82,7 @@ def test_enospc_mid_write_leaves_no_temp_file_is_counted_and_the_tier_goes_on(tr
     disk = DiskTier(tree, tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     try:
         full = FullDisk(room=100)  # the header fits, the body does not
-        monkeypatch.setattr(disk_tier, "open", full.open, raising=False)
+        monkeypatch.setattr(segment_format, "open", full.open, raising=False)
         a = list(range(100, 140))
         store(disk, a)
         assert files(disk) == []  # no .tmp left behind (not even until the next start), no .kvseg
@@ -104,11 +105,11 @@ def test_a_write_that_fails_at_fsync_or_rename_leaves_no_temp_file(tree, tmp_pat
     disk = DiskTier(tree, tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     try:
         for target in ("fsync", "replace"):
-            def fail(*a, **kw):
+            def fail(*a, target=target, **kw):
                 raise OSError(errno.EIO, f"{target} failed")
 
             with monkeypatch.context() as m:
-                m.setattr(disk_tier.os, target, fail)
+                m.setattr(segment_format.os, target, fail)
                 store(disk, list(range(10, 50)))
             assert files(disk) == [], target
         assert disk.stats()["write_errors"] == 2 and disk.stats()["no_space_errors"] == 0
@@ -119,13 +120,13 @@ def test_a_write_that_fails_at_fsync_or_rename_leaves_no_temp_file(tree, tmp_pat
 def test_the_directory_is_fsynced_after_the_rename(tree, tmp_path, monkeypatch):
     disk = DiskTier(tree, tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     seen = []
-    real = disk_tier.fsync_directory
+    real = segment_format.fsync_directory
 
     def recording(directory):
         seen.append((directory, files(disk, "*.kvseg"), files(disk, "*.tmp")))  # the rename is done
         real(directory)
 
-    monkeypatch.setattr(disk_tier, "fsync_directory", recording)
+    monkeypatch.setattr(segment_format, "fsync_directory", recording)
     try:
         store(disk, list(range(40)))
         assert len(seen) == 1 and seen[0][0] == disk.dir and len(seen[0][1]) == 1 and seen[0][2] == []
@@ -181,7 +182,7 @@ def test_with_the_disk_full_the_host_tier_still_stores_and_restores(tree, tmp_pa
     depend on D: with D failing every write, H serves as before."""
     host = HostTier(tree, 1 << 20, LRUPolicy())
     disk = DiskTier(tree, tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
-    monkeypatch.setattr(disk_tier, "open", FullDisk(room=0).open, raising=False)
+    monkeypatch.setattr(segment_format, "open", FullDisk(room=0).open, raising=False)
     try:
         a = list(range(500, 560))
         tip = host.store(a, lambda s, e: kv_for(a, s, e))

@@ -48,7 +48,7 @@ def test_a_split_by_the_writer_does_not_move_a_pending_read(disk):
 
 
 def test_a_load_reads_each_file_once_and_nothing_before_its_start(disk, monkeypatch):
-    import server.cache.disk_tier as disk_tier
+    import server.cache.segment_format as segment_format
 
     a = list(range(100, 160))
     disk.store(a[:20], [(0, kv_for(a, 0, 20))])
@@ -62,8 +62,8 @@ def test_a_load_reads_each_file_once_and_nothing_before_its_start(disk, monkeypa
     match = disk.match(a)
     assert len(match.parts) == 5 and len({seg.file.path for seg, _ in match.parts}) == 2
     reads: list = []
-    real = disk_tier.read_header
-    monkeypatch.setattr(disk_tier, "read_header", lambda path: reads.append(path.name) or real(path))
+    real = segment_format.read_header
+    monkeypatch.setattr(segment_format, "read_header", lambda path: reads.append(path.name) or real(path))
     got = disk.load(match)
     assert len(reads) == 2 and len(set(reads)) == 2, "each file once"
     assert len(got.segments) == 1 and positions(got.segments[0]) == list(range(60))

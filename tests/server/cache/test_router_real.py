@@ -19,7 +19,13 @@ from server.cache.kv_ops import used_cells as kv_used_cells
 from server.engine.slots import common_prefix_len
 from tests.cores import model_threads
 from tests.server.cache.engine_harness import (
-    chat_tokens, fail_next_restore, generate, generate_many, kept_cells, reset_kv, used_cells,
+    chat_tokens,
+    fail_next_restore,
+    generate,
+    generate_many,
+    kept_cells,
+    reset_kv,
+    used_cells,
 )
 from tests.server.conftest import embedded_model_available
 
@@ -113,14 +119,14 @@ def test_a_full_disk_declines_the_disk_tier_and_requests_answer_as_before(tmp_pa
     declines are counted, and requests answer as a cache-off server does."""
     import errno
 
-    import server.cache.disk_tier as disk_tier
+    import server.cache.segment_format as segment_format
 
     reserve = 1 << 40 if full == "reserve" else 0  # MiB: more than any disk has free
     if full == "enospc":
         def no_space(*a, **kw):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(disk_tier.os, "fsync", no_space)  # the temp file exists when it fails
+        monkeypatch.setattr(segment_format.os, "fsync", no_space)  # the temp file exists when it fails
     model = load(tmp_path, cache_tiers=("A", "D"), cache_disk_reserve_mb=reserve)
     try:
         trunk = _store_trunk(model)  # the write-back to D is declined or fails
