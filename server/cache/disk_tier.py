@@ -47,7 +47,7 @@ from server.cache.bounded_writer import BoundedWriter
 from server.cache.budget import BudgetResult, ByteBudget, enforce_budget
 from server.cache.eviction import EvictionPolicy
 from server.cache.host_tier import TierMatch
-from server.cache.kv_format import KVSegment
+from server.cache.kv_format import KVSegment, cut
 from server.cache.segment_format import (
     MAGIC,  # noqa: F401 - re-exported: tests and benchmarks name the format through the tier
     SUFFIX,
@@ -99,23 +99,6 @@ class DiskSegment:
 
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def cover(ranges: list[tuple[int, KVSegment]], s: int, e: int) -> KVSegment | None:
-    """The KV of [s, e) cut from consecutive (start, segment) ranges, or None if not covered."""
-    parts = []
-    pos = s
-    for start, seg in ranges:
-        end = start + seg.n_tokens
-        if end <= pos or start >= e:
-            continue
-        if start > pos:
-            return None
-        parts.append(seg if (pos, min(e, end)) == (start, end) else seg.slice(pos - start, min(e, end) - start))
-        pos = min(e, end)
-        if pos == e:
-            return KVSegment.join(parts)
-    return None
 
 
 @dataclass(frozen=True)
@@ -378,7 +361,8 @@ class DiskTier:
         cover it and the budget can make room for the whole file: decide under the lock,
         write without it, index under it."""
         have = self.held(tokens)
-        seg = cover(ranges, have, len(tokens)) if have < len(tokens) else None
+        parts = cut(ranges, have, len(tokens)) if have < len(tokens) else None
+        seg = KVSegment.join(parts) if parts else None
         if seg is None:
             return
         encoded = encode_segment(self.fingerprint, tokens, seg)

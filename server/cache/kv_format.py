@@ -156,6 +156,36 @@ class KVSegment:
         return self.k + self.v
 
 
+def cut(ranges: list[tuple[int, KVSegment]], start: int, end: int) -> list[KVSegment] | None:
+    """The KV of path positions [start, end) as parts of `ranges`, (path position, segment)
+    pairs in path order (`positioned` makes them from consecutive segments): each part a
+    whole segment or a slice of one (a view, no copy); None when the ranges leave a gap in
+    [start, end). The one range cutter of the cache (host restores, disk and shared writes)."""
+    parts: list[KVSegment] = []
+    pos = start
+    for s, seg in ranges:
+        if pos >= end:
+            break
+        e = s + seg.n_tokens
+        if e <= pos or s >= end:
+            continue
+        if s > pos:
+            return None
+        stop = min(end, e)
+        parts.append(seg if (pos, stop) == (s, e) else seg.slice(pos - s, stop - s))
+        pos = stop
+    return parts if pos >= end else None
+
+
+def positioned(segments: list[KVSegment], pos: int = 0) -> list[tuple[int, KVSegment]]:
+    """Consecutive segments (the first at path position `pos`) as (position, segment) pairs."""
+    out = []
+    for seg in segments:
+        out.append((pos, seg))
+        pos += seg.n_tokens
+    return out
+
+
 def state_blob(segments: list[KVSegment]) -> memoryview:
     """Consecutive segments written into one new sequence state: one allocation and one
     memcpy-class copy per layer and segment. Raises KVFormatError if they do not fit."""

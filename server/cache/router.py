@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from server.cache.cost import CostModel, Plan, PlanOption
 from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.host_tier import HostTier, TierMatch
-from server.cache.kv_format import KVSegment
+from server.cache.kv_format import cut, positioned
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
 from server.cache.lifecycle import SessionRegistry
 from server.cache.radix_tree import RadixTree
@@ -366,7 +366,10 @@ class CacheRouter:
             if tip is not None:
                 self.tree.lock(tip)
         try:
-            return self.kv.restore(_cut(m.segments, keep, length), slot_seq)
+            parts = cut(positioned(m.segments), keep, length)
+            if parts is None:
+                raise RestoreError(f"the host segments do not cover positions [{keep}, {length})")
+            return self.kv.restore(parts, slot_seq)
         finally:
             if tip is not None:
                 with self.tree.mutex:
@@ -677,16 +680,3 @@ def _stored_bytes(node) -> int:
 
 def _ms(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
-
-
-def _cut(segments: list[KVSegment], start: int, end: int) -> list[KVSegment]:
-    """The parts of consecutive path segments (from position 0) covering [start, end)."""
-    out, pos = [], 0
-    for seg in segments:
-        s, e = pos, pos + seg.n_tokens
-        pos = e
-        if e <= start or s >= end:
-            continue
-        a, b = max(start, s) - s, min(end, e) - s
-        out.append(seg if (a, b) == (0, seg.n_tokens) else seg.slice(a, b))
-    return out

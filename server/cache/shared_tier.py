@@ -61,8 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.cache.bounded_writer import BoundedWriter
-from server.cache.disk_tier import cover
-from server.cache.kv_format import KVSegment, segment_from_arrays
+from server.cache.kv_format import KVSegment, cut, segment_from_arrays
 from server.cache.segment_format import DiskSegmentError, check_header, encode_segment, parse_segment
 from server.cache.store_url import password_of, redact_url
 
@@ -351,9 +350,10 @@ class SharedTier:
             if have:
                 continue
             s, e = i * self.chunk, (i + 1) * self.chunk
-            seg = cover(ranges, s, e)
-            if seg is None:
+            parts = cut(ranges, s, e)
+            if not parts:
                 continue  # the caller does not hold this chunk's KV
+            seg = KVSegment.join(parts)
             value = encode_chunk(self.secret, key, self.fingerprint, tokens[:e], seg)
             if len(value) > self.max_value_bytes:
                 self.oversized_writes += 1  # every replica would refuse it
