@@ -36,7 +36,7 @@ class WorkbenchSettings(BaseSettings):
     llm_base_url: str = Field("http://127.0.0.1:8080/v1", validation_alias="LLM_BASE_URL")
     llm_model: str = Field("", validation_alias="LLM_MODEL",
                            description="model id sent in requests; empty = the first id of GET /models")
-    llm_api_key: str = Field("not-needed", validation_alias="LLM_API_KEY")
+    llm_api_key: str = Field("not-needed", validation_alias="LLM_API_KEY", repr=False)
     llm_timeout_s: float = Field(120.0, gt=0, le=3600, validation_alias="LLM_TIMEOUT_S")
     llm_max_tokens: int = Field(512, ge=1, le=32768, validation_alias="LLM_MAX_TOKENS",
                                 description="max_tokens of each model step")
@@ -126,7 +126,7 @@ class WorkbenchSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _default_database(self) -> "WorkbenchSettings":
+    def _default_database(self) -> WorkbenchSettings:
         if not self.database_url:
             self.database_url = f"sqlite:///{(self.data_dir / 'arbor.db').resolve()}"
         return self
