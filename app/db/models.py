@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
@@ -118,10 +120,28 @@ class TurnRetry(SQLModel):
     stream: bool = True
 
 
+class TurnStatus(StrEnum):
+    """The status of a turn and of its run (stored as these strings; the transitions between
+    them are app/services/turn_records.py)."""
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"  # its turn was cancelled while paused
+    EXPIRED = "expired"  # its paused run was lost (app/services/recovery.py)
+
+
 # The turn states that hold their branch: a branch has at most one such turn. A unique partial
 # index makes the database, not one process's memory, refuse a second (so two workbench
 # processes on one PostgreSQL cannot both start a turn on a branch).
-ACTIVE_TURN_STATES = ("running", "awaiting_approval")
+ACTIVE_TURN_STATES = (TurnStatus.RUNNING, TurnStatus.AWAITING_APPROVAL)
 _HOLDS_BRANCH = text("status IN (%s)" % ", ".join(f"'{s}'" for s in ACTIVE_TURN_STATES))
 ONE_ACTIVE_TURN_INDEX = "uq_turns_one_active_per_branch"
 
@@ -135,8 +155,7 @@ class Turn(TurnBase, table=True):
     branch_id: str = Field(foreign_key="branches.id", index=True)
     parent_turn_id: str | None = Field(default=None, foreign_key="turns.id")
     depth: int = 0
-    # running | awaiting_approval | completed | failed
-    status: str = Field(default="running", max_length=32)
+    status: str = Field(default=TurnStatus.RUNNING, max_length=32)  # a TurnStatus
     # answered | budget_exhausted (when completed)
     outcome: str | None = Field(default=None, max_length=32)
     final_answer: str | None = Field(default=None, sa_column=Column(Text))
@@ -176,8 +195,8 @@ class Run(SQLModel, table=True):
     branch_id: str = Field(foreign_key="branches.id")
     turn_id: str = Field(foreign_key="turns.id", index=True)
     thread_id: str = Field(max_length=64)  # the LangGraph thread: its branch's ("turn-<id>" before)
-    status: str = Field(default="running", max_length=32)
-    options: dict | None = _json()  # force_tool, tool_choice, history_len, retry_of
+    status: str = Field(default=TurnStatus.RUNNING, max_length=32)  # a TurnStatus, as its turn's
+    options: dict | None = _json()  # RunOptions, stored as a JSON object
     # the workbench process running it (app/services/liveness.py); None: recorded before owners
     owner: str | None = Field(default=None, max_length=128)
     # another workbench process asked the owner to cancel it (app/services/remote_cancel.py)
@@ -185,6 +204,23 @@ class Run(SQLModel, table=True):
     started_at: datetime = Field(default_factory=utcnow)
     ended_at: datetime | None = None
     error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class RunOptions(BaseModel):
+    """What a run was asked to do, kept in `Run.options` (the same JSON object as always, so
+    rows recorded before this type read back)."""
+    force_tool: bool = False
+    tool_choice: str | dict | None = None
+    retry_of: str | None = None  # the failed turn this one runs again
+    history_len: int | None = None  # messages of the thread's state from earlier turns (set at start)
+
+    @classmethod
+    def of(cls, run: Run | None) -> RunOptions:
+        return cls.model_validate((run.options if run else None) or {})
+
+    def stored(self) -> dict:
+        """The JSON object for `Run.options`: retry_of and history_len only once set."""
+        return self.model_dump(exclude_none=True) | {"tool_choice": self.tool_choice}
 
 
 # -- turn event journal ---------------------------------------------------------------------
@@ -332,8 +368,7 @@ class Approval(SQLModel, table=True):
     tool_call_id: str = Field(max_length=100)
     tool_name: str = Field(max_length=100)
     arguments: dict | None = _json()
-    # pending | approved | rejected | expired (its paused run was lost: app/services/recovery.py)
-    status: str = Field(default="pending", max_length=16)
+    status: str = Field(default=ApprovalStatus.PENDING, max_length=16)  # an ApprovalStatus
     comment: str | None = Field(default=None, sa_column=Column(Text))
     created_at: datetime = Field(default_factory=utcnow)
     decided_at: datetime | None = None

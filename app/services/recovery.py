@@ -31,9 +31,10 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
-from app.db.models import Approval, Run, Turn, utcnow
+from app.db.models import Run, Turn, TurnStatus
+from app.services import turn_records
 from app.services.workspace import discard_abandoned
 
 log = logging.getLogger(__name__)
@@ -48,13 +49,12 @@ def mark_interrupted_turns(db: Session, alive: Callable[[str | None], bool] = la
     """Turns and runs left `running` by a stopped process become `failed` (INTERRUPTED), and
     the files they staged are deleted. `alive(run.owner)` (app/services/liveness.py) spares
     those another live workbench process on the same database is running."""
-    running = db.exec(select(Run).where(Run.status == "running")).all()
+    running = db.exec(select(Run).where(Run.status == TurnStatus.RUNNING)).all()
     live_turns = {r.turn_id for r in running if alive(r.owner)}
     runs = [r for r in running if r.turn_id not in live_turns]
-    turns = [t for t in db.exec(select(Turn).where(Turn.status == "running")).all() if t.id not in live_turns]
-    for row in [*turns, *runs]:
-        _fail(row, INTERRUPTED)
-        db.add(row)
+    turns = [t for t in db.exec(select(Turn).where(Turn.status == TurnStatus.RUNNING)).all()
+             if t.id not in live_turns]
+    turn_records.end(db, TurnStatus.FAILED, INTERRUPTED, *turns, *runs)
     discard_abandoned(db)
     db.commit()
     if turns:
@@ -65,11 +65,12 @@ def mark_interrupted_turns(db: Session, alive: Callable[[str | None], bool] = la
 async def expire_lost_approvals(engine: Engine, graph: Any) -> int:
     """Fail the `awaiting_approval` turns whose run has no pending interrupt in the
     checkpointer (their approvals become `expired`); the others stay resumable."""
+    paused_status = TurnStatus.AWAITING_APPROVAL
     with Session(engine) as db:
         paused = [(turn.id, run.id, run.thread_id) for turn, run in db.exec(
-            select(Turn, Run).where(Turn.status == "awaiting_approval", Run.turn_id == Turn.id,
-                                    Run.status == "awaiting_approval")).all()]
-        orphans = [t.id for t in db.exec(select(Turn).where(Turn.status == "awaiting_approval")).all()
+            select(Turn, Run).where(Turn.status == paused_status, Run.turn_id == Turn.id,
+                                    Run.status == paused_status)).all()]
+        orphans = [t.id for t in db.exec(select(Turn).where(Turn.status == paused_status)).all()
                    if t.id not in {p[0] for p in paused}]  # no paused run at all: nothing to resume
     lost = list(orphans)
     for turn_id, _, thread_id in paused:
@@ -79,29 +80,9 @@ async def expire_lost_approvals(engine: Engine, graph: Any) -> int:
     if not lost:
         return 0
     with Session(engine) as db:
-        for turn_id in lost:
-            turn = db.get(Turn, turn_id)
-            _fail(turn, PAUSE_LOST)
-            db.add(turn)
-            for run in db.exec(select(Run).where(Run.turn_id == turn_id, Run.status == "awaiting_approval")).all():
-                _fail(run, PAUSE_LOST)
-                db.add(run)
-            for approval in db.exec(select(Approval).where(Approval.turn_id == turn_id,
-                                                           Approval.status == "pending")).all():
-                approval.status = "expired"
-                approval.comment = PAUSE_LOST
-                approval.decided_at = utcnow()
-                db.add(approval)
+        for turn in db.exec(select(Turn).where(col(Turn.id).in_(lost))).all():
+            turn_records.expire(db, turn, PAUSE_LOST)
         discard_abandoned(db)
         db.commit()
     log.warning("failed %d paused turn(s) whose checkpoint is gone: %s", len(lost), ", ".join(lost))
     return len(lost)
-
-
-def _fail(row: Turn | Run, reason: str) -> None:
-    row.status = "failed"
-    row.error = reason
-    if isinstance(row, Turn):
-        row.finished_at = utcnow()
-    else:
-        row.ended_at = utcnow()

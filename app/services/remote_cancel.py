@@ -2,10 +2,11 @@
 
 Only the process running a turn can cancel its task (and so close its model request). A
 cancel that reaches another process (a load balancer sent the Stop there) is passed on
-through the database: it stamps the run's `cancel_requested_at`, and the running process,
-which looks for such stamps on its own running turns every few tenths of a second while it
-runs any (`CancelWatcher`), cancels the turn exactly as a local cancel would. The process
-that took the request waits for the turn to end and answers how it ended.
+through the database: it stamps the run's `cancel_requested_at` (app/services/turn_records.py,
+`request_cancel`), and the running process, which looks for such stamps on its own running
+turns every few tenths of a second while it runs any (`CancelWatcher`), cancels the turn
+exactly as a local cancel would. The process that took the request waits for the turn to end
+and answers how it ended.
 
 A turn whose running process is dead (its liveness lock is free: app/services/liveness.py)
 has nobody to stop it: the cancel ends it in the database at once (`cancelled`), which also
@@ -22,7 +23,7 @@ from typing import Protocol
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from app.db.models import Run, Turn, utcnow
+from app.db.models import Run, Turn, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,10 @@ class Cancellable(Protocol):
     def request_cancel(self) -> None: ...
 
 
-def stamp_request(db: Session, run: Run) -> None:
-    """Ask the process running `run` to cancel it (the caller commits)."""
-    run.cancel_requested_at = utcnow()
-    db.add(run)
-
-
 def requested_turns(engine: Engine, owner: str, turn_ids: list[str]) -> list[str]:
     """Which of `turn_ids` (running here, as `owner`) another process asked to cancel."""
     with Session(engine) as db:
-        return list(db.exec(select(Run.turn_id).where(Run.owner == owner, Run.status == "running",
+        return list(db.exec(select(Run.turn_id).where(Run.owner == owner, Run.status == TurnStatus.RUNNING,
                                                       col(Run.turn_id).in_(turn_ids),
                                                       col(Run.cancel_requested_at).is_not(None))).all())
 
@@ -55,7 +50,7 @@ async def wait_ended(engine: Engine, turn_id: str, poll_s: float, timeout_s: flo
             return turn.status if turn else None
 
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while await asyncio.to_thread(status) == "running" and asyncio.get_running_loop().time() < deadline:
+    while await asyncio.to_thread(status) == TurnStatus.RUNNING and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(poll_s)
 
 

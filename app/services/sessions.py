@@ -13,8 +13,8 @@ from sqlmodel import Session, col, select
 
 from app.db.checkpoints import branch_thread_id
 from app.db.models import (
-    ACTIVE_TURN_STATES, AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, SessionDetail,
-    Span, Turn, TurnEvent, TurnPublic, WorkspaceFile,
+    ACTIVE_TURN_STATES, AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, RunOptions,
+    SessionDetail, Span, Turn, TurnEvent, TurnPublic, WorkspaceFile,
 )
 from app.errors import Conflict, NotFound, WorkbenchError
 
@@ -88,7 +88,7 @@ def history(db: Session, branch: Branch) -> list[dict]:
 def turn_history_len(db: Session, turn: Turn) -> int:
     """How many messages of its thread's state belonged to earlier turns when `turn` started."""
     run = db.exec(select(Run).where(Run.turn_id == turn.id).order_by(col(Run.started_at))).first()
-    return int(((run.options if run else None) or {}).get("history_len", 0))
+    return RunOptions.of(run).history_len or 0
 
 
 def fork_source(db: Session, session: AgentSession, turn_id: str, completed: bool) -> Turn:

@@ -8,6 +8,20 @@ never consumes anything, so a reader that leaves (a closed tab) changes nothing 
 Every event also goes to the turn's journal in the database, for readers in other workbench
 processes (app/services/turn_journal.py).
 
+The events (each a dict with "type"; app/services/turns.py emits them):
+  turn            {turn_id, run_id, session_id, branch_id, parent_turn_id, resumed, retry_of}
+  token           {text}
+  compacted       {step, span_id, tokens_before, tokens_after, reduced_turns, dropped_turns}
+                  (before a model call whose history was compacted to fit the context)
+  model_call      {step, span_id, prompt_tokens, completion_tokens, cached_tokens, cache_source,
+                   ttft_ms, duration_ms, finish_reason}
+  tool_call       {tool_call_id, name, arguments (JSON text), step}
+  tool_result     {tool_call_id, name, content, error, trimmed, full_chars, artifact_id, duration_ms, span_id}
+  approval_request{approval_id, turn_id, tool_call_id, tool_name, arguments}    (the stream ends here)
+  final           {turn_id, branch_id, content, outcome, steps}                  (the stream ends here)
+  error           {turn_id, message, error_type, retryable}                      (the stream ends here)
+  cancelled       {turn_id, message}                                              (the stream ends here)
+
 Cancellation (`request_cancel`) only ever cancels the task while the graph runs (`phase`
 "graph"): cancelled there, the turn is marked `cancelled` by the task itself. Before that the
 task sees the request and stops at the start; after that (recording the outcome) the turn

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from app.db.models import Approval, Run, Turn
+from app.db.models import Approval, ApprovalStatus, Run, RunOptions, Turn, TurnStatus
 from app.errors import NotFound
 from app.services.sessions import latest_run
 from app.services.turn_journal import TERMINAL_EVENTS, read_events, segment_of
@@ -124,7 +124,7 @@ class RecordedTurn:
                 return None
             rows = read_events(db, self.turn_id, self.segment, after)
             run = latest_run(db, turn.id)
-            terminal = _terminal(db, turn) if turn.status != "running" else None
+            terminal = _terminal(db, turn) if turn.status != TurnStatus.RUNNING else None
             return _Look(rows=[r.payload for r in rows], last_seq=rows[-1].seq if rows else after,
                          owner=run.owner if run else None, first=_first(turn, run),
                          terminal=terminal, ended_age_s=_age_s(turn.finished_at or (run.ended_at if run else None)))
@@ -141,22 +141,23 @@ def _age_s(moment: datetime | None) -> float:
 def _first(turn: Turn, run: Run | None) -> dict:
     return {"type": "turn", "turn_id": turn.id, "run_id": run.id if run else None, "session_id": turn.session_id,
             "branch_id": turn.branch_id, "parent_turn_id": turn.parent_turn_id, "resumed": False,
-            "retry_of": ((run.options if run else None) or {}).get("retry_of"), "replayed": True}
+            "retry_of": RunOptions.of(run).retry_of, "replayed": True}
 
 
 def _terminal(db: Session, turn: Turn) -> dict:
-    if turn.status == "completed":
+    if turn.status == TurnStatus.COMPLETED:
         steps = sum(1 for m in turn.messages or [] if m.get("role") == "assistant")
         return {"type": "final", "turn_id": turn.id, "branch_id": turn.branch_id, "content": turn.final_answer or "",
                 "outcome": turn.outcome, "steps": steps}
-    if turn.status == "cancelled":
+    if turn.status == TurnStatus.CANCELLED:
         return {"type": "cancelled", "turn_id": turn.id, "message": turn.error or "stopped by the user"}
-    if turn.status == "awaiting_approval":
-        approval = db.exec(select(Approval).where(Approval.turn_id == turn.id, Approval.status == "pending")
+    if turn.status == TurnStatus.AWAITING_APPROVAL:
+        approval = db.exec(select(Approval)
+                           .where(Approval.turn_id == turn.id, Approval.status == ApprovalStatus.PENDING)
                            .order_by(col(Approval.created_at))).first()
         if approval is not None:
             return {"type": "approval_request", "approval_id": approval.id, "turn_id": turn.id,
                     "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name,
                     "arguments": approval.arguments}
     return {"type": "error", "turn_id": turn.id, "message": turn.error or f"the turn is {turn.status}",
-            "error_type": "failed", "retryable": turn.status == "failed"}
+            "error_type": "failed", "retryable": turn.status == TurnStatus.FAILED}

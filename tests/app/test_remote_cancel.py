@@ -13,7 +13,8 @@ from sqlmodel import Session
 from app.db.engine import make_engine
 from app.db.models import Run, Turn
 from app.services import sessions as sessions_service
-from app.services.remote_cancel import CancelWatcher, requested_turns, stamp_request
+from app.services.remote_cancel import CancelWatcher, requested_turns
+from app.services.turn_records import request_cancel as stamp_request
 from tests.app.support import make_settings
 
 pytestmark = [pytest.mark.usefixtures("workbench_database"), pytest.mark.timeout(60)]

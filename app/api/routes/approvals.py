@@ -7,14 +7,15 @@ from sqlmodel import select
 
 from app.api.deps import DbDep, TurnServiceDep
 from app.api.streaming import collected, event_stream
-from app.db.models import Approval, ApprovalDecision, ApprovalPublic
+from app.db.models import Approval, ApprovalDecision, ApprovalPublic, ApprovalStatus
 from app.errors import NotFound
 
 router = APIRouter(prefix="/approvals", tags=["approvals"])
 
 
 @router.get("")
-def list_approvals(db: DbDep, status: str | None = "pending", session_id: str | None = None) -> list[ApprovalPublic]:
+def list_approvals(db: DbDep, status: str | None = ApprovalStatus.PENDING,
+                   session_id: str | None = None) -> list[ApprovalPublic]:
     query = select(Approval).order_by(Approval.created_at)
     if status:
         query = query.where(Approval.status == status)
