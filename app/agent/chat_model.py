@@ -18,7 +18,10 @@ trace.
 
 Call options (keyword arguments of ``ainvoke``, or ``bind``): ``tools`` (OpenAI tool
 entries; `bind_tools` converts LangChain tools), ``tool_choice``, ``max_tokens``,
-``cache_session`` (the cache hint's session key; without one no hint is sent).
+``cache_session`` (the cache hint's session key; without one no hint is sent); or ``body``:
+a request body built already (the agent graph builds, fits and records each step's body:
+app/agent/requests.py), sent exactly as it is; the messages are then only what the
+callbacks see.
 """
 
 from __future__ import annotations
@@ -67,10 +70,12 @@ class ArborChatModel(BaseChatModel):
                                        max_tokens)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, body: dict | None = None,
+                         **kwargs: Any) -> ChatResult:
         if stop:
             raise ValueError("ArborChatModel does not support stop sequences")
-        body = await self.request_body(messages, **kwargs)
+        if body is None:
+            body = await self.request_body(messages, **kwargs)
         # The chunks and the message share an id: LangGraph's "messages" stream then knows the
         # final message is the one it already streamed.
         message_id = f"{LC_ID_PREFIX}{run_manager.run_id}" if run_manager is not None else None

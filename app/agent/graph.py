@@ -71,12 +71,10 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
                    "stepped": fitted.compaction.stepped, "exact": fitted.exact})
         started_at, t0 = utcnow(), time.perf_counter()
         try:
-            # The chat model rebuilds this same body from these messages and options (the
-            # conversion is exact; tests/app/test_traces_manifest.py checks body == sent).
+            # The chat model sends this body as it is (built once, here; the messages are what
+            # its callbacks see): the trace records what was sent (tests/app/test_traces_manifest.py).
             message = await ctx.chat_model.ainvoke(
-                from_openai(body["messages"]), merge_configs(config, {"callbacks": [TokenEvents(write)]}),
-                tools=body.get("tools"), tool_choice=body.get("tool_choice"), max_tokens=body["max_tokens"],
-                cache_session=(body.get("cache") or {}).get("session"))
+                from_openai(body["messages"]), merge_configs(config, {"callbacks": [TokenEvents(write)]}), body=body)
             break
         except ModelBackendError as exc:
             await ctx.recorder.model_call(step=step, body=body, started_at=started_at,

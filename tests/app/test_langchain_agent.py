@@ -117,6 +117,17 @@ async def test_chat_model_streams_tokens_and_reads_usage_and_the_cache_extension
         await adapter.close()
 
 
+async def test_chat_model_sends_a_body_built_already_as_it_is(tmp_path):
+    """The graph builds, fits and records each step's body once; the chat model sends that body."""
+    with scripted_server([ScriptedReply(content="as built")]) as fake:
+        adapter = ModelAdapter(make_settings(tmp_path, fake.base_url))
+        body = adapter.build_body("m", [{"role": "user", "content": "built once"}], [], None, "s1/b1", max_tokens=7)
+        message = await ArborChatModel(adapter=adapter).ainvoke([HumanMessage("only for the callbacks")], body=body)
+        assert message.content == "as built"
+        assert fake.bodies == [body] and fake.requests[0]["headers"]["x-arbor-session"] == "s1/b1"
+        await adapter.close()
+
+
 class _Chat(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
