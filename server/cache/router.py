@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from server.cache.cost import CostModel, Plan, PlanOption
@@ -43,6 +42,7 @@ from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.host_tier import HostTier, TierMatch
 from server.cache.kv_format import cut, positioned
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
+from server.cache.lease import CacheLease, PendingLoad
 from server.cache.lifecycle import SessionRegistry
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
@@ -66,19 +66,6 @@ class Candidate:
     host: TierMatch | None = None
     disk: DiskMatch | None = None
     shared: SharedMatch | None = None
-
-
-@dataclass(eq=False)
-class _Loading:
-    """A plan's disk (D) or shared-store (R) part being read ahead for a request that waits (LOADING)."""
-
-    seq: Sequence
-    cand: Candidate
-    keep: int  # prompt[:keep] is already in the slot
-    slot_seq: int
-    plan: Plan
-    future: Future
-    started: float
 
 
 class CacheRouter:
@@ -108,8 +95,9 @@ class CacheRouter:
         self.by_plan: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R", "compute")}
         self.shorter_than_longest = 0  # plans that left a longer match unused because it cost more
         self.recent_plans: deque[dict] = deque(maxlen=16)
-        self._overhead: weakref.WeakKeyDictionary[Sequence, float] = weakref.WeakKeyDictionary()
-        self._slot_hints: dict[int, object] = {}  # slot index -> the cache hint of its last request
+        # slot index -> the cache hint of its last request: the slot's kept KV (tier A) outlives
+        # the request and its lease, and is written back later under that hint
+        self._slot_hints: dict[int, object] = {}
         self.write_backs = 0
         self.idle_cells = idle_cells  # cells idle slots may keep while requests run (None: no limit)
         self.idle_offloads = 0  # idle slots written back and freed for that limit
@@ -126,13 +114,18 @@ class CacheRouter:
         self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R")}
         self.fallbacks = 0
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
-        self._deferred: weakref.WeakSet[Sequence] = weakref.WeakSet()
         self.store_errors = 0
         # Disk reads run here, ahead of compute: one thread, as a disk serves one read best at a time.
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-disk-read") if disk else None
         # Shared-store reads get their own thread: a slow store must not hold up disk reads.
         self._net = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-shared-read") if shared else None
-        self._loading: list[_Loading] = []
+
+    @staticmethod
+    def lease(seq: Sequence) -> CacheLease:
+        """The request's cache lease (server/cache/lease.py), put on it at first sight."""
+        if seq.cache_lease is None:
+            seq.cache_lease = CacheLease(hint=seq.request.cache_hint)
+        return seq.cache_lease
 
     # -------------------------------------------------------------- choosing
     def candidates(self, adm: Admission) -> list[Candidate]:
@@ -207,13 +200,15 @@ class CacheRouter:
             return self._provide(adm)
         finally:
             dt = time.perf_counter() - t0
-            self._overhead[adm.seq] = self._overhead.get(adm.seq, 0.0) + dt
+            self.lease(adm.seq).overhead_s += dt
             self.engine_ms += dt * 1000.0
             self.max_step_cache_ms = max(self.max_step_cache_ms, dt * 1000.0)
 
     def _provide(self, adm: Admission) -> CacheReport:
         cands = self.candidates(adm)
         best, plan = self.plan(cands, len(adm.seq.prompt))
+        lease = self.lease(adm.seq)
+        lease.plan = plan
         a_len = next((c.length for c in cands if c.source == "A"), 0)
         slot_seq = adm.slot.seq_id
         self._note_plan(adm, cands, plan)
@@ -230,9 +225,9 @@ class CacheRouter:
             self.by_source["none"] += 1
             return CacheReport(est_ms=plan.est_ms)
         try:
-            report = self._commit(best, slot_seq, a_len, next((c for c in cands if c.source == "S"), None))
+            report = self._commit(best, slot_seq, a_len, next((c for c in cands if c.source == "S"), None), lease)
             if best.source in ("D", "R") and report.source == best.source:
-                self._read_ahead(adm.seq, best, report.reused_tokens, slot_seq, plan)
+                self._read_ahead(lease, best, report.reused_tokens, slot_seq)
                 return replace(report, loading=True, plan=plan.label, est_ms=plan.est_ms)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", best.source, adm.seq.id, exc)
@@ -258,7 +253,8 @@ class CacheRouter:
             **({"probe": True} if plan.probe else {}),
         })
 
-    def _commit(self, c: Candidate, slot_seq: int, a_len: int, shared: Candidate | None = None) -> CacheReport:
+    def _commit(self, c: Candidate, slot_seq: int, a_len: int, shared: Candidate | None,
+                lease: CacheLease) -> CacheReport:
         if c.source == "A":
             if not self.runtime.seq_rm(slot_seq, c.length, -1):
                 raise RestoreError("could not trim the slot's KV")
@@ -281,14 +277,14 @@ class CacheRouter:
         if c.source in ("D", "R"):  # read on an I/O thread; the restore follows in advance_loads
             return CacheReport(c.source, keep)
         t0 = time.perf_counter()
-        result = self._restore_host(c.host, keep, c.length, slot_seq)
+        result = self._restore_host(c.host, keep, c.length, slot_seq, lease)
         self.host.hits += 1
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
 
     # -------------------------------------------------------- read ahead (D, R)
-    def _read_ahead(self, seq: Sequence, c: Candidate, keep: int, slot_seq: int, plan: Plan) -> None:
+    def _read_ahead(self, lease: CacheLease, c: Candidate, keep: int, slot_seq: int) -> None:
         """Start reading the disk (or shared-store) part of a plan on an I/O thread; the slot
         already holds prompt[:keep]. The engine decodes other requests meanwhile (as SGLang's
         HiCache loads back ahead of compute); `advance_loads` restores what was read."""
@@ -301,42 +297,49 @@ class CacheRouter:
             return disk.load(c.disk, keep), time.perf_counter() - t0
 
         pool = self._net if c.source == "R" else self._io
-        self._loading.append(_Loading(seq, c, keep, slot_seq, plan, pool.submit(read), time.perf_counter()))
+        lease.kept = keep
+        lease.load = PendingLoad(c, slot_seq, pool.submit(read), time.perf_counter())
+
+    def _loads_done(self) -> list[Sequence]:
+        """The waiting requests whose read ahead finished, in admission order."""
+        return [s for s in self.running() if s.cache_lease is not None and s.cache_lease.load is not None
+                and s.cache_lease.load.future.done()]
 
     def loads_ready(self) -> bool:
-        return any(ld.future.done() for ld in tuple(self._loading))
+        return bool(self._loads_done())
 
     def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
         """Restore the reads ahead that finished (engine thread); a failed read or restore
         falls back to computing the prompt. A request that ended meanwhile is skipped."""
         out = []
-        for ld in [ld for ld in self._loading if ld.future.done()]:
-            self._loading.remove(ld)
-            if ld.seq.status is SeqStatus.FINISHED:
+        for seq in self._loads_done():
+            lease = seq.cache_lease
+            ld, lease.load = lease.load, None
+            if seq.status is SeqStatus.FINISHED:
                 continue
             t0 = time.perf_counter()
             try:
-                out.append((ld.seq, self._restore_read(ld)))
+                out.append((seq, self._restore_read(seq, ld, lease.plan)))
             finally:
                 dt = time.perf_counter() - t0
                 self.engine_ms += dt * 1000.0
                 self.max_step_cache_ms = max(self.max_step_cache_ms, dt * 1000.0)
                 # the wait for the read is not the request's compute either (cost model)
-                self._overhead[ld.seq] = self._overhead.get(ld.seq, 0.0) + time.perf_counter() - ld.started
+                lease.overhead_s += time.perf_counter() - ld.started
         return out
 
-    def _restore_read(self, ld: _Loading) -> CacheReport:
+    def _restore_read(self, seq: Sequence, ld: PendingLoad, plan: Plan) -> CacheReport:
         try:
             match, read_s = ld.future.result()
             t0 = time.perf_counter()
             result = self.kv.restore(match.segments, ld.slot_seq)
         except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
-                        ld.seq.id, exc)
+                        seq.id, exc)
             self.runtime.seq_rm(ld.slot_seq, -1, -1)
             self.fallbacks += 1
             self.by_source["none"] += 1
-            return CacheReport(est_ms=ld.plan.est_ms)
+            return CacheReport(est_ms=plan.est_ms)
         seconds = read_s + time.perf_counter() - t0
         src = ld.cand.source
         if src == "D":
@@ -344,8 +347,8 @@ class CacheRouter:
         self.costs.observe_restore(src, result.nbytes, seconds, result.n_tokens)
         self.by_source[src] += 1
         self.reused_tokens[src] += ld.cand.length
-        return CacheReport(src, ld.cand.length, result.nbytes, seconds * 1000.0, plan=ld.plan.label,
-                           est_ms=ld.plan.est_ms)
+        return CacheReport(src, ld.cand.length, result.nbytes, seconds * 1000.0, plan=plan.label,
+                           est_ms=plan.est_ms)
 
     def _attach(self, c: Candidate, slot_seq: int, length: int) -> None:
         """Give the slot positions [0, length) of the S candidate's cells. The slot's own copy is
@@ -358,22 +361,19 @@ class CacheRouter:
         if c.owner is not None:
             self.resident.note_attach(c.owner)
 
-    def _restore_host(self, m: TierMatch, keep: int, length: int, slot_seq: int):
-        """Restore from H holding a lock reference on the matched path, so no store or
-        flush evicts it while it is read (the segments are views: they stay valid anyway)."""
+    def _restore_host(self, m: TierMatch, keep: int, length: int, slot_seq: int, lease: CacheLease):
+        """Restore from H, the lease holding a lock reference on the matched path, so no store
+        or flush evicts it while it is read (the segments are views: they stay valid anyway)."""
         with self.tree.mutex:
-            tip = m.tip if m.tip is not None and m.tip.attached else None
-            if tip is not None:
-                self.tree.lock(tip)
+            lease.lock(self.tree, m.tip)
         try:
             parts = cut(positioned(m.segments), keep, length)
             if parts is None:
                 raise RestoreError(f"the host segments do not cover positions [{keep}, {length})")
             return self.kv.restore(parts, slot_seq)
         finally:
-            if tip is not None:
-                with self.tree.mutex:
-                    self.tree.unlock(tip)
+            with self.tree.mutex:
+                lease.unlock(self.tree)
 
     # ------------------------------------------------- in-flight sharing (defer)
     def should_defer(self, seq: Sequence) -> bool:
@@ -387,8 +387,9 @@ class CacheRouter:
             # choices of one request (n > 1) share their prompt however short it is
             grouped = seq.request.prefill_group is not None and other.request.prefill_group is seq.request.prefill_group
             if (shared >= self.min_tokens or grouped) and other.n_past < min(shared, len(seq.prompt) - 1):
-                if seq not in self._deferred:
-                    self._deferred.add(seq)
+                lease = self.lease(seq)
+                if not lease.deferred:
+                    lease.deferred = True
                     self.deferrals += 1
                 return True
         return False
@@ -396,19 +397,22 @@ class CacheRouter:
     # --------------------------------------------------------------- finishing
     def on_finished(self, seq: Sequence, reason: str) -> None:
         t0 = time.perf_counter()
+        lease = self.lease(seq)
         try:
-            self._on_finished(seq, reason)
+            self._on_finished(seq, reason, lease)
         finally:
+            lease.release(self.tree)
+            seq.cache_lease = None
             self.engine_ms += (time.perf_counter() - t0) * 1000.0
 
-    def _on_finished(self, seq: Sequence, reason: str) -> None:
-        hint = seq.request.cache_hint
+    def _on_finished(self, seq: Sequence, reason: str, lease: CacheLease) -> None:
+        hint = lease.hint
         if seq.slot is None:
             return
         if reason == "error":
             self._slot_hints.pop(seq.slot.index, None)
             return
-        self._observe_prefill(seq)
+        self._observe_prefill(seq, lease)
         tokens = seq.kv_tokens()
         if len(tokens) >= self.min_tokens:
             self._publish(seq, tokens, hint)
@@ -557,11 +561,11 @@ class CacheRouter:
             node = self.tree.match_prefix(tokens, touch=False).last_node
             self.registry.observe(hint, None if node.is_root else node)
 
-    def _observe_prefill(self, seq: Sequence) -> None:
+    def _observe_prefill(self, seq: Sequence, lease: CacheLease) -> None:
         """Computed prompt tokens over admission-to-first-token, less the cache's own work."""
         if seq.t_first_token is None or seq.t_prefill_start is None:
             return
-        seconds = seq.t_first_token - seq.t_prefill_start - self._overhead.pop(seq, 0.0)
+        seconds = seq.t_first_token - seq.t_prefill_start - lease.overhead_s
         self.costs.observe_prefill(len(seq.prompt) - seq.n_cached, seconds)
 
     def _store(self, slot_seq: int, tokens: list[int], to_disk: bool = True):

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from server.engine.detokenizer import IncrementalDetokenizer
 from server.engine.logprobs import TokenLogprob
@@ -26,6 +26,12 @@ _ids = itertools.count(1)
 # What a runner returns instead of a token when the request's sampler can accept none (its
 # grammar is at a dead end); llama.cpp's LLAMA_TOKEN_NULL. The engine stops the request.
 NO_TOKEN = -1
+
+
+class TokenPiece(Protocol):
+    """The bytes of one token; `special`: render a special token's text too (the runner's piece)."""
+
+    def __call__(self, token: int, *, special: bool = False) -> bytes: ...
 
 
 class SeqStatus(enum.Enum):
@@ -125,6 +131,9 @@ class Sequence:
         self.n_past = 0  # tokens whose KV the slot's sequence holds
         self.n_cached = 0  # prompt tokens reused rather than computed
         self.cache_report = CacheReport()
+        # The request's hold on the prefix cache (server.cache.lease.CacheLease) from the cache's
+        # first sight of it to its end: plan, kept tokens, locked tip, pending read, overhead, hint.
+        self.cache_lease: Any = None
         self.output: list[int] = []
         self.sampler: Any = None  # runner-owned sampler state
         self.next_logprob: TokenLogprob | None = None  # set by the runner with the sampled token
@@ -166,7 +175,7 @@ class Sequence:
         return self._cancel.is_set()
 
     # ----------------------------------------------------------------- output
-    def on_token(self, token: int, piece: Callable[[int], bytes], is_eog: Callable[[int], bool]) -> bool:
+    def on_token(self, token: int, piece: TokenPiece, is_eog: Callable[[int], bool]) -> bool:
         """Record a sampled token, emit its text, and return True when generation must stop."""
         now = time.perf_counter()
         if self.t_first_token is None:
