@@ -46,8 +46,8 @@ from pathlib import Path
 from server.cache.bounded_writer import BoundedWriter
 from server.cache.budget import BudgetResult, ByteBudget, enforce_budget
 from server.cache.eviction import EvictionPolicy
-from server.cache.host_tier import TierMatch
 from server.cache.kv_format import KVSegment, cut
+from server.cache.tiers import Source
 from server.cache.segment_format import (
     MAGIC,  # noqa: F401 - re-exported: tests and benchmarks name the format through the tier
     SUFFIX,
@@ -112,7 +112,10 @@ class DiskMatch:
 
 
 class DiskTier:
+    """A `KVTier` (server/cache/tiers.py)."""
+
     name = TIER
+    source = Source.D
 
     def __init__(self, tree: RadixTree, directory: Path, budget_bytes: int, fingerprint: str,
                  policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES, reserve_bytes: int = 0):
@@ -240,10 +243,14 @@ class DiskTier:
         with self._lock:
             return self.take(self.tree.match_prefix(tokens))
 
+    def lookup(self, tokens: list[int], walk: MatchResult | None = None) -> DiskMatch:
+        """What D holds of `tokens`, from `walk` (under the lock) when given."""
+        return self.take(walk) if walk is not None else self.match(tokens)
+
     def held(self, tokens: list[int]) -> int:
         return self.match(tokens).length
 
-    def load(self, match: DiskMatch, start: int = 0) -> TierMatch:
+    def load(self, match: DiskMatch, start: int = 0) -> list[KVSegment]:
         """Read and check the files of a match from path position `start` on (what a slot
         does not hold already), as one segment ready for llama.cpp; each file is read once.
         Holds a lock reference on the path meanwhile so the writer cannot evict it; every
@@ -251,7 +258,7 @@ class DiskTier:
         never restored at the wrong position). A bad file is dropped from the index.
         Safe on any thread (the I/O thread reads ahead of the engine)."""
         if match.node is None or start >= match.length:
-            return TierMatch(match.length, [], match.node)
+            return []
         with self._lock:
             # Evicting D values leaves a node attached while it holds H: check the values.
             if not match.node.attached or any(TIER not in n.values for n in match.node.iter_up()):
@@ -273,7 +280,8 @@ class DiskTier:
             if bad is not None:
                 self._drop_file(bad)
             self._unlink_doomed()
-        return TierMatch(match.length, [kv], match.node)
+        self.hits += 1
+        return [kv]
 
     @staticmethod
     def _ranges(match: DiskMatch, start: int) -> list[tuple[SegmentFile, int, int]]:

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 from server.cache.budget import ByteBudget, enforce_budget
 from server.cache.eviction import EvictionPolicy
-from server.cache.kv_format import KVSegment
+from server.cache.kv_format import KVSegment, cut, positioned
+from server.cache.kv_ops import RestoreError
 from server.cache.radix_tree import InsertResult, MatchResult, RadixNode, RadixTree
+from server.cache.tiers import Source
 
 TIER = "H"
 
@@ -37,7 +39,10 @@ class TierMatch:
 
 
 class HostTier:
+    """A `KVTier` (server/cache/tiers.py)."""
+
     name = TIER
+    source = Source.H
 
     def __init__(self, tree: RadixTree, budget_bytes: int, policy: EvictionPolicy):
         self.tree = tree
@@ -57,6 +62,22 @@ class HostTier:
         if span.partial_node is not None:
             segments.append(span.partial_node.values[TIER].slice(0, span.partial_tokens))
         return TierMatch(span.longest, segments, span.tip)
+
+    def lookup(self, tokens: list[int], walk: MatchResult | None = None) -> TierMatch:
+        """What H holds of `tokens`, from `walk` (the shared tree's match of them, under
+        `tree.mutex`) when given."""
+        if walk is not None:
+            return self.take(walk)
+        with self.tree.mutex:
+            return self.take(self.tree.match_prefix(tokens))
+
+    def load(self, match: TierMatch, start: int = 0) -> list[KVSegment]:
+        """The segments of positions [start, match.length) (views, no copy); a hit."""
+        parts = cut(positioned(match.segments), start, match.length)
+        if parts is None:
+            raise RestoreError(f"the host segments do not cover positions [{start}, {match.length})")
+        self.hits += 1
+        return parts
 
     def store(self, tokens: list[int], extract: Callable[[int, int], KVSegment]) -> InsertResult | None:
         """Add the path; extract(start, end) is called only for ranges H does not hold yet.

@@ -39,14 +39,14 @@ from dataclasses import dataclass, replace
 
 from server.cache.cost import CostModel, Plan, PlanOption
 from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
-from server.cache.host_tier import HostTier, TierMatch
-from server.cache.kv_format import cut, positioned
+from server.cache.host_tier import HostTier
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
 from server.cache.lease import CacheLease, PendingLoad
 from server.cache.lifecycle import SessionRegistry
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
-from server.cache.shared_tier import SharedMatch, SharedTier
+from server.cache.shared_tier import SharedTier
+from server.cache.tiers import READ_AHEAD, STORED, KVTier, Source
 from server.cache.write_back import WriteBackQueue
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
@@ -59,13 +59,11 @@ ROUTES = ("cost", "longest")
 
 @dataclass(frozen=True)
 class Candidate:
-    source: str
+    source: Source
     length: int
     src_seq: int | None = None  # S: the sequence holding the cells
     owner: object | None = None  # S: the resident owner, when it is one
-    host: TierMatch | None = None
-    disk: DiskMatch | None = None
-    shared: SharedMatch | None = None
+    match: object | None = None  # H, D, R: the tier's lookup, what its load reads
 
 
 class CacheRouter:
@@ -92,7 +90,7 @@ class CacheRouter:
         self.min_tokens = min_tokens
         self.route = route
         self.costs = CostModel()
-        self.by_plan: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R", "compute")}
+        self.by_plan: dict[str, int] = {**{s.value: 0 for s in Source}, "compute": 0}
         self.shorter_than_longest = 0  # plans that left a longer match unused because it cost more
         self.recent_plans: deque[dict] = deque(maxlen=16)
         # slot index -> the cache hint of its last request: the slot's kept KV (tier A) outlives
@@ -110,8 +108,8 @@ class CacheRouter:
         # The longest stretch of cache work between two decodes (other streams wait for it): one
         # admission (routing, restore, a write-back in one go) or one step's write-back pieces.
         self.max_step_cache_ms = 0.0
-        self.by_source: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R", "none")}
-        self.reused_tokens: dict[str, int] = {k: 0 for k in ("A", "S", "H", "D", "R")}
+        self.by_source: dict[str, int] = {**{s.value: 0 for s in Source}, "none": 0}
+        self.reused_tokens: dict[str, int] = {s.value: 0 for s in Source}
         self.fallbacks = 0
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
         self.store_errors = 0
@@ -132,27 +130,25 @@ class CacheRouter:
         prompt = adm.seq.prompt
         limit = len(prompt) - 1  # the last prompt token is always computed, for its logits
         out: list[Candidate] = []
-        if "A" in self.tiers:
-            out.append(Candidate("A", min(adm.common_prefix, limit)))
+        if Source.A in self.tiers:
+            out.append(Candidate(Source.A, min(adm.common_prefix, limit)))
         rn, rowner, stored = 0, None, []
-        if self.parked is not None and "S" not in self.tiers:
+        if self.parked is not None and Source.S not in self.tiers:
             self.parked.finish_matching(prompt[:limit], self.min_tokens)  # H must hold what it needs
         if self.tree is not None:
             with self.tree.mutex:  # one walk for the resident owners, H and D
                 m = self.tree.match_prefix(prompt[:limit])
                 if self.resident is not None:
                     rn, rowner = self.resident.take(m)
-                if self.host is not None:
-                    hm = self.host.take(m)
-                    stored.append(Candidate("H", hm.length, host=hm))
-                if self.disk is not None:
-                    dm = self.disk.take(m)
-                    stored.append(Candidate("D", dm.length, disk=dm))
-        if "S" in self.tiers:
+                for tier in (self.host, self.disk):
+                    if tier is not None:
+                        found = tier.lookup(prompt[:limit], m)
+                        stored.append(Candidate(tier.source, found.length, match=found))
+        if Source.S in self.tiers:
             n, src, owner = self._best_live(adm)
             if rn > n:
                 n, src, owner = rn, rowner.seq_id, rowner
-            out.append(Candidate("S", min(n, limit), src_seq=src, owner=owner))
+            out.append(Candidate(Source.S, min(n, limit), src_seq=src, owner=owner))
         out += stored
         if self.shared is not None:
             # Asked only when it could beat every local source by a whole chunk: a lookup is a
@@ -161,7 +157,7 @@ class CacheRouter:
             if limit - local >= self.shared.chunk:
                 sm = self.shared.lookup(prompt[:limit])
                 if sm.length > local:
-                    out.append(Candidate("R", sm.length, shared=sm))
+                    out.append(Candidate(Source.R, sm.length, match=sm))
         return out
 
     def _best_live(self, adm: Admission) -> tuple[int, int | None, None]:
@@ -183,11 +179,11 @@ class CacheRouter:
 
     def plan(self, cands: list[Candidate], prompt_len: int) -> tuple[Candidate | None, Plan]:
         """The candidate to commit (None: compute everything) and the plan behind it."""
-        a_len = next((c.length for c in cands if c.source == "A"), 0)
-        s_len = next((c.length for c in cands if c.source == "S"), 0)
+        a_len = next((c.length for c in cands if c.source is Source.A), 0)
+        s_len = next((c.length for c in cands if c.source is Source.S), 0)
         # H, D and R restore only what neither the slot (A) nor a shared device copy (S) holds
         device = max(a_len, s_len)
-        options = [PlanOption(c.source, c.length, c.length - min(device, c.length) if c.source in "HDR" else 0)
+        options = [PlanOption(c.source.value, c.length, c.length - min(device, c.length) if c.source in STORED else 0)
                    for c in cands if c.length > 0]
         plan = self.costs.choose(options, prompt_len, longest=self.route == "longest")
         chosen = next((c for c in cands if c.source == plan.option.source), None)
@@ -209,7 +205,7 @@ class CacheRouter:
         best, plan = self.plan(cands, len(adm.seq.prompt))
         lease = self.lease(adm.seq)
         lease.plan = plan
-        a_len = next((c.length for c in cands if c.source == "A"), 0)
+        a_len = next((c.length for c in cands if c.source is Source.A), 0)
         slot_seq = adm.slot.seq_id
         self._note_plan(adm, cands, plan)
         kept = {"A": plan.option.length, "H": min(a_len, plan.option.length),
@@ -225,8 +221,8 @@ class CacheRouter:
             self.by_source["none"] += 1
             return CacheReport(est_ms=plan.est_ms)
         try:
-            report = self._commit(best, slot_seq, a_len, next((c for c in cands if c.source == "S"), None), lease)
-            if best.source in ("D", "R") and report.source == best.source:
+            report = self._commit(best, slot_seq, a_len, next((c for c in cands if c.source is Source.S), None), lease)
+            if best.source in READ_AHEAD and report.source == best.source:
                 self._read_ahead(lease, best, report.reused_tokens, slot_seq)
                 return replace(report, loading=True, plan=plan.label, est_ms=plan.est_ms)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
@@ -255,13 +251,13 @@ class CacheRouter:
 
     def _commit(self, c: Candidate, slot_seq: int, a_len: int, shared: Candidate | None,
                 lease: CacheLease) -> CacheReport:
-        if c.source == "A":
+        if c.source is Source.A:
             if not self.runtime.seq_rm(slot_seq, c.length, -1):
                 raise RestoreError("could not trim the slot's KV")
-            return CacheReport("A", c.length)
-        if c.source == "S":
+            return CacheReport(Source.A.value, c.length)
+        if c.source is Source.S:
             self._attach(c, slot_seq, c.length)
-            return CacheReport("S", c.length)
+            return CacheReport(Source.S.value, c.length)
         # H, D or R: keep what the slot already holds (A), or attach the longer part another device
         # copy holds (S: the restored suffix then shares its prefix's cells instead of
         # duplicating them), and restore only the rest.
@@ -270,33 +266,30 @@ class CacheRouter:
             keep = min(shared.length, c.length)
             self._attach(shared, slot_seq, keep)
             if keep == c.length:  # nothing left to restore (the plan prefers S then; kept for safety)
-                return CacheReport("S", keep)
+                return CacheReport(Source.S.value, keep)
         elif not self.runtime.seq_rm(slot_seq, keep, -1):
             self.runtime.seq_rm(slot_seq, -1, -1)
             keep = 0
-        if c.source in ("D", "R"):  # read on an I/O thread; the restore follows in advance_loads
-            return CacheReport(c.source, keep)
+        if c.source in READ_AHEAD:  # read on an I/O thread; the restore follows in advance_loads
+            return CacheReport(c.source.value, keep)
         t0 = time.perf_counter()
-        result = self._restore_host(c.host, keep, c.length, slot_seq, lease)
-        self.host.hits += 1
+        result = self._restore_host(c, keep, slot_seq, lease)
         seconds = time.perf_counter() - t0
-        self.costs.observe_restore(c.source, result.nbytes, seconds, result.n_tokens)
-        return CacheReport(c.source, c.length, result.nbytes, seconds * 1000.0)
+        self.costs.observe_restore(c.source.value, result.nbytes, seconds, result.n_tokens)
+        return CacheReport(c.source.value, c.length, result.nbytes, seconds * 1000.0)
 
     # -------------------------------------------------------- read ahead (D, R)
     def _read_ahead(self, lease: CacheLease, c: Candidate, keep: int, slot_seq: int) -> None:
         """Start reading the disk (or shared-store) part of a plan on an I/O thread; the slot
         already holds prompt[:keep]. The engine decodes other requests meanwhile (as SGLang's
         HiCache loads back ahead of compute); `advance_loads` restores what was read."""
-        disk, shared = self.disk, self.shared
+        tier: KVTier = self.shared if c.source is Source.R else self.disk
 
-        def read() -> tuple[TierMatch, float]:
+        def read() -> tuple[list, float]:
             t0 = time.perf_counter()
-            if c.source == "R":
-                return TierMatch(c.length, shared.load(c.shared, keep), None), time.perf_counter() - t0
-            return disk.load(c.disk, keep), time.perf_counter() - t0
+            return tier.load(c.match, keep), time.perf_counter() - t0
 
-        pool = self._net if c.source == "R" else self._io
+        pool = self._net if c.source is Source.R else self._io
         lease.kept = keep
         lease.load = PendingLoad(c, slot_seq, pool.submit(read), time.perf_counter())
 
@@ -330,9 +323,9 @@ class CacheRouter:
 
     def _restore_read(self, seq: Sequence, ld: PendingLoad, plan: Plan) -> CacheReport:
         try:
-            match, read_s = ld.future.result()
+            segments, read_s = ld.future.result()
             t0 = time.perf_counter()
-            result = self.kv.restore(match.segments, ld.slot_seq)
+            result = self.kv.restore(segments, ld.slot_seq)
         except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
                         seq.id, exc)
@@ -341,9 +334,7 @@ class CacheRouter:
             self.by_source["none"] += 1
             return CacheReport(est_ms=plan.est_ms)
         seconds = read_s + time.perf_counter() - t0
-        src = ld.cand.source
-        if src == "D":
-            self.disk.hits += 1
+        src = ld.cand.source.value
         self.costs.observe_restore(src, result.nbytes, seconds, result.n_tokens)
         self.by_source[src] += 1
         self.reused_tokens[src] += ld.cand.length
@@ -361,16 +352,13 @@ class CacheRouter:
         if c.owner is not None:
             self.resident.note_attach(c.owner)
 
-    def _restore_host(self, m: TierMatch, keep: int, length: int, slot_seq: int, lease: CacheLease):
+    def _restore_host(self, c: Candidate, keep: int, slot_seq: int, lease: CacheLease):
         """Restore from H, the lease holding a lock reference on the matched path, so no store
         or flush evicts it while it is read (the segments are views: they stay valid anyway)."""
         with self.tree.mutex:
-            lease.lock(self.tree, m.tip)
+            lease.lock(self.tree, c.match.tip)
         try:
-            parts = cut(positioned(m.segments), keep, length)
-            if parts is None:
-                raise RestoreError(f"the host segments do not cover positions [{keep}, {length})")
-            return self.kv.restore(parts, slot_seq)
+            return self.kv.restore(self.host.load(c.match, keep), slot_seq)
         finally:
             with self.tree.mutex:
                 lease.unlock(self.tree)
@@ -378,7 +366,7 @@ class CacheRouter:
     # ------------------------------------------------- in-flight sharing (defer)
     def should_defer(self, seq: Sequence) -> bool:
         """Wait for a running request that is computing a long prefix this one shares."""
-        if "S" not in self.tiers:
+        if Source.S not in self.tiers:
             return False
         for other in self.running():
             if other.status is not SeqStatus.PREFILLING:

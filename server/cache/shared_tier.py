@@ -64,6 +64,7 @@ from server.cache.bounded_writer import BoundedWriter
 from server.cache.kv_format import KVSegment, cut, segment_from_arrays
 from server.cache.segment_format import DiskSegmentError, check_header, encode_segment, parse_segment
 from server.cache.store_url import password_of, redact_url
+from server.cache.tiers import Source
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,10 @@ class SharedMatch:
 
 
 class SharedTier:
+    """A `KVTier` (server/cache/tiers.py)."""
+
     name = TIER
+    source = Source.R
 
     def __init__(self, url: str, fingerprint: str, chunk: int = DEFAULT_CHUNK, *, secret: bytes | str | SharedSecret,
                  lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S, io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
@@ -231,9 +235,9 @@ class SharedTier:
         return time.monotonic() >= self._down_until
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, tokens: list[int]) -> SharedMatch:
+    def lookup(self, tokens: list[int], walk: object = None) -> SharedMatch:
         """The leading whole chunks of `tokens` the store holds (engine thread, bounded time;
-        0 when the store fails or is in back-off)."""
+        0 when the store fails or is in back-off). Not on the radix tree: `walk` is unused."""
         keys = self.secret.chunk_keys(self.fingerprint, tokens, self.chunk)
         if not keys:
             return SharedMatch(0, [])
@@ -367,6 +371,11 @@ class SharedTier:
     def wait_idle(self) -> None:
         """Block until every queued write is done (tests, benchmarks, shutdown)."""
         self._writer.wait_idle()
+
+    def flush(self) -> int:
+        """Nothing: the store is every replica's, and its own LRU bounds it (POST /cache/flush
+        empties this replica's tiers only)."""
+        return 0
 
     def close(self) -> None:
         self._writer.close(timeout=10)

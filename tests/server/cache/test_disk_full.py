@@ -96,7 +96,7 @@ def test_enospc_mid_write_leaves_no_temp_file_is_counted_and_the_tier_goes_on(tr
         monkeypatch.undo()  # space is back
         store(disk, a)
         assert disk.held(a) == len(a) and len(files(disk, "*.kvseg")) == 1 and files(disk, "*.tmp") == []
-        assert [int(r[0]) for r in disk.load(disk.match(a)).segments[0].k[0]] == list(range(40))
+        assert [int(r[0]) for r in disk.load(disk.match(a))[0].k[0]] == list(range(40))
     finally:
         disk.close()
 

@@ -40,10 +40,10 @@ def test_a_split_by_the_writer_does_not_move_a_pending_read(disk):
     disk.store(b, [(0, kv_for(b, 0, len(b)))])
     disk.wait_idle()
     got = disk.load(match)
-    assert [p for s in got.segments for p in positions(s)] == list(range(30))
+    assert [p for s in got for p in positions(s)] == list(range(30))
     assert len(list(disk.dir.glob("*.kvseg"))) == 2  # the split made no new file
     again = disk.match(a)
-    assert [p for s in disk.load(again).segments for p in positions(s)] == list(range(40))
+    assert [p for s in disk.load(again) for p in positions(s)] == list(range(40))
     disk.tree.check_invariants()
 
 
@@ -66,13 +66,13 @@ def test_a_load_reads_each_file_once_and_nothing_before_its_start(disk, monkeypa
     monkeypatch.setattr(segment_format, "read_header", lambda path: reads.append(path.name) or real(path))
     got = disk.load(match)
     assert len(reads) == 2 and len(set(reads)) == 2, "each file once"
-    assert len(got.segments) == 1 and positions(got.segments[0]) == list(range(60))
-    assert got.segments[0].blob is not None, "a state llama.cpp restores as it is, no further join"
+    assert len(got) == 1 and positions(got[0]) == list(range(60))
+    assert got[0].blob is not None, "a state llama.cpp restores as it is, no further join"
     reads.clear()
     tail = disk.load(match, start=25)
     assert len(reads) == 1, "the first file holds nothing past position 25: not read"
-    assert positions(tail.segments[0]) == list(range(25, 60)) and tail.segments[0].pos0 == 25
-    assert [int(r[1]) for r in tail.segments[0].k[0]] == a[25:60]
+    assert positions(tail[0]) == list(range(25, 60)) and tail[0].pos0 == 25
+    assert [int(r[1]) for r in tail[0].k[0]] == a[25:60]
     disk.tree.check_invariants()
 
 
@@ -111,7 +111,7 @@ def test_files_are_reindexed_after_a_restart(tmp_path):
     try:
         m = tier.match(a)
         assert m.length == len(a)
-        assert [p for s in tier.load(m).segments for p in positions(s)] == list(range(len(a)))
+        assert [p for s in tier.load(m) for p in positions(s)] == list(range(len(a)))
     finally:
         tier.close()
 

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 from server.cache.disk_tier import (
-    MAGIC, SUFFIX, CorruptSegmentFile, DiskTier, encode_segment, read_segment_file, write_segment_file,
+    MAGIC,
+    SUFFIX,
+    CorruptSegmentFile,
+    DiskTier,
+    encode_segment,
+    read_segment_file,
+    write_segment_file,
 )
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_format import KVLayout, KVSegment
@@ -69,7 +75,7 @@ def restored(tier: DiskTier, tokens: list[int]) -> list[tuple[int, int]] | None:
     if m.length == 0:
         return None
     try:
-        return rows(tier.load(m).segments)
+        return rows(tier.load(m))
     except CorruptSegmentFile:
         return None
 

@@ -70,7 +70,7 @@ def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):
         assert tree.n_nodes == 1 and set(stored.last_node.values) == {"H", "D"}, "one node, two tiers"
         host.flush()
         assert host_match(host, a).length == 0 and disk.match(a).length == len(a), "evicting H keeps D"
-        assert len(disk.load(disk.match(a)).segments) == 1
+        assert len(disk.load(disk.match(a))) == 1
         host.store(a, lambda s, e: kv_for(a, s, e))
         disk.flush()
         assert disk.match(a).length == 0 and host_match(host, a).length == len(a), "evicting D keeps H"
