@@ -48,7 +48,7 @@ class ManifestLine:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ManifestLine":
+    def from_dict(cls, data: dict[str, Any]) -> ManifestLine:
         missing = [k for k in ("t", "session_id", "branch_id", "body") if k not in data]
         if missing:
             raise ManifestError(f"manifest line lacks {', '.join(missing)}")

@@ -88,6 +88,7 @@ def compaction_span_attributes(fitted: FittedRequest, *, branch_id: str, step: i
     call stepped it forward, and token counts (the server's when `arbor.compaction.exact`, else
     the workbench's estimates, margin included)."""
     done, limit = fitted.compaction, fitted.limit
+    assert done is not None and limit is not None  # a compacted request had a known limit
     return {
         "arbor.operation.name": "compact_context",
         "arbor.branch.id": branch_id,
@@ -156,6 +157,7 @@ class TraceRecorder:
     async def compaction(self, *, step: int, fitted: FittedRequest, retry: bool = False) -> str:
         """Record that the request of model step `step` carries a compacted history. Returns the span id."""
         done = fitted.compaction
+        assert done is not None  # compacted
         span = Span(
             id=new_id(), session_id=self.session_id, branch_id=self.branch_id, turn_id=self.turn_id,
             run_id=self.run_id, kind="compaction", name="compacted", started_at=utcnow(), duration_ms=0.0,
@@ -186,7 +188,8 @@ class TraceRecorder:
         )
         return await self._save(span)
 
-    async def artifact(self, *, artifact_id: str, tool_name: str, call_id: str, content: str, context_chars: int) -> None:
+    async def artifact(self, *, artifact_id: str, tool_name: str, call_id: str, content: str,
+                       context_chars: int) -> None:
         await self._save(Artifact(id=artifact_id, session_id=self.session_id, turn_id=self.turn_id, tool_name=tool_name,
                             tool_call_id=call_id, content=content, chars=len(content),
                             context_chars=context_chars, created_at=utcnow()))

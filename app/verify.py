@@ -121,7 +121,8 @@ class Verifier:
         question = (scenario.get("starter_questions") or ["What can you tell me?"])[0]
 
         def preview() -> tuple[str, str]:
-            body = self.post(f"/api/sessions/{session['id']}/preview", {"message": question, "force_tool": True})["body"]
+            body = self.post(f"/api/sessions/{session['id']}/preview",
+                             {"message": question, "force_tool": True})["body"]
             roles = [m["role"] for m in body["messages"]]
             assert roles[0] == "system" and roles[-1] == "user", f"unexpected message roles {roles}"
             assert body.get("tools") and body.get("tool_choice") == "required", "tools or tool_choice missing"
@@ -173,7 +174,8 @@ class Verifier:
     def finish(self) -> int:
         print(render_table(self.rows))
         failed = sum(1 for r in self.rows if r.status == FAIL)
-        print(f"\n{len(self.rows) - failed}/{len(self.rows)} checks without failure -> {'OK' if not failed else 'FAILED'}")
+        print(f"\n{len(self.rows) - failed}/{len(self.rows)} checks without failure -> "
+              f"{'OK' if not failed else 'FAILED'}")
         self.http.close()
         return 1 if failed else 0
 

@@ -43,7 +43,7 @@ class Workbench:
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
 
     @classmethod
-    async def open(cls, settings: WorkbenchSettings, catalog: ScenarioCatalog | None = None) -> "Workbench":
+    async def open(cls, settings: WorkbenchSettings, catalog: ScenarioCatalog | None = None) -> Workbench:
         """Open the database and the LangGraph checkpointer, both where `settings.database_url` says."""
         settings.ensure_data_dir()
         engine = make_engine(settings.database_url)

@@ -70,7 +70,7 @@ def host_bytes(model, prompt_len: int) -> dict:
     for p in prompts:
         generate_many(model, [p], max_tokens=1)
         slot = max(model.slots.slots, key=lambda s: s.last_used)
-        snapshot_bytes += len(model.engine.run_exclusive(lambda: model.runtime.state_seq_get(slot.seq_id)))
+        snapshot_bytes += len(model.engine.run_exclusive(lambda slot=slot: model.runtime.state_seq_get(slot.seq_id)))
         stored.append(list(slot.tokens))
     reset_kv(model)  # write-back: the prompts reach tier H when their device copies go
     st = model.router.host.stats()
@@ -110,10 +110,11 @@ def restore_vs_recompute(model, n: int, repeats: int = 5) -> dict:
                 seg = timed("host_store", lambda: kv.extract(slot, 0, n))
                 f = write_segment_file(Path(tmp), encode_segment("bench", toks, seg))
                 rt.seq_rm(slot, -1, -1)
-                for name, segs in (("host_restore", lambda: [seg]), ("host_restore_joined", lambda: list(seg.split(n // 2))),
-                                   ("disk_restore", lambda: [read_segment_file(f.path, "bench")])):
+                for name, segs in (("host_restore", lambda seg=seg: [seg]),
+                                   ("host_restore_joined", lambda seg=seg: list(seg.split(n // 2))),
+                                   ("disk_restore", lambda f=f: [read_segment_file(f.path, "bench")])):
                     rt.seq_rm(slot, -1, -1)
-                    timed(name, lambda: kv.restore(segs(), slot))
+                    timed(name, lambda segs=segs: kv.restore(segs(), slot))
         rt.seq_rm(slot, -1, -1)
         model.slots.slots[0].tokens = []
         return seg.nbytes

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from gguf import GGUFReader
 
@@ -53,7 +54,7 @@ def _tool(i: int) -> dict:
 
 def agent_request() -> dict:
     tools = [_tool(i) for i in range(6)]
-    messages = [{"role": "system", "content": "You are a field maintenance assistant. " * 40},
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a field maintenance assistant. " * 40},
                 {"role": "user", "content": "Pump 7 reports low pressure. What should I check?"}]
     for step in range(4):
         call_id = f"call{step}abcd"
@@ -87,8 +88,8 @@ def _old_modules():
         path = work / f"old_{name}.py"
         path.write_text(src)
         spec = importlib.util.spec_from_file_location(f"old_{name}", path)
+        assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        assert spec.loader is not None
         sys.modules[spec.name] = module  # dataclasses look their module up while defining
         spec.loader.exec_module(module)
         mods[name] = module
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     if "decode_tok_s" in result:
         d = result["decode_tok_s"]
         print(f"decode tok/s (median): tools auto (lazy grammar) {d['auto']:.1f}, tools none {d['none']:.1f}, "
-              f"ratio {d['auto'] / d['none']:.3f}{' (a tool was called: not a prose reply)' if d['a_tool_was_called'] else ''}")
+              f"ratio {d['auto'] / d['none']:.3f}"
+              f"{' (a tool was called: not a prose reply)' if d['a_tool_was_called'] else ''}")
     return 0
 
 

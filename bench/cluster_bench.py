@@ -163,7 +163,8 @@ def run_config(cfg: Config, a: argparse.Namespace, lines, args: list[str], ideal
         row = _summary(cfg.name, run, time.perf_counter() - t0, ideals[family], cfg.computed_source)
         if cfg.shared:
             time.sleep(1.0)  # let the writers drain before reading the counters
-            row["shared"] = shared_counters([httpx.get(s.base_url + "/cache/stats", timeout=60).json() for s in servers])
+            row["shared"] = shared_counters([httpx.get(s.base_url + "/cache/stats", timeout=60).json()
+                                             for s in servers])
         bad = {k: v for k, v in run.statuses().items() if k != 200}
         if bad:
             row["errors"] = {str(k): v for k, v in bad.items()}
@@ -175,7 +176,8 @@ def table(rows: list[dict]) -> str:
     out = ["| configuration | wall s | TTFT ms mean / p90 | latency s | computed | computed/ideal "
            "| min affinity | sessions per replica |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['config']} | {r['wall_s']} | {r['ttft_ms_mean']} / {r['ttft_ms_p90']} | {r['latency_s_mean']} "
+        out.append(f"| {r['config']} | {r['wall_s']} | {r['ttft_ms_mean']} / {r['ttft_ms_p90']} "
+                   f"| {r['latency_s_mean']} "
                    f"| {r['computed']} | {r['computed_over_ideal']} | {r['min_affinity']} "
                    f"| {', '.join(map(str, r['sessions_per_replica']))} |")
     return "\n".join(out)

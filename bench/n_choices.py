@@ -40,7 +40,8 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     t0 = time.perf_counter()
     first: dict[int, float] = {}
     tail: dict = {}
-    async with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", url, json=streamed) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(mode, json.dumps(rows[mode][-1]), flush=True)
     summary = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in rows.items()}
     ratio = summary["n"]["decode_tok_s"] / summary["separate"]["decode_tok_s"]
-    out = {"command": " ".join(cmd), "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+    out = {"command": " ".join(cmd),
+           "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "rounds": rows, "median": summary, "n_over_separate_decode": round(ratio, 3)}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2))

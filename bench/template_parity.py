@@ -34,7 +34,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                            "required": ["city"]}}}
 ASK = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Weather in Paris?"}]
-CONVERSATIONS = {
+CONVERSATIONS: dict[str, dict] = {
     "plain": {"messages": ASK},
     "tools": {"messages": ASK, "tools": [WEATHER]},
     "tool_result": {"messages": ASK + [

@@ -29,8 +29,8 @@ import httpx
 from tests.app.processes import workbench
 from tests.app.support import SseReader
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server
-from tests.workbench_auth import AUTH_HEADERS, WORKBENCH_TOKEN
 from tests.pg_cluster import TempCluster
+from tests.workbench_auth import AUTH_HEADERS, WORKBENCH_TOKEN
 
 
 def _text_times(reader: SseReader) -> list[tuple[int, float]]:

@@ -16,12 +16,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Literal
 
 from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
 from server.model_file import embedded_model_path
 
-
-CONFIGS = {"split": (False, "off"), "unified": (True, "off"), "unified_paged": (True, "on")}
+CONFIGS: dict[str, tuple[bool, Literal["auto", "on", "off"]]] = {
+    "split": (False, "off"), "unified": (True, "off"), "unified_paged": (True, "on")}
 
 
 def decode_rate(model: Path, config: str, n_seqs: int, n_tokens: int, prompt_len: int, threads: int,

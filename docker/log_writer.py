@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 import time
+from typing import BinaryIO
 
 MIB = 1024 * 1024
 DEFAULT_MAX_MB = 20.0
@@ -62,7 +63,7 @@ class RotatingLog:
         self.max_bytes = max(0, int(max_bytes))
         self.backups = max(0, int(backups))
         self.retry_s = retry_s
-        self.stream = None
+        self.stream: BinaryIO | None = None
         self.size = 0
         self.failed_at: float | None = None
         self.lost = 0
@@ -131,9 +132,9 @@ class RotatingLog:
             return
         if self.max_bytes and self.size and self.size + len(line) > self.max_bytes:
             self.rollover()
-            if self.stream is None:
-                self.lost += len(line)
-                return
+        if self.stream is None:  # a rollover that could not open the new file
+            self.lost += len(line)
+            return
         try:
             self.stream.write(line)
             self.size += len(line)
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         max_bytes, backups = settings()
         pump(0, 1, RotatingLog(args.file, max_bytes, backups))
-    except Exception as exc:  # never leave the service writing into a closed pipe
+    except Exception as exc:  # noqa: BLE001 - never leave the service writing into a closed pipe
         _say(f"{exc!r}; copying to stdout only")
         drain(0, 1)
     return 0

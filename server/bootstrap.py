@@ -91,7 +91,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
-    host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers else None
+    host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers and tree is not None else None
     disk = shared = None
     if "D" in tiers or settings.cache_shared:
         info = runtime.info
@@ -100,10 +100,12 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
                                kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
     if "D" in tiers:
+        assert tree is not None and settings.cache_dir is not None  # D: the settings require --cache-dir
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
                         queue_bytes=settings.cache_disk_queue * 1024 * 1024,
                         reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024)
     if settings.cache_shared and "H" in tiers:  # written from the host tier
+        assert settings.cache_shared_secret is not None  # the settings require it
         shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
                             secret=settings.cache_shared_secret.get_secret_value(),  # the settings require it
                             lookup_timeout_s=settings.cache_shared_timeout_ms / 1000.0,

@@ -32,7 +32,7 @@ def embedded_model_path() -> Path:
         ) from exc
     for entry in dist.files or ():
         if entry.name == EMBEDDED_FILE_NAME:
-            path = Path(dist.locate_file(entry))
+            path = Path(str(dist.locate_file(entry)))
             if path.is_file():
                 return path
     raise EmbeddedModelMissing(

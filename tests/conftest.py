@@ -15,7 +15,6 @@ import os
 import pytest
 
 from tests.cores import model_threads
-from tests.workbench_auth import TEST_HOSTS, WORKBENCH_TOKEN
 
 # Every run ends with the slowest test files and a warning past 45 minutes (tests/suite_timing.py).
 from tests.suite_timing import (  # noqa: F401  (hooks: pytest finds them in this module)
@@ -23,6 +22,7 @@ from tests.suite_timing import (  # noqa: F401  (hooks: pytest finds them in thi
     pytest_sessionstart,
     pytest_terminal_summary,
 )
+from tests.workbench_auth import TEST_HOSTS, WORKBENCH_TOKEN
 
 
 def pytest_configure(config):

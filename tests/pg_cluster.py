@@ -79,7 +79,7 @@ class TempCluster:
             shutil.chown(self.root, OS_USER_FOR_ROOT, OS_USER_FOR_ROOT)
 
     # -- lifecycle --------------------------------------------------------------------------
-    def start(self, attempts: int = 3) -> "TempCluster":
+    def start(self, attempts: int = 3) -> TempCluster:
         self._run("initdb", "-D", self.data, "-U", SUPERUSER, "--auth=trust", "-E", "UTF8",
                   "--locale=C", "--no-sync")
         # A free port can be taken between choosing and binding it (other test sessions share

@@ -42,7 +42,8 @@ pytest.importorskip("no_such_module_anywhere")
 '''
 
 
-def run_suite(tmp_path: Path, ci: str | None, text: str = SKIPS, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_suite(tmp_path: Path, ci: str | None, text: str = SKIPS,
+              extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     (tmp_path / "test_suite.py").write_text(text)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PYTHONPATH"] = str(REPO)

@@ -6,7 +6,8 @@ is anomalous when |z| > threshold. Anomalous points closer than `merge_gap` samp
 merged into one episode; an episode spanning at most 3 samples is a spike, a longer one a
 shift (a step or a drift). A lone anomalous sample must clear `isolated_factor` x threshold:
 with a few hundred samples per week a 4-sigma noise point is expected now and then, while a
-real spike stands far above it (and a real shift produces many points). A fixed reference, unlike a rolling window, does not learn a slow
+real spike stands far above it (and a real shift produces many points). A fixed reference, unlike
+a rolling window, does not learn a slow
 drift as the new normal, so drifts stay visible until they end.
 """
 

@@ -16,7 +16,7 @@ rejects a tool definition whose schema is not valid JSON Schema.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from jsonschema import Draft202012Validator, ValidationError
 from jsonschema.exceptions import SchemaError
@@ -82,7 +82,8 @@ def _name(path: Any) -> str:
 
 
 def _sentences(error: ValidationError, schema: dict, arguments: dict) -> list[str]:
-    kind, expected, value = error.validator, error.validator_value, error.instance
+    # the schema's value for the failed keyword: a list, a number or a type name, by keyword
+    kind, expected, value = error.validator, cast(Any, error.validator_value), error.instance
     if kind == "required" and not error.path:
         return [f"'{key}' is required" for key in expected if key not in arguments]
     if kind == "additionalProperties" and not error.path:
@@ -92,7 +93,7 @@ def _sentences(error: ValidationError, schema: dict, arguments: dict) -> list[st
                 for key in arguments if key not in properties]
     name = _name(error.path) or "arguments"
     if kind == "type":
-        types = expected if isinstance(expected, list) else [expected]
+        types: list[str] = expected if isinstance(expected, list) else [expected]
         wanted = " or ".join(_TYPE_NAMES.get(t, t) for t in types)
         return [f"'{name}' must be {wanted}, got {_describe(value)}"]
     if kind == "enum":

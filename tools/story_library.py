@@ -132,7 +132,8 @@ def _summarize(corpus: StoryCorpus, library: StoryLibrary, ctx: ToolContext, num
         known = ", ".join(str(c.number) for c in chapters) or "none"
         raise ToolError(f"no chapter {number}; the manuscript has chapters {known}")
     paragraphs = [p.strip() for p in chapter.text.split("\n\n") if p.strip() and not p.startswith("#")]
-    firsts = [(_SENTENCE.match(p) or re.match(r".*", p)).group(0) for p in paragraphs]
+    # the first sentence, else the first line
+    firsts = [m.group(0) if (m := _SENTENCE.match(p)) else p.split("\n", 1)[0] for p in paragraphs]
     return {"number": chapter.number, "title": chapter.title, "chars": len(chapter.text),
             "beats": firsts, "ending": paragraphs[-1] if paragraphs else "",
             "characters": [c.name for c in corpus.characters if c.name in chapter.text],

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.ai import LC_ID_PREFIX
+from langchain_core.messages.ai import LC_ID_PREFIX, UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -99,20 +99,22 @@ class ArborChatModel(BaseChatModel):
 def ai_message(result: ModelCallResult) -> AIMessage:
     """The adapter's result as an AIMessage carrying what the server reported."""
     message = from_openai([result.assistant_message()])[0]
+    assert isinstance(message, AIMessage)  # an assistant message
     message.response_metadata = {"finish_reason": result.finish_reason, "model_name": result.model,
                                  "arbor": {name: getattr(result, name) for name in _REPORTED}}
     if result.prompt_tokens is not None and result.completion_tokens is not None:
-        message.usage_metadata = {
-            "input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-            **({"input_token_details": {"cache_read": result.cached_tokens}} if result.cached_tokens is not None
-               else {})}
+        usage = UsageMetadata(input_tokens=result.prompt_tokens, output_tokens=result.completion_tokens,
+                              total_tokens=result.prompt_tokens + result.completion_tokens)
+        if result.cached_tokens is not None:
+            usage["input_token_details"] = {"cache_read": result.cached_tokens}
+        message.usage_metadata = usage
     return message
 
 
 def call_result(message: AIMessage) -> ModelCallResult:
     """The `ModelCallResult` an ArborChatModel message was made from (for the trace)."""
     meta = message.response_metadata
-    return ModelCallResult(content=message.content, tool_calls=openai_tool_calls(message),
+    # its content is the text the adapter returned (a str, never content blocks)
+    return ModelCallResult(content=cast(str, message.content), tool_calls=openai_tool_calls(message),
                            finish_reason=meta.get("finish_reason"), model=meta.get("model_name"),
                            **meta.get("arbor", {}))

@@ -51,7 +51,9 @@ def limit_from_models(listing: object, model: str | None) -> int | None:
     entry = next((e for e in entries if isinstance(e, dict) and e.get("id") == model), entries[0])
     if not isinstance(entry, dict):
         return None
-    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    meta = entry.get("meta")
+    if not isinstance(meta, dict):
+        meta = {}
     return _positive_int(entry.get("max_model_len")) or _positive_int(meta.get("n_ctx_train"))
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langgraph.graph import END, START, StateGraph
@@ -45,7 +45,7 @@ from app.agent.messages import from_openai, openai_tool_calls, to_openai
 from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
 from app.agent.routers import route_after_model
-from app.agent.state import AgentState
+from app.agent.state import AgentState, last_model_message
 from app.agent.token_events import TokenEvents
 from app.agent.tool_calls import TOOL_NODE, approval_needed, refuse_invalid_call
 from app.db.models import utcnow
@@ -65,10 +65,12 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
             cache_session=ctx.cache_session)
         if fitted.compacted:
             span_id = await ctx.recorder.compaction(step=step, fitted=fitted, retry=attempt > 1)
+            done = fitted.compaction
+            assert done is not None  # compacted
             write({"type": "compacted", "step": step, "span_id": span_id,
-                   "tokens_before": fitted.compaction.tokens_before, "tokens_after": fitted.compaction.tokens_after,
-                   "reduced_turns": fitted.compaction.reduced_turns, "dropped_turns": fitted.compaction.dropped_turns,
-                   "stepped": fitted.compaction.stepped, "exact": fitted.exact})
+                   "tokens_before": done.tokens_before, "tokens_after": done.tokens_after,
+                   "reduced_turns": done.reduced_turns, "dropped_turns": done.dropped_turns,
+                   "stepped": done.stepped, "exact": fitted.exact})
         started_at, t0 = utcnow(), time.perf_counter()
         try:
             # The chat model sends this body as it is (built once, here; the messages are what
@@ -107,7 +109,7 @@ async def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) ->
     """Ask the operator about each proposed action of the last model message, in order."""
     await runtime.context.hints.tool_wait(runtime.context.cache_session)
     decided = state.get("decisions") or {}
-    calls = {c["id"]: c for c in state["messages"][-1].tool_calls}
+    calls = {c["id"]: c for c in last_model_message(state).tool_calls}
     decisions: dict[str, dict] = {}
     for call_id in state["awaiting"]:
         if call_id in decided:
@@ -124,7 +126,7 @@ async def run_tools(state: AgentState, config: RunnableConfig, runtime: Runtime[
     The answers go into the history in the order of the calls."""
     ctx = runtime.context
     await ctx.hints.tool_wait(ctx.cache_session)
-    last: AIMessage = state["messages"][-1]
+    last = last_model_message(state)
     answers: list[ToolMessage] = []
     if last.tool_calls:
         answers += (await TOOL_NODE.ainvoke(state, config))["messages"]
@@ -136,7 +138,7 @@ async def run_tools(state: AgentState, config: RunnableConfig, runtime: Runtime[
 
 def stop_at_budget(state: AgentState) -> dict:
     """Answer the unexecuted tool calls (keeps the history valid) and end the turn."""
-    last: AIMessage = state["messages"][-1]
+    last = last_model_message(state)
     note = f"Not executed: the step budget of {state['max_steps']} model calls for this turn is spent."
     messages = [ToolMessage(note, tool_call_id=c["id"]) for c in openai_tool_calls(last)]
     answer = last.content or (
@@ -147,9 +149,10 @@ def stop_at_budget(state: AgentState) -> dict:
 def build_graph(checkpointer=None):
     """The compiled agent graph; pass a LangGraph checkpointer (needed for approvals)."""
     graph = StateGraph(AgentState, context_schema=TurnContext)
-    graph.add_node("model", call_model)
+    # (state, config, runtime) nodes: LangGraph runs them, its add_node overloads lack that form
+    graph.add_node("model", call_model)  # type: ignore[call-overload]
     graph.add_node("approval", request_approvals)
-    graph.add_node("tools", run_tools)
+    graph.add_node("tools", run_tools)  # type: ignore[call-overload]
     graph.add_node("budget_exhausted", stop_at_budget)
     graph.add_edge(START, "model")
     graph.add_conditional_edges("model", route_after_model, ["tools", "approval", "budget_exhausted", END])

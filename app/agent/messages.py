@@ -11,7 +11,8 @@ the model is told) instead of failing the conversion, as langchain-core's own
 
 Key order and fields follow what the workbench always sent: ``{"role", "content",
 "tool_calls"}`` for the assistant (and ``"reasoning_content"`` when a thinking model gave one,
-kept in ``additional_kwargs`` and sent back for the template to keep or drop), ``{"role", "tool_call_id", "content"}`` for a tool
+kept in ``additional_kwargs`` and sent back for the template to keep or drop),
+``{"role", "tool_call_id", "content"}`` for a tool
 result (no ``name``: ToolNode sets one, the OpenAI format does not have it).
 """
 
@@ -21,8 +22,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from langchain_core.messages import (AIMessage, BaseMessage, ToolMessage, convert_to_messages,
-                                     convert_to_openai_messages)
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_messages, convert_to_openai_messages
 from langchain_core.messages.tool import invalid_tool_call, tool_call
 
 from tools.base import ToolError
@@ -44,7 +44,7 @@ def parse_arguments(raw: Any) -> dict:
 def from_openai(messages: Iterable[dict]) -> list[BaseMessage]:
     """OpenAI message dicts as langchain-core messages (assistant tool calls and reasoning kept
     verbatim)."""
-    out = []
+    out: list[BaseMessage] = []
     for m in messages:
         if m.get("role") == "assistant" and (m.get("tool_calls") or m.get("reasoning_content")):
             out.append(_assistant(m))
@@ -93,9 +93,9 @@ def openai_tool_calls(message: AIMessage) -> list[dict]:
     for call in message.tool_calls:
         if call["id"] not in seen:
             out.append(_entry(call["id"], call["name"], json.dumps(call["args"])))
-    for call in message.invalid_tool_calls:
-        if call["id"] not in seen:
-            out.append(_entry(call["id"], call["name"], call["args"] or ""))
+    for bad in message.invalid_tool_calls:
+        if bad["id"] not in seen:
+            out.append(_entry(bad["id"], bad["name"], bad["args"] or ""))
     return out
 
 

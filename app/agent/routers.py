@@ -6,12 +6,12 @@ from typing import Any
 
 from langgraph.graph import END
 
-from app.agent.state import AgentState
+from app.agent.state import AgentState, last_model_message
 
 
 def route_after_model(state: AgentState) -> str:
     """END on an answer; otherwise tools, the operator first, or stop at the step budget."""
-    last = state["messages"][-1]
+    last = last_model_message(state)
     if not (last.tool_calls or last.invalid_tool_calls):
         return END
     if state["steps"] >= state["max_steps"]:

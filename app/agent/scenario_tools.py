@@ -7,7 +7,7 @@ project's. A plain LangChain tool is described by its own schema and validated b
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from tools.base import Tool, ToolContext, ToolError, run_tool
 
-AnyTool = Union[Tool, BaseTool]
+AnyTool = Tool | BaseTool
 
 
 def openai_schema(tool: AnyTool) -> dict:

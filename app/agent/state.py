@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, TypedDict
+from typing import Annotated, TypedDict, cast
 
-from langchain_core.messages import AnyMessage
+from langchain_core.messages import AIMessage, AnyMessage
 from langgraph.graph.message import add_messages
 
 from app.agent.context_state import advance
@@ -28,3 +28,9 @@ class AgentState(TypedDict, total=False):
     outcome: str | None  # answered | budget_exhausted
     # the branch's compaction level (forward only) and token estimate: app/agent/context_state.py
     context_fit: Annotated[dict, advance]
+
+
+def last_model_message(state: AgentState) -> AIMessage:
+    """The last message of the history, where the graph reads it: the model's (the nodes and the
+    router after the model node)."""
+    return cast(AIMessage, state["messages"][-1])

@@ -5,14 +5,16 @@ the workbench then measures a request by the characters of its JSON (messages, p
 schemas when the prompt carries them) and converts with a ratio learned from the server's
 own count: after every answered call, ``usage.prompt_tokens`` of that request sets the ratio.
 The ratios belong to one branch (they travel in its thread's state, app/agent/context_state.py):
-an English session and a Chinese story never share one. A margin on top keeps the estimate on the safe side; when the server still rejects a request
+an English session and a Chinese story never share one. A margin on top keeps the estimate on the
+safe side; when the server still rejects a request
 as too long, `tighten` learns from the rejection (its token count when the message names
 one) before the retry.
 
 Requests with and without tools in the prompt are calibrated apart: templates render tool
 schemas much denser or looser than prose, and a server may leave them out of the prompt
 when ``tool_choice`` is ``"none"`` (`prompt_tools`; arbor-server and vLLM render them anyway),
-so one ratio would swing between the two kinds by more than the margin. Until a kind has been counted its ratio is a conservative
+so one ratio would swing between the two kinds by more than the margin. Until a kind has been
+counted its ratio is a conservative
 3 characters per token (English and JSON run at 3.5-4.5 on common tokenizers).
 """
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackHandler
 
@@ -16,5 +17,5 @@ class TokenEvents(AsyncCallbackHandler):
     def __init__(self, write: Callable[[dict], None]) -> None:
         self.write = write
 
-    async def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+    async def on_llm_new_token(self, token: str | list[str | dict[str, Any]], **kwargs: Any) -> None:
         self.write({"type": "token", "text": token})

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import ToolMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall
@@ -64,7 +64,7 @@ def approval_needed(ctx: TurnContext, call: ToolCall) -> bool:
 
 async def run_tool_call(request: ToolCallRequest, execute: Execute) -> ToolMessage:
     """ToolNode's wrapper around one call: approval, execution, trimming, trace, event."""
-    ctx: TurnContext = request.runtime.context
+    ctx = cast(TurnContext, request.runtime.context)  # the graph's context_schema
     call = request.tool_call
     decision = (request.state.get("decisions") or {}).get(call["id"])
     started_at, t0 = utcnow(), time.perf_counter()
@@ -87,7 +87,7 @@ async def run_tool_call(request: ToolCallRequest, execute: Execute) -> ToolMessa
     decision_name = None
     if proposal and decision is not None:
         decision_name = "approved" if decision.get("approved") else "rejected"
-    return await _answer(ctx, request.runtime.stream_writer, call["name"], call["id"], call["args"], started_at,
+    return await _answer(ctx, request.runtime.stream_writer, call["name"], call["id"] or "", call["args"], started_at,
                          (time.perf_counter() - t0) * 1000, result, error, error_type, proposal, decision_name)
 
 

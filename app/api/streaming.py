@@ -8,10 +8,11 @@ import json
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
+from app.services.turn_replay import RecordedTurn
 from app.services.turns import TurnHandle, TurnService
 
 
-def event_stream(handle: TurnHandle) -> EventSourceResponse:
+def event_stream(handle: TurnHandle | RecordedTurn) -> EventSourceResponse:
     """`event: <type>` / `data: <json>` per event; the stream ends after final, error or approval_request."""
 
     async def generate():

@@ -54,12 +54,14 @@ async def open_checkpointer(settings: WorkbenchSettings) -> AsyncIterator[BaseCh
 async def _postgres_saver(conninfo: str) -> AsyncIterator[BaseCheckpointSaver]:
     # Imported here: psycopg loads libpq, which a SQLite-only workbench never needs.
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-    from psycopg.rows import dict_row
+    from psycopg import AsyncConnection
+    from psycopg.rows import DictRow, dict_row
     from psycopg_pool import AsyncConnectionPool
 
     # The connection settings AsyncPostgresSaver.from_conn_string uses: it commits each
     # statement itself, reads rows as dicts, and prepared statements do not survive poolers.
     pool = AsyncConnectionPool(conninfo, min_size=POOL_MIN_SIZE, max_size=POOL_MAX_SIZE, open=False,
+                               connection_class=AsyncConnection[DictRow],
                                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
                                check=AsyncConnectionPool.check_connection)
     await pool.open(wait=True, timeout=30)

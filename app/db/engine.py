@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import event
+from sqlalchemy import CursorResult, Result, event
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel, create_engine
 
@@ -36,3 +37,9 @@ def make_engine(database_url: str) -> Engine:
     add_missing_columns(engine)
     add_missing_indexes(engine)
     return engine
+
+
+def affected_rows(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE changed (Session.execute's result is typed as the generic
+    Result; for those statements it is a CursorResult)."""
+    return cast(CursorResult[Any], result).rowcount

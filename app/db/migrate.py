@@ -44,5 +44,5 @@ def add_missing_indexes(engine: Engine) -> list[str]:
             for index in table.indexes:
                 if index.name not in present:
                     index.create(conn)
-                    added.append(index.name)
+                    added.append(str(index.name))
     return added

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure  # Figure + savefig uses the Agg canvas; no pyplot state
@@ -146,8 +147,8 @@ def _tokens_figure(runs: Sequence[RunResult], labels: Sequence[str]) -> Figure:
     for i, run in enumerate(runs):
         ideal = run.summary.get("ideal") or {}
         if ideal.get("unit") == "tokens" and ideal.get("ideal_computed_tokens") is not None:
-            ax.hlines(ideal["ideal_computed_tokens"], i - 0.4, i + 0.4, colors="black", linestyles="dashed",
-                      label="ideal computed" if i == 0 else None)
+            legend: dict[str, Any] = {"label": "ideal computed"} if i == 0 else {}
+            ax.hlines(ideal["ideal_computed_tokens"], i - 0.4, i + 0.4, colors="black", linestyles="dashed", **legend)
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.set_ylabel("prompt tokens")
     ax.set_title("Prompt tokens: reused vs computed")
@@ -159,9 +160,9 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path | None = None) -> C
     """Compare results files; write plots to ``out_dir`` when given."""
     if len(paths) < 1:
         raise ValueError("compare needs at least one results file")
-    paths = [Path(p) for p in paths]
-    runs = [load_results(p) for p in paths]
-    labels = _labels(runs, paths)
+    files = [Path(p) for p in paths]
+    runs = [load_results(p) for p in files]
+    labels = _labels(runs, files)
     metrics = [run_metrics(run) for run in runs]
     base = metrics[0]
     ratios = [{key: ratio(m[key], base[key]) for key, _, _ in METRICS} for m in metrics]

@@ -339,12 +339,13 @@ def story_writer_requests(
     asked) and its tool schemas, then one writing task (STORY_TASKS, in turn). Request ``i`` is
     due at ``i * interval_s``.
     """
+    from app.agent.scenario_tools import openai_schema
     from scenarios.story_writer.scenario import build_scenario
 
     _positive(requests=requests, output_len=output_len)
     _non_negative(interval_s=interval_s, corpus_chars=corpus_chars)
     scenario = build_scenario(corpus_chars)
-    tools = [tool.openai_schema() for tool in scenario.tools]
+    tools = [openai_schema(tool) for tool in scenario.tools]
     lines = [
         ManifestLine(t=round(i * interval_s, 6), session_id=f"story_writer-{i}", branch_id=MAIN_BRANCH,
                      body=_body(model, [{"role": "system", "content": scenario.system_prompt},

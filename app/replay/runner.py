@@ -20,7 +20,7 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -144,7 +144,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
     results: list[RequestResult | None] = [None] * len(lines)
     done = [asyncio.Event() for _ in lines]
 
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         info = await server_info(client, root, headers)
         default_model = first_model_id(info)
@@ -157,8 +157,9 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
             result = RequestResult(index=index, session_id=line.session_id, branch_id=line.branch_id,
                                    scheduled_t=line.t)
             try:
-                if waits[index] is not None:
-                    await done[waits[index]].wait()
+                wait = waits[index]
+                if wait is not None:
+                    await done[wait].wait()
                 if settings.schedule:
                     delay = line.t - (time.perf_counter() - run_start)
                     if delay > 0:

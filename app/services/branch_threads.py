@@ -95,7 +95,7 @@ async def snapshot_at(graph: Any, thread_id: str, checkpoint_id: str) -> StateSn
 def is_forkable(snapshot: StateSnapshot) -> bool:
     """A checkpoint a branch can start from: not an input checkpoint (the input is not applied
     there yet; fork from the checkpoint before it) and not inside a running node's subgraph."""
-    return snapshot.metadata.get("source") != "input" and tuple(snapshot.next) in _WRITER_OF
+    return (snapshot.metadata or {}).get("source") != "input" and tuple(snapshot.next) in _WRITER_OF
 
 
 async def list_checkpoints(graph: Any, thread_id: str) -> list[dict]:

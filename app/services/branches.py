@@ -50,6 +50,7 @@ class BranchService:
         source = request.checkpoint_id or (turn.end_checkpoint_id if turn else None)
         inside_before = None  # for a fork inside the turn: when its checkpoint was taken
         if source is not None:  # None: an empty branch, or a turn from before checkpoints (seeded later)
+            assert turn is not None  # a checkpoint comes with its turn (_fork_turn)
             snapshot = await self._fork_snapshot(turn, source, explicit=request.checkpoint_id is not None)
             if snapshot.next:  # inside the turn: the branch continues it
                 branch.head_turn_id = turn.parent_turn_id
@@ -83,9 +84,10 @@ class BranchService:
         if snapshot is None:
             raise NotFound(f"unknown checkpoint {checkpoint_id!r} on the branch of turn {turn.id!r}",
                            "unknown_checkpoint")
-        if explicit and snapshot.metadata.get("turn_id") != turn.id:
+        metadata = snapshot.metadata or {}
+        if explicit and metadata.get("turn_id") != turn.id:
             raise WorkbenchError(f"checkpoint {checkpoint_id!r} is not inside turn {turn.id!r} (it belongs to "
-                                 f"{snapshot.metadata.get('turn_id')!r})", "checkpoint_not_in_turn")
+                                 f"{metadata.get('turn_id')!r})", "checkpoint_not_in_turn")
         if not branch_threads.is_forkable(snapshot):
             raise WorkbenchError(f"checkpoint {checkpoint_id!r} is an input checkpoint; fork from the one before it",
                                  "checkpoint_not_forkable", 422)
@@ -165,7 +167,7 @@ class BranchService:
             db.flush()
             for turn in turns:
                 db.delete(turn)
-            session = db.get(AgentSession, session_id)
+            session = sessions_service.get_session(db, session_id)
             if session.active_branch_id == branch.id:
                 session.active_branch_id = _root_branch(db, session).id
                 db.add(session)
@@ -176,5 +178,7 @@ class BranchService:
 
 def _root_branch(db: Session, session: AgentSession) -> Branch:
     """The session's main branch: its first (made with the session)."""
-    return db.exec(select(Branch).where(Branch.session_id == session.id)
-                   .order_by(col(Branch.created_at), col(Branch.id))).first()
+    branch = db.exec(select(Branch).where(Branch.session_id == session.id)
+                     .order_by(col(Branch.created_at), col(Branch.id))).first()
+    assert branch is not None  # made with the session, never deleted
+    return branch

@@ -44,6 +44,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, delete, select
 
 from app.db.checkpoints import branch_thread_id
+from app.db.engine import affected_rows
 from app.db.models import ACTIVE_TURN_STATES, Branch, Run, Span, Turn, TurnEvent, utcnow
 from app.db.urls import is_postgres
 from app.services.workspace import discard_abandoned
@@ -64,7 +65,7 @@ class RetentionPolicy:
     checkpoints_days: float
 
     @classmethod
-    def of(cls, settings: WorkbenchSettings) -> "RetentionPolicy":
+    def of(cls, settings: WorkbenchSettings) -> RetentionPolicy:
         return cls(settings.retain_traces_days, settings.retain_turn_events_days, settings.retain_checkpoints_days)
 
 
@@ -132,16 +133,17 @@ def _clear_span_bodies(engine: Engine, turn_ids: list[str]) -> int:
     with Session(engine) as db:
         # null(): SQL NULL, not the JSON text 'null' a plain None would store (a pruned span then
         # no longer matches, so a second prune counts nothing)
-        cleared = db.execute(update(Span).where(col(Span.turn_id).in_(turn_ids),
-                                                or_(col(Span.request).is_not(None), col(Span.response).is_not(None)))
-                             .values(request=null(), response=null())).rowcount
+        cleared = affected_rows(db.execute(
+            update(Span).where(col(Span.turn_id).in_(turn_ids),
+                               or_(col(Span.request).is_not(None), col(Span.response).is_not(None)))
+            .values(request=null(), response=null())))
         db.commit()
         return cleared
 
 
 def _delete_turn_events(engine: Engine, turn_ids: list[str]) -> int:
     with Session(engine) as db:
-        deleted = db.execute(delete(TurnEvent).where(col(TurnEvent.turn_id).in_(turn_ids))).rowcount
+        deleted = affected_rows(db.execute(delete(TurnEvent).where(col(TurnEvent.turn_id).in_(turn_ids))))
         db.commit()
         return deleted
 
@@ -151,10 +153,9 @@ def _prune_checkpoints(engine: Engine, settings: WorkbenchSettings, before: date
     with Session(engine) as db:
         kept: set[str] = set()
         for start, end in db.exec(select(Turn.start_checkpoint_id, Turn.end_checkpoint_id)).all():
-            kept.update((start, end))
+            kept.update(c for c in (start, end) if c is not None)
         for base, fork in db.exec(select(Branch.base_checkpoint_id, Branch.fork_checkpoint_id)).all():
-            kept.update((base, fork))
-        kept.discard(None)
+            kept.update(c for c in (base, fork) if c is not None)
         busy = {branch_thread_id(b) for b in db.exec(
             select(Turn.branch_id).where(col(Turn.status).in_(ACTIVE_TURN_STATES))).all()}
     deleted = 0

@@ -13,8 +13,21 @@ from sqlmodel import Session, col, select
 
 from app.db.checkpoints import branch_thread_id
 from app.db.models import (
-    ACTIVE_TURN_STATES, AgentSession, Approval, ApprovalPublic, Artifact, Branch, BranchPublic, Run, RunOptions,
-    SessionDetail, Span, Turn, TurnEvent, TurnPublic, WorkspaceFile,
+    ACTIVE_TURN_STATES,
+    AgentSession,
+    Approval,
+    ApprovalPublic,
+    Artifact,
+    Branch,
+    BranchPublic,
+    Run,
+    RunOptions,
+    SessionDetail,
+    Span,
+    Turn,
+    TurnEvent,
+    TurnPublic,
+    WorkspaceFile,
 )
 from app.errors import Conflict, NotFound, WorkbenchError
 
@@ -69,8 +82,8 @@ def path_to(db: Session, head_turn_id: str | None) -> list[Turn]:
     if head_turn_id is None:
         return []
     up = select(Turn.id, Turn.parent_turn_id).where(Turn.id == head_turn_id).cte("path", recursive=True)
-    up = up.union_all(select(Turn.id, Turn.parent_turn_id).join(up, Turn.id == up.c.parent_turn_id))
-    path = list(db.exec(select(Turn).join(up, Turn.id == up.c.id).order_by(col(Turn.depth))).all())
+    up = up.union_all(select(Turn.id, Turn.parent_turn_id).join(up, col(Turn.id) == up.c.parent_turn_id))
+    path = list(db.exec(select(Turn).join(up, col(Turn.id) == up.c.id).order_by(col(Turn.depth))).all())
     if not path:
         raise NotFound(f"unknown turn {head_turn_id!r}", "unknown_turn")
     return path
@@ -133,8 +146,8 @@ def busy_turn(db: Session, branch: Branch) -> Turn | None:
 
 
 def session_detail(db: Session, session: AgentSession) -> SessionDetail:
-    branches = db.exec(select(Branch).where(Branch.session_id == session.id).order_by(Branch.created_at)).all()
-    turns = db.exec(select(Turn).where(Turn.session_id == session.id).order_by(Turn.created_at)).all()
+    branches = db.exec(select(Branch).where(Branch.session_id == session.id).order_by(col(Branch.created_at))).all()
+    turns = db.exec(select(Turn).where(Turn.session_id == session.id).order_by(col(Turn.created_at))).all()
     approvals = db.exec(select(Approval).where(Approval.session_id == session.id,
                                                Approval.status == "pending")).all()
     return SessionDetail(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any, cast
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import defer
-from sqlmodel import Session, select
+from sqlalchemy.orm import QueryableAttribute, defer
+from sqlmodel import Session, col, select
 
 from app.db.models import AgentSession, Artifact, Span, SpanPublic
 from app.errors import NotFound
@@ -16,7 +17,7 @@ from app.manifest import ManifestLine
 def _naive_utc(moment: datetime) -> datetime:
     # SQLite hands datetimes back without tzinfo; compare everything as naive UTC.
     if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
     return moment
 
 
@@ -26,12 +27,13 @@ def session_spans(db: Session, session: AgentSession, turn_id: str | None = None
     request bodies (a model span's whole prompt: the bulk of a trace) are not even read."""
     query = select(Span).where(Span.session_id == session.id)
     if not bodies:
-        query = query.options(defer(Span.request, raiseload=True))
+        # SQLModel types a column attribute as its value (a dict here); it is the mapped attribute
+        query = query.options(defer(cast(QueryableAttribute[Any], Span.request), raiseload=True))
     if turn_id:
         query = query.where(Span.turn_id == turn_id)
     if branch_id:
         query = query.where(Span.branch_id == branch_id)
-    return list(db.exec(query.order_by(Span.started_at)).all())
+    return list(db.exec(query.order_by(col(Span.started_at))).all())
 
 
 def summarize(spans: list[Span]) -> dict:

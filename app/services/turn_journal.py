@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
@@ -75,7 +76,8 @@ class TurnJournal:
     def __init__(self, engine: Engine, *, session_id: str, branch_id: str, turn_id: str, segment: int,
                  flush_s: float) -> None:
         self.engine, self.flush_s = engine, flush_s
-        self.ids = {"session_id": session_id, "branch_id": branch_id, "turn_id": turn_id, "segment": segment}
+        self.ids: dict[str, Any] = {"session_id": session_id, "branch_id": branch_id, "turn_id": turn_id,
+                                    "segment": segment}
         self._pending: list[dict] = []
         self._next_seq = 0
         self._closing = False
@@ -125,5 +127,5 @@ class TurnJournal:
                 for i, event in enumerate(batch):
                     db.add(TurnEvent(**self.ids, seq=first_seq + i, type=str(event.get("type")), payload=event))
                 db.commit()
-        except Exception:  # noqa: BLE001 - the turn goes on; readers rebuild the terminal event
+        except Exception:
             log.exception("turn %s: could not write %d journal event(s)", self.ids["turn_id"], len(batch))

@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -66,7 +66,7 @@ class RecordedTurn:
         self.engine, self.turn_id, self.alive, self.timing = engine, turn_id, alive, timing
         self.segment = 0
 
-    def open(self) -> "RecordedTurn":
+    def open(self) -> RecordedTurn:
         """Check that the turn exists (NotFound otherwise) and fix the segment to follow."""
         with Session(self.engine) as db:
             if db.get(Turn, self.turn_id) is None:
@@ -134,8 +134,8 @@ def _age_s(moment: datetime | None) -> float:
     if moment is None:
         return 0.0
     if moment.tzinfo is None:  # SQLite gives naive datetimes back; they were written in UTC
-        moment = moment.replace(tzinfo=timezone.utc)
-    return max(0.0, (datetime.now(timezone.utc) - moment).total_seconds())
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, (datetime.now(UTC) - moment).total_seconds())
 
 
 def _first(turn: Turn, run: Run | None) -> dict:

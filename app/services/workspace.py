@@ -33,17 +33,17 @@ the tool results that wrote them. A failed or cancelled turn has none left to co
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import delete, or_, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from app.db.engine import affected_rows
 from app.db.models import Branch, Turn, WorkspaceFile, WorkspaceFilePublic
 from app.services import sessions as sessions_service
 from tools.workspace import check_path
-
 
 _PUBLISHED = col(WorkspaceFile.staged).is_(None)
 _STAGED = col(WorkspaceFile.staged).is_not(None)
@@ -57,7 +57,8 @@ class BranchWorkspace:
         self.engine, self.session_id, self.branch_id, self.turn_id = engine, session_id, branch_id, turn_id
 
     def _visible(self):
-        return WorkspaceFile.branch_id == self.branch_id, or_(_PUBLISHED, WorkspaceFile.turn_id == self.turn_id)
+        return (col(WorkspaceFile.branch_id) == self.branch_id,
+                or_(_PUBLISHED, col(WorkspaceFile.turn_id) == self.turn_id))
 
     def files(self, prefix: str = "") -> dict[str, str]:
         with Session(self.engine) as db:
@@ -95,7 +96,8 @@ def copy_at_fork(db: Session, branch: Branch, fork_turn: Turn | None, inside_bef
     rows = db.exec(select(WorkspaceFile).where(WorkspaceFile.branch_id == fork_turn.branch_id)).all()
     copied = 0
     for row in rows:
-        inside = inside_before is not None and row.turn_id == fork_turn.id and _utc(row.created_at) <= _utc(inside_before)
+        inside = (inside_before is not None and row.turn_id == fork_turn.id
+                  and _utc(row.created_at) <= _utc(inside_before))
         if (row.turn_id in path and row.staged is None) or inside:  # copies are published: the fork's base
             db.add(WorkspaceFile(session_id=row.session_id, branch_id=branch.id, path=row.path, content=row.content,
                                  turn_id=row.turn_id, created_at=row.created_at))
@@ -106,16 +108,16 @@ def copy_at_fork(db: Session, branch: Branch, fork_turn: Turn | None, inside_bef
 def publish(db: Session, turn: Turn) -> int:
     """Make the files `turn` staged on its branch visible to every reader; how many. Not
     committed: the caller commits it with the turn's `completed`."""
-    return db.execute(update(WorkspaceFile).where(WorkspaceFile.branch_id == turn.branch_id,
-                                                  WorkspaceFile.turn_id == turn.id, _STAGED)
-                      .values(staged=None)).rowcount
+    return affected_rows(db.execute(update(WorkspaceFile).where(col(WorkspaceFile.branch_id) == turn.branch_id,
+                                                                col(WorkspaceFile.turn_id) == turn.id, _STAGED)
+                                    .values(staged=None)))
 
 
 def discard(db: Session, turn: Turn) -> int:
     """Delete the files `turn` staged on its branch (it ended failed or cancelled); how many.
     Not committed: the caller commits it with the turn's end."""
-    return db.execute(delete(WorkspaceFile).where(WorkspaceFile.branch_id == turn.branch_id,
-                                                  WorkspaceFile.turn_id == turn.id, _STAGED)).rowcount
+    return affected_rows(db.execute(delete(WorkspaceFile).where(col(WorkspaceFile.branch_id) == turn.branch_id,
+                                                                col(WorkspaceFile.turn_id) == turn.id, _STAGED)))
 
 
 def discard_abandoned(db: Session) -> int:
@@ -123,12 +125,12 @@ def discard_abandoned(db: Session) -> int:
     cancelled, or is gone): those a crash left behind. How many; not committed."""
     alive = select(Turn.id).where(col(Turn.status).in_(("running", "awaiting_approval", "completed")))
     db.flush()  # a turn marked failed in this transaction counts as failed here
-    return db.execute(delete(WorkspaceFile).where(_STAGED, col(WorkspaceFile.turn_id).not_in(alive))).rowcount
+    return affected_rows(db.execute(delete(WorkspaceFile).where(_STAGED, col(WorkspaceFile.turn_id).not_in(alive))))
 
 
 def _utc(moment: datetime) -> datetime:
     """Naive UTC: SQLite hands timestamps back without their zone, checkpoints carry it."""
-    return moment.astimezone(timezone.utc).replace(tzinfo=None) if moment.tzinfo else moment
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
 def delete_files(db: Session, *, branch_id: str | None = None, session_id: str | None = None) -> None:

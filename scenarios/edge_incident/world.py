@@ -12,13 +12,13 @@ same on every run and in every replay:
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 State = Literal["healthy", "degraded", "failed"]
 STATES: tuple[State, ...] = ("healthy", "degraded", "failed")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-NOW = datetime(2024, 6, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 SERVICE = "edge-event-api"
 DEPLOY_MINUTES_AGO = 45
 
@@ -32,6 +32,8 @@ def health(state: State) -> dict:
 
 
 def status(state: State) -> dict:
+    release: dict[str, Any]
+    runtime: dict[str, Any]
     if state == "healthy":
         release = {"version": "2.4.1", "previous_version": "2.4.0", "deployed_at": _at(3 * 24 * 60)}
         runtime = {"instances": "3/3 running", "restarts_1h": 0, "uptime_s": 3 * 24 * 3600}
@@ -44,7 +46,7 @@ def status(state: State) -> dict:
     return {"service": SERVICE, "state": health(state)["status"], "now": _at(0), **release, **runtime}
 
 
-_CURRENT = {
+_CURRENT: dict[str, dict[str, Any]] = {
     "healthy": {"requests_per_s": 220, "error_rate_pct": 0.2, "p95_latency_ms": 48, "queue_depth": 12,
                 "consumer_lag_s": 0.4, "cpu_pct": 35, "memory_pct": 52, "db_pool_in_use": "8/50",
                 "redis_hit_ratio": 0.94},

@@ -64,7 +64,9 @@ def _read_telemetry(path: Path) -> dict[str, list[float]]:
 
 
 def _read_manual(path: Path) -> tuple[ManualSection, ...]:
-    sections, title, lines = [], None, []
+    sections: list[ManualSection] = []
+    title: str | None = None
+    lines: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("## "):
             if title:

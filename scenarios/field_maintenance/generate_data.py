@@ -16,11 +16,11 @@ import json
 import math
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 DATA_DIR = Path(__file__).parent / "data"
-START = datetime(2024, 6, 1, tzinfo=timezone.utc)
+START = datetime(2024, 6, 1, tzinfo=UTC)
 HOURS = 168
 BASELINE_HOURS = 48
 OFFLINE_FAN_HOUR = 156

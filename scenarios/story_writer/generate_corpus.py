@@ -68,7 +68,8 @@ _LAMP = ("七点点灯", "发电机摇了两刻钟", "换了一根灯芯", "透�
          "齿轮加了油", "雾大，加打雾号", "灯室玻璃裂了一道缝")
 _DEEDS = ("{ship}归港，{person}在码头挥手", "{ship}出海，说是去北边渔场", "{ship}发来信号，两短一长",
           "{person}送来一篮鱼，说是谢礼", "{person}上塔来坐，说起{ship}的船长", "夜里听见{ship}的汽笛，没有看见灯",
-          "{person}问起去年的那场风暴", "在{place}捡到一块船板，像是{ship}的", "{person}来借煤油", "{place}那边有人放焰火")
+          "{person}问起去年的那场风暴", "在{place}捡到一块船板，像是{ship}的", "{person}来借煤油",
+          "{place}那边有人放焰火")
 _EVENTS = ("台风过境，{place}受损，{ship}在港外避风", "{ship}在{place}附近触礁，船员全部获救", "{place}重修",
            "{ship}下水，全镇去{place}看", "雾季比往年长一个月，{ship}三次迷航", "{person}在{place}开了店",
            "灯塔换了新透镜，{person}帮忙抬上塔", "{ship}失踪七天后自己回来了")
@@ -90,7 +91,8 @@ def _townsfolk(rng: random.Random, count: int) -> list[Character]:
     for i, surname in enumerate(_SURNAMES[:count]):
         given = _GIVEN[i]
         people.append(Character(f"{surname}{given}", rng.randint(30, 80), _ROLES[i % len(_ROLES)],
-                                rng.choice(_TRAITS), f"{chinese_number(rng.randint(FIRST_YEAR, LAST_YEAR))}年起常去灯塔。"))
+                                rng.choice(_TRAITS),
+                                f"{chinese_number(rng.randint(FIRST_YEAR, LAST_YEAR))}年起常去灯塔。"))
     return people
 
 
@@ -111,7 +113,8 @@ def _log_entry(rng: random.Random, people: list[Character]) -> tuple[tuple[int, 
     deed = rng.choice(_DEEDS).format(ship=rng.choice(_SHIPS), person=rng.choice(people).name,
                                      place=rng.choice(_PLACES).name)
     text = f"{rng.choice(_WEATHER)}，{rng.choice(_WINDS)}{rng.randint(1, 9)}级。{rng.choice(_LAMP)}。{deed}。"
-    return (year, month, day), LogEntry(year, month, f"{chinese_number(year)}年{chinese_count(month)}月{chinese_count(day)}日", text)
+    date = f"{chinese_number(year)}年{chinese_count(month)}月{chinese_count(day)}日"
+    return (year, month, day), LogEntry(year, month, date, text)
 
 
 _FACTS = (

@@ -50,7 +50,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                     raise
                 state.loaded = loaded
                 state.metrics.add_live_gauges(lambda: _live_gauges(state))
-            except Exception as exc:  # reported by /health and every route
+            except Exception as exc:  # noqa: BLE001 - reported by /health and every route
                 log.error("model failed to load: %s", exc)
                 state.load_error = str(exc)
 
@@ -130,7 +130,8 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
                                         st["lifecycle"]["pinned"]),
         "arbor:cache_pinned_bytes": ("Host and disk KV bytes pinned sessions hold (--cache-max-pinned-mb).",
                                      st["lifecycle"]["pinned_bytes"]),
-        "arbor:cache_pins_released_total": ("Pins released by the pin quotas (oldest first) to make room for newer ones.",
+        "arbor:cache_pins_released_total": ("Pins released by the pin quotas (oldest first) to make room for newer "
+                                            "ones.",
                                             st["lifecycle"]["pins_released"]),
     }
     if st["tree"] is not None:

@@ -5,6 +5,7 @@ asked for, and the choice's last chunk."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from server.api import responses as R
 from server.api.logprob_format import chat_logprobs
@@ -46,6 +47,7 @@ class ChatChoiceStream:
     def _frames(self, parts: list[Delta], logprobs: dict | None) -> str:
         out = []
         for p in parts:
+            delta: dict[str, Any]
             if isinstance(p, ContentDelta) and logprobs is None:
                 out.append(self._content(p.text))
                 continue

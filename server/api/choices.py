@@ -68,7 +68,8 @@ class Choices:
             if isinstance(r, BaseException):
                 self.cancel()
                 raise r
-        return None if any(r is None for r in results) else list(results)
+        collected = [r for r in results if r is not None and not isinstance(r, BaseException)]
+        return None if len(collected) < len(results) else collected  # a choice's client went away
 
     async def events(self) -> AsyncIterator[tuple[int, Event]]:
         """(choice index, event) as they come; every choice's `Finished` is among them. If the
@@ -90,11 +91,11 @@ class Choices:
         open_ = len(tasks)
         try:
             while open_:
-                index, ev = await queue.get()
-                if ev is None:
+                index, got = await queue.get()
+                if got is None:
                     open_ -= 1
                     continue
-                yield index, ev
+                yield index, got
         finally:
             for t in tasks:
                 t.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -64,7 +65,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
         errors = exc.errors()
-        first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
+        first: dict[str, Any] = errors[0] if errors else {"msg": "invalid request", "loc": ()}
         param = _loc_to_param(tuple(first.get("loc", ())))
         msg = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":

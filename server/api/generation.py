@@ -29,6 +29,7 @@ from server.engine.logprobs import TokenLogprob
 from server.engine.scheduler import QueueFull
 from server.engine.sequence import Event, Finished, GenerationRequest, TextDelta
 
+
 def _gil_holding_write():
     """write(2) called without releasing the GIL (ctypes.PyDLL keeps it; os.write drops it)."""
     try:

@@ -33,7 +33,8 @@ class ServerMetrics:
         r = self.registry
         self.prompt_tokens = Counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", registry=r)
         self.prompt_seconds = Counter("llamacpp:prompt_seconds", "Prompt process time.", registry=r)
-        self.tokens_predicted = Counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", registry=r)
+        self.tokens_predicted = Counter("llamacpp:tokens_predicted", "Number of generation tokens processed.",
+                                        registry=r)
         self.tokens_predicted_seconds = Counter(
             "llamacpp:tokens_predicted_seconds", "Predict process time.", registry=r
         )

@@ -5,14 +5,20 @@ constraint, collect sampling settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import cast
 
 from fastapi import Request
 
-from server.api.chat_layer import ReplyParser
+from server.api.chat_layer import ChatTemplates, ReplyParser
 from server.api.conversation import ChatOptions, Conversation, plan_conversation
 from server.api.errors import APIError, invalid
-from server.api.grammars import (forced_call_grammar, json_object_grammar, json_schema_grammar, requested_grammar,
-                                tool_grammar)
+from server.api.grammars import (
+    forced_call_grammar,
+    json_object_grammar,
+    json_schema_grammar,
+    requested_grammar,
+    tool_grammar,
+)
 from server.api.reply_stream import ReplyStream
 from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.bootstrap import LoadedModel
@@ -146,11 +152,17 @@ def chat_options(settings: ServerSettings) -> ChatOptions:
                        chat_template_kwargs=settings.chat_template_kwargs)
 
 
+def templates(model: LoadedModel) -> ChatTemplates:
+    """The model's chat templates (LoadedModel holds them untyped: server/bootstrap.py does not import
+    the API layer); set as the model loads, before any route serves."""
+    return cast(ChatTemplates, model.template)
+
+
 def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: ServerSettings,
                  http: Request | None = None) -> PreparedRequest:
     check_model_name(body.model, model, settings)
     check_choices(body, settings)
-    conv = plan_conversation(model.template, body, chat_options(settings))
+    conv = plan_conversation(templates(model), body, chat_options(settings))
     plan = conv.plan
     tokens = _tokenize_prompt(model, conv.prompt)
     # The reply's constraint: a forced tool call is the family's grammar (its generation prompt
@@ -169,6 +181,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
     if body.response_format and body.response_format.type == "json_object":
         own = json_object_grammar()
     elif body.response_format and body.response_format.type == "json_schema":
+        assert body.response_format.json_schema is not None  # the schema requires it for this type
         own = json_schema_grammar(body.response_format.json_schema.schema_, param="response_format.json_schema",
                                   vocab=model.runtime.vocab)
     requested = requested_grammar(body.grammar, body.json_schema, model.runtime.vocab)
@@ -205,10 +218,11 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         text = body.prompt
         tokens = _tokenize_prompt(model, text)
     else:
+        ids = cast(list[int], body.prompt)  # the schema made a one-string list a str
         n_vocab = model.runtime.info.n_vocab
-        if any(not 0 <= t < n_vocab for t in body.prompt):
+        if any(not 0 <= t < n_vocab for t in ids):
             raise invalid(f"prompt token ids must be in 0..{n_vocab - 1}", param="prompt")
-        text, tokens = None, list(body.prompt)
+        text, tokens = None, list(ids)
     budget = output_budget(body, len(tokens), model, settings, param="prompt")
     generation = GenerationRequest(
         prompt_tokens=tokens,

@@ -20,6 +20,7 @@ import logging
 import secrets
 import string
 from dataclasses import dataclass
+from typing import Any
 
 from server.api.chat_layer import EMPTY_REPLY, ChatLayerError, ParsedReply, ReplyParser
 
@@ -59,7 +60,8 @@ class ToolCall:
     arguments: str  # JSON text, as OpenAI sends it
 
     def as_openai(self, index: int | None = None) -> dict:
-        d = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        d: dict[str, Any] = {"id": self.id, "type": "function",
+                             "function": {"name": self.name, "arguments": self.arguments}}
         if index is not None:
             d["index"] = index
         return d
@@ -82,7 +84,7 @@ def _grown(sent: str, now: str) -> str | None:
     return now[len(sent):] if now.startswith(sent) else None
 
 
-def _complete_calls_only(reply: ParsedReply, stream: "ReplyStream") -> ParsedReply:
+def _complete_calls_only(reply: ParsedReply, stream: ReplyStream) -> ParsedReply:
     """The reply without calls whose arguments are no JSON object (cut off by max_tokens or the
     end of generation: the parser reads leniently); `stream.truncated_call` says one was dropped."""
     kept = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from server.engine.llama_backend import MissingSymbol, c_functions, init_once
 
@@ -89,7 +90,7 @@ class Inventory:
         return out
 
 
-_SIGNATURES = {
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ggml_backend_reg_count": ([], ctypes.c_size_t),
     "ggml_backend_reg_get": ([ctypes.c_size_t], ctypes.c_void_p),
     "ggml_backend_reg_name": ([ctypes.c_void_p], ctypes.c_char_p),

@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from server.engine.kv_full import KVCacheFull
 from server.engine.scheduler import Admission, QueueFull, Scheduler, StepItem
-from server.engine.sequence import NO_TOKEN, Event, EventSink, GenerationRequest, Sequence, SeqStatus
+from server.engine.sequence import NO_TOKEN, Event, EventSink, GenerationRequest, SeqStatus, Sequence
 from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class ModelRunner(Protocol):
     def loads_ready(self) -> bool:
         """A read ahead finished and waits for advance_loads (asked from the engine loop)."""
 
-    def piece(self, token: int) -> bytes: ...
+    def piece(self, token: int, *, special: bool = False) -> bytes: ...
 
     def is_eog(self, token: int) -> bool: ...
 
@@ -140,7 +140,7 @@ class Engine:
         def job():
             try:
                 box["value"] = fn()
-            except BaseException as exc:  # handed back to the caller
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
                 box["error"] = exc
             finally:
                 done.set()
@@ -230,7 +230,7 @@ class Engine:
             adm.seq.t_prefill_start = time.perf_counter()
             try:
                 self.runner.prepare(adm)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
                 log.warning("request %d failed while preparing: %s", adm.seq.id, exc)
                 self._finish(adm.seq, "error", error=str(exc))
         self.runner.advance_loads()
@@ -241,7 +241,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             items, sampled = self._forward_making_room(items)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the step's requests fail, the engine goes on
             log.error("decode failed: %s", exc)
             for seq in {id(i.seq): i.seq for i in items}.values():
                 self._finish(seq, "error", error=f"decode failed: {exc}")

@@ -17,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import llama_cpp
 import numpy as np
@@ -124,7 +124,7 @@ class _OwnedBatch:
         base = ctypes.addressof(self.seq)
         seq_ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
         self.seq_ptrs = (seq_ptr * capacity)(*(ctypes.cast(base + i * size, seq_ptr) for i in range(capacity)))
-        self.logits = (ctypes.c_int8 * capacity)()
+        self.logits: ctypes.Array[Any] = (ctypes.c_int8 * capacity)()
         self.batch = llama_cpp.llama_batch(
             n_tokens=0, token=self.token, embd=None, pos=self.pos, n_seq_id=self.n_seq_id,
             seq_id=self.seq_ptrs, logits=self.logits,
@@ -171,7 +171,8 @@ class LlamaRuntime:
         cparams.no_perf = True
         if config.flash_attn is not None:
             cparams.flash_attn_type = (
-                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn
+                else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -285,7 +286,8 @@ class LlamaRuntime:
         return self.decode_arrays([e.token for e in entries], [e.pos for e in entries],
                                   [e.seq_id for e in entries], [1 if e.want_logits else 0 for e in entries])
 
-    def decode_arrays(self, tokens: list[int], positions: list[int], seq_ids: list[int], logits: list[int]) -> list[int]:
+    def decode_arrays(self, tokens: list[int], positions: list[int], seq_ids: list[int],
+                      logits: list[int]) -> list[int]:
         """`decode` on parallel lists (the engine's per-step path: the batch arrays are
         filled by slice assignment, in C, instead of five ctypes stores per token).
         Same results and errors as `decode`."""
@@ -341,7 +343,7 @@ class LlamaRuntime:
         buf = np.empty(size, dtype=np.uint8)
         n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
                                                    size, seq_id, 0)
-        return memoryview(buf)[:n]
+        return buf.data[:n]
 
     def state_seq_set(self, data, seq_id: int) -> bool:
         """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first).

@@ -53,7 +53,7 @@ def _table(backend: str, soc: str | None, expert: bool) -> frozenset[str] | None
 def unsupported(backend: str, soc: str | None, weights: list[WeightTensor]) -> dict[str, int] | None:
     if _table(backend, soc, expert=False) is None:
         return None
-    missing = Counter(w.type for w in weights if w.type not in _table(backend, soc, w.is_expert))
+    missing = Counter(w.type for w in weights if w.type not in (_table(backend, soc, w.is_expert) or frozenset()))
     return dict(missing.most_common())
 
 
@@ -62,4 +62,4 @@ def needed_types(backend: str, soc: str | None) -> list[str]:
     table = _table(backend, soc, expert=False)
     if table is None:
         return []
-    return sorted(table & _table(backend, soc, expert=True))
+    return sorted(table & (_table(backend, soc, expert=True) or frozenset()))

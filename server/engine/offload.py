@@ -130,10 +130,11 @@ def plan(n_gpu_layers: int, n_layer: int, inventory: Inventory, weights: list[We
     elif not offloaded:
         cpu_types = all_types
     else:
+        assert backend is not None  # offloaded: there is an accelerator
         cpu_types = matmul_support.unsupported(backend, soc, weights)
         if cpu_types is None:
             notes.append(f"which weight types the {backend} backend multiplies is not known to arbor-server")
-    needed = tuple(matmul_support.needed_types(backend, soc)) if offloaded and cpu_types else ()
+    needed = tuple(matmul_support.needed_types(backend, soc)) if offloaded and backend and cpu_types else ()
     return OffloadReport(
         n_gpu_layers=n_gpu_layers, n_layer=n_layer, offloaded=offloaded,
         devices=tuple(f"{d.name} ({d.description})" for d in accel) if offloaded else (),

@@ -81,7 +81,8 @@ class PagedAttentionStatus:
         return self.page_size > 0
 
 
-def configure(ctx, mode: Literal["auto", "on", "off"], page_size: int, *, offloaded: bool = False) -> PagedAttentionStatus:
+def configure(ctx, mode: Literal["auto", "on", "off"], page_size: int, *,
+              offloaded: bool = False) -> PagedAttentionStatus:
     if mode == "off":
         return PagedAttentionStatus(compiled_in(), 0, "turned off (--paged-attn off)")
     if mode == "auto" and offloaded:

@@ -15,7 +15,7 @@ from server.engine.llama_runtime import LlamaRuntime
 from server.engine.logprobs import token_logprob
 from server.engine.sampling import SamplerChain
 from server.engine.scheduler import Admission, StepItem
-from server.engine.sequence import NO_TOKEN, CacheReport, Sequence, SeqStatus
+from server.engine.sequence import NO_TOKEN, CacheReport, SeqStatus, Sequence
 from server.engine.slots import SlotPool
 
 log = logging.getLogger(__name__)

@@ -127,6 +127,7 @@ class SamplerChain:
         """`llama_sampler_sample` in two steps (what it does on the CPU: candidates from the
         logits, apply the chain, accept the selection), with a look at the selection between."""
         cands = self._candidates
+        assert cands is not None  # allocated for checked sampling, the only caller
         row = llama_cpp.llama_get_logits_ith(ctx, batch_index)
         if not row:  # llama_sampler_sample would abort here (GGML_ASSERT); fail the step instead
             raise RuntimeError(f"no logits for output row {batch_index}")

@@ -3,7 +3,8 @@
 Every step first takes one decode token from each generating sequence, then fills the
 rest of the batch budget with prompt chunks of sequences still prefilling, oldest first.
 So a long prompt is split across steps and never holds other requests' decoding back by
-more than one chunk; `prefill_while_decoding` makes that chunk smaller while anyone decodes. Pure logic: no llama.cpp here (tested with a simulated runner).
+more than one chunk; `prefill_while_decoding` makes that chunk smaller while anyone decodes.
+Pure logic: no llama.cpp here (tested with a simulated runner).
 
 KV cells: the unified KV is one pool, so any slot may grow to the whole context. Admission
 reserves each request's prompt plus its reserved output (`GenerationRequest.reserved_cells`)
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from server.engine.sequence import Sequence, SeqStatus
+from server.engine.sequence import SeqStatus, Sequence
 from server.engine.slots import Slot, SlotPool
 
 

@@ -11,7 +11,6 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
 _CHUNK = 256
 
 
@@ -84,7 +83,7 @@ class SlotPool:
         slot.busy = False
         slot.touch()
 
-    def drop_oldest_idle(self, forget: Callable[[Slot], None]) -> bool:
+    def drop_oldest_idle(self, forget: Callable[[Slot], object]) -> bool:
         """Give up the kept KV of the idle slot unused the longest (when the KV pool is full).
 
         `forget(slot)` removes the slot's cells from the model's memory; afterwards the slot

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -78,8 +79,9 @@ def lab_catalog() -> ScenarioCatalog:
 def make_settings(tmp_path: Path, base_url: str, **overrides) -> WorkbenchSettings:
     """Small limits, data in `tmp_path`; the database comes from DATABASE_URL (set by the
     `workbench_database` fixture of tests/app/conftest.py; unset: SQLite in the data dir)."""
-    values = dict(llm_base_url=base_url, llm_model="", data_dir=tmp_path / "var", llm_timeout_s=5.0,
-                  step_budget=4, tool_result_max_chars=600, tool_result_max_tokens=1000, max_message_chars=500)
+    values: dict[str, Any] = dict(
+        llm_base_url=base_url, llm_model="", data_dir=tmp_path / "var", llm_timeout_s=5.0,
+        step_budget=4, tool_result_max_chars=600, tool_result_max_tokens=1000, max_message_chars=500)
     values.update(overrides)
     return WorkbenchSettings(_env_file=None, **values)
 
@@ -171,7 +173,8 @@ class SseReader(threading.Thread):
 
     def __init__(self, method: str, url: str, **kwargs) -> None:
         super().__init__(daemon=True)
-        self.method, self.url, self.kwargs, self.events = method, url, kwargs, []
+        self.method, self.url, self.kwargs = method, url, kwargs
+        self.events: list[dict] = []
         self.arrivals: list[float] = []  # time.monotonic() when each event arrived
         self.error: httpx.HTTPError | None = None  # the transport error that cut the stream (a killed server)
 

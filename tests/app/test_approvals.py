@@ -2,7 +2,15 @@
 
 import pytest
 
-from tests.app.support import PROPOSALS_EXECUTED, decide, make_settings, new_session, of_type, post_turn, workbench_client
+from tests.app.support import (
+    PROPOSALS_EXECUTED,
+    decide,
+    make_settings,
+    new_session,
+    of_type,
+    post_turn,
+    workbench_client,
+)
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
 
 pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from app.agent.compaction import NOTE_HEAD, Level, compact as compact_async, split_turns, stub_tool_result
+from app.agent.compaction import NOTE_HEAD, Level, split_turns, stub_tool_result
+from app.agent.compaction import compact as compact_async
 
 SYSTEM = {"role": "system", "content": "You are the lab assistant."}
 

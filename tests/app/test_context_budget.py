@@ -10,6 +10,7 @@ import json
 import pytest
 
 from app.agent.context_limit import ContextLimitReader
+from app.agent.context_state import ContextState
 from app.agent.token_estimate import TokenEstimator, prompt_tokens_in_error, prompt_tools, request_chars
 from tests.app.support import make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, scripted_server, tool_call
@@ -185,8 +186,7 @@ def test_a_tool_step_and_the_answer_step_after_it_compact_alike(tmp_path):
     assert tool_step.conversation == answer_step.conversation
 
 
-def _context_fit(client, branch_id: str, checkpoint_id: str | None = None) -> "ContextState":
-    from app.agent.context_state import ContextState
+def _context_fit(client, branch_id: str, checkpoint_id: str | None = None) -> ContextState:
     configurable = {"thread_id": f"branch-{branch_id}", **({"checkpoint_id": checkpoint_id} if checkpoint_id else {})}
     snapshot = client.portal.call(client.app.state.workbench.graph.aget_state, {"configurable": configurable})
     return ContextState.of(snapshot.values.get("context_fit"))

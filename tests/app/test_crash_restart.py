@@ -136,8 +136,8 @@ def test_kill_during_a_turn_then_restart_and_retry(tmp_path):
             def stream_turn() -> None:
                 buffer = ""
                 with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                        "POST", f"{wb.url}/api/sessions/{sid}/turns", json={"message": "What next?"}, headers=AUTH_HEADERS,
-                        timeout=60) as r:
+                        "POST", f"{wb.url}/api/sessions/{sid}/turns", json={"message": "What next?"},
+                        headers=AUTH_HEADERS, timeout=60) as r:
                     for text in r.iter_text():
                         *complete, buffer = (buffer + text).replace("\r\n", "\n").split("\n\n")
                         events.extend(e for block in complete for e in parse_sse(block))

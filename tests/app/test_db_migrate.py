@@ -5,9 +5,8 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from app.db.models import ONE_ACTIVE_TURN_INDEX
-
 from app.db.engine import make_engine
+from app.db.models import ONE_ACTIVE_TURN_INDEX
 from tests.app.support import make_settings
 
 pytestmark = pytest.mark.usefixtures("workbench_database")  # on SQLite and PostgreSQL

@@ -140,5 +140,6 @@ def _print_session(limit: int, spans: list[dict], title: str = "session") -> Non
                   f"{a['arbor.compaction.dropped_turns']} dropped of {a['arbor.compaction.past_turns']})")
         elif span["kind"] == "model":
             print(f"  turn {n} step {a['arbor.step']}: prompt {a.get('gen_ai.usage.input_tokens')} "
-                  f"(reused {a.get('gen_ai.usage.cache_read.input_tokens')}), output {a.get('gen_ai.usage.output_tokens')}"
+                  f"(reused {a.get('gen_ai.usage.cache_read.input_tokens')}), "
+                  f"output {a.get('gen_ai.usage.output_tokens')}"
                   f", max_tokens {a.get('gen_ai.request.max_tokens')}, {span['duration_ms'] / 1000:.1f} s")

@@ -66,7 +66,7 @@ def test_two_processes_never_run_two_turns_on_one_branch(tmp_path, database):
     with scripted_server(_slow(1.5)) as fake, ExitStack() as stack:
         a, _ = stack.enter_context(workbench(tmp_path, "a", database, fake.base_url))
         b, _ = stack.enter_context(workbench(tmp_path, "b", database, fake.base_url))
-        for attempt in range(4):  # the same moment, on the same branch, through two processes
+        for _attempt in range(4):  # the same moment, on the same branch, through two processes
             session = _session(a)
             results: list[httpx.Response] = []
             threads = [threading.Thread(target=_turn, args=(url, session, f"check {i}", results))

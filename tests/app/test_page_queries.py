@@ -41,7 +41,8 @@ def test_a_branch_history_is_one_query_however_long(tmp_path):
         for depth in range(40):
             turn = Turn(session_id=session.id, branch_id=branch.id, parent_turn_id=parent, depth=depth,
                         user_message=f"q{depth}", status="completed",
-                        messages=[{"role": "user", "content": f"q{depth}"}, {"role": "assistant", "content": f"a{depth}"}])
+                        messages=[{"role": "user", "content": f"q{depth}"},
+                                  {"role": "assistant", "content": f"a{depth}"}])
             db.add(turn)
             db.flush()
             parent = turn.id

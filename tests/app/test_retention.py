@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 from app.cli import main
 from app.db.models import Span, Turn, TurnEvent, utcnow
 from app.services.retention import PruneReport, RetentionPolicy, prune
-from tests.app.support import make_settings, new_session, of_type, parse_sse, post_turn, workbench_client
+from tests.app.support import make_settings, new_session, parse_sse, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
 
 pytestmark = [pytest.mark.usefixtures("workbench_database"), pytest.mark.timeout(120)]

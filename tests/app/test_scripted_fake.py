@@ -7,7 +7,8 @@ from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_cal
 
 
 def test_non_stream_reply_carries_usage_cache_and_tool_calls():
-    with scripted_server([ScriptedReply(tool_calls=[tool_call("f", {"a": 1})], cached_tokens=3, cache_source="S")]) as fake:
+    reply = ScriptedReply(tool_calls=[tool_call("f", {"a": 1})], cached_tokens=3, cache_source="S")
+    with scripted_server([reply]) as fake:
         client = openai.OpenAI(base_url=fake.base_url, api_key="x")
         raw = client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": "user", "content": "hello there"}], extra_headers={"X-Arbor-Session": "s1"})

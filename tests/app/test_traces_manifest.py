@@ -1,8 +1,8 @@
 """Traces carry GenAI attributes and cache numbers; big tool results are trimmed + kept; manifests."""
 
-import pytest
-
 import json
+
+import pytest
 
 from app.manifest import parse_manifest
 from tests.app.support import make_settings, new_session, of_type, post_turn, workbench_client

@@ -24,8 +24,10 @@ FAST = FollowTiming(poll_s=0.02, liveness_s=0.05, grace_s=0.5)
 
 def test_merged_tokens_joins_only_consecutive_plain_tokens():
     events = [{"type": "turn"}, {"type": "token", "text": "a"}, {"type": "token", "text": "b"},
-              {"type": "tool_call", "name": "x"}, {"type": "token", "text": "c"}, {"type": "token", "text": "d", "x": 1}]
-    assert merged_tokens(events) == [{"type": "turn"}, {"type": "token", "text": "ab"}, {"type": "tool_call", "name": "x"},
+              {"type": "tool_call", "name": "x"}, {"type": "token", "text": "c"},
+              {"type": "token", "text": "d", "x": 1}]
+    assert merged_tokens(events) == [{"type": "turn"}, {"type": "token", "text": "ab"},
+                                     {"type": "tool_call", "name": "x"},
                                      {"type": "token", "text": "c"}, {"type": "token", "text": "d", "x": 1}]
 
 

@@ -1,8 +1,8 @@
 """The tool loop through the HTTP API against the scripted OpenAI fake over real HTTP."""
 
-import pytest
-
 import json
+
+import pytest
 
 from tests.app.support import SYSTEM_PROMPT, make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call

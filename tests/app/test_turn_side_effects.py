@@ -17,8 +17,16 @@ from sqlmodel import Session, select
 from app.db.models import WorkspaceFile
 from app.main import create_app
 from app.scenario_catalog import ScenarioCatalog
-from tests.app.support import SseReader, decide, live_server, make_settings, new_session, of_type, post_turn, \
-    workbench_client
+from tests.app.support import (
+    SseReader,
+    decide,
+    live_server,
+    make_settings,
+    new_session,
+    of_type,
+    post_turn,
+    workbench_client,
+)
 from tests.app.test_crash_restart import kill9, run_turn, wait_for, workbench
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply, scripted_server, tool_call
 from tests.workbench_auth import AUTH_HEADERS

@@ -60,8 +60,10 @@ def test_every_route_refuses_a_caller_without_the_token(tmp_path):
         assert opened == {"/healthz", "/signin", "/static/arbor.css"}  # and nothing a later route adds
         for method, path in closed:
             for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"},
-                            {"Authorization": "Bearer ünïcode-token".encode()}, {"Cookie": f"{SESSION_COOKIE}=1.forged"}):
-                response = client.request(method, path, headers={**JSON, **headers}, json={} if method != "GET" else None)
+                            {"Authorization": "Bearer ünïcode-token".encode()},
+                            {"Cookie": f"{SESSION_COOKIE}=1.forged"}):
+                response = client.request(method, path, headers={**JSON, **headers},
+                                          json={} if method != "GET" else None)
                 assert response.status_code == 401, (method, path, headers, response.status_code)
                 assert response.headers["www-authenticate"] == "Bearer"
                 if method != "HEAD":  # a HEAD answer has no body

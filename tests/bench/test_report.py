@@ -24,7 +24,8 @@ def test_idle_cells_section_shows_paged_and_unpaged_runs(tmp_path):
     empty = {"prefill_0_512_ms": 40.0, "prefill_512_1024_ms": 50.0, "decode_step_ms": 2.0}
     runs = [{"page_size": ps, "idle_cells": 12000, "empty": empty, "with_idle_cells": held,
              "slowdown": {k: held[k] / empty[k] for k in empty}}
-            for ps, held in ((0, {k: v * 1.5 for k, v in empty.items()}), (16, {k: v * 1.01 for k, v in empty.items()}))]
+            for ps, held in ((0, {k: v * 1.5 for k, v in empty.items()}),
+                             (16, {k: v * 1.01 for k, v in empty.items()}))]
     (tmp_path / "idle_cells.json").write_text(json.dumps({"model": "/m/e.gguf", "n_gpu_layers": 0, "runs": runs}))
     text = "\n".join(idle_cells_section(tmp_path))
     assert "| every cell (unpaged) | one decode step (ms) | 2.0 | 3.0 | 1.50x |" in text

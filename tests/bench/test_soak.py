@@ -1,7 +1,8 @@
 """The soak's short version: 60 seconds of mixed traffic at 2x the slots, with clients cutting
 streams or abandoning whole answers, on all four cache tiers with small budgets. Nothing may
 answer 5xx, the server must stay up, no tier may hold more than its budget (buffers and files
-as they really are) at any sample, no slot may work once every client has gone, and at rest the KV it holds must be what llama.cpp reports and within its budgets
+as they really are) at any sample, no slot may work once every client has gone, and at rest the
+KV it holds must be what llama.cpp reports and within its budgets
 (no cell held by nothing, also after a cache flush), and the disk tier's files must match its
 index. (The long run: python -m bench.soak.)"""
 

@@ -10,8 +10,16 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from bench.synth_model import (SHAPES, TOKENIZER_VOCAB, ModelShape, embedded_tokenizer_path, main, planned_bytes,
-                               tensor_plan, write_model)
+from bench.synth_model import (
+    SHAPES,
+    TOKENIZER_VOCAB,
+    ModelShape,
+    embedded_tokenizer_path,
+    main,
+    planned_bytes,
+    tensor_plan,
+    write_model,
+)
 
 TINY = {
     "llama": ModelShape("llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, head_dim=16),

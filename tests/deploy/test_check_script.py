@@ -123,7 +123,8 @@ def test_missing_package_is_clear(tmp_path):
     bare = tmp_path / "python"
     bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     bare.chmod(0o755)
-    done = subprocess.run([shutil.which("bash"), str(CHECK_SCRIPT)], env={"PATH": os.environ["PATH"], "PYTHON": str(bare)},
+    done = subprocess.run([shutil.which("bash"), str(CHECK_SCRIPT)],
+                          env={"PATH": os.environ["PATH"], "PYTHON": str(bare)},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert f"llama_cpp is not installed for {bare}" in done.stderr

@@ -6,7 +6,14 @@ import re
 
 import pytest
 
-from tests.deploy.deploy_files import ENV_EXAMPLE, SERVER_DOCKERFILES, SERVER_IMAGES, VARIANTS, env_example, load_compose
+from tests.deploy.deploy_files import (
+    ENV_EXAMPLE,
+    SERVER_DOCKERFILES,
+    SERVER_IMAGES,
+    VARIANTS,
+    env_example,
+    load_compose,
+)
 
 BASE = load_compose("compose.yaml")
 SERVICES = BASE["services"]
@@ -76,7 +83,7 @@ def test_ports_are_published_on_loopback_by_default(name):
     port = HEALTH[name][0]
     (entry,) = SERVICES[name]["ports"]
     variable = {"server": "SERVER", "workbench": "WORKBENCH", "incident-api": "INCIDENT"}[name] + "_BIND_ADDRESS"
-    assert re.fullmatch(r"\$\{%s:-127\.0\.0\.1\}:\$\{\w+_PORT:-%d\}:%d" % (variable, port, port), entry), entry
+    assert re.fullmatch(r"\$\{%s:-127\.0\.0\.1\}:\$\{\w+_PORT:-%d\}:%d" % (variable, port, port), entry), entry  # noqa: UP031 - a regex full of braces
     assert env_example()[variable] == "127.0.0.1"
 
 
@@ -133,7 +140,8 @@ def test_cann_overlay_passes_devices_driver_and_group():
     assert targets["/usr/local/Ascend/driver"].startswith("${ASCEND_DRIVER_DIR")
     assert "/usr/local/bin/npu-smi" in targets and "/usr/local/dcmi" in targets
     assert all(v.endswith(":ro") for v in server["volumes"]), "host driver files are mounted read-only"
-    assert server["group_add"] == ["${ASCEND_DEVICE_GID:?set ASCEND_DEVICE_GID in .env to the group id of /dev/davinci0 (stat -c %g /dev/davinci0)}"]
+    assert server["group_add"] == ["${ASCEND_DEVICE_GID:?set ASCEND_DEVICE_GID in .env to the group id of "
+                                   "/dev/davinci0 (stat -c %g /dev/davinci0)}"]
     assert set(server["build"]["args"]) == {"CANN_BASE_IMAGE", "CANN_ENV", "SOC_TYPE"}
     assert "ARBOR_SERVER_N_GPU_LAYERS" in server["environment"]
 

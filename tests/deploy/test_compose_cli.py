@@ -128,7 +128,8 @@ def test_second_npu_needs_its_device_and_adds_it(rendered, tmp_path):
     assert done.returncode != 0
     assert "set NPU_DEVICE_2 in .env" in done.stderr
     devices = rendered["cann-2npu"]["services"]["server"]["devices"]
-    assert {"/dev/davinci0:/dev/davinci0", "/dev/davinci1:/dev/davinci1", "/dev/davinci_manager:/dev/davinci_manager"} <= set(devices)
+    assert {"/dev/davinci0:/dev/davinci0", "/dev/davinci1:/dev/davinci1",
+            "/dev/davinci_manager:/dev/davinci_manager"} <= set(devices)
     assert len(devices) == len(rendered["cann"]["services"]["server"]["devices"]) + 1
 
 

@@ -13,7 +13,8 @@ from tests.deploy.test_compose_cli import COMPOSE, config, env_with
 pytestmark = pytest.mark.skipif(COMPOSE is None, reason="docker-compose (v1) is not installed")
 
 FILES = ["compose.yaml", "compose.scale.yaml"]
-STORE = {"POSTGRES_PASSWORD": "s3cret", "VALKEY_PASSWORD": "v4lkeypass", "ARBOR_CACHE_SHARED_SECRET": "0123456789abcdef01",
+STORE = {"POSTGRES_PASSWORD": "s3cret", "VALKEY_PASSWORD": "v4lkeypass",
+         "ARBOR_CACHE_SHARED_SECRET": "0123456789abcdef01",
          "ARBOR_WORKBENCH_TOKEN": "workbench-token-0123456789"}
 
 

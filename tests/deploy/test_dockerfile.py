@@ -231,7 +231,8 @@ def test_compose_build_args_are_declared_by_the_dockerfile_they_reach(variant):
         head, stages = PARSED[build["dockerfile"].removeprefix("docker/").removesuffix(".Dockerfile")]
         declared = set(arg_declarations(head)).union(*(arg_declarations(s.instructions) for s in stages.values()))
         for arg in build["args"]:
-            assert arg in declared, f"{variant}/{name} passes build arg {arg}, which {build['dockerfile']} never declares"
+            assert arg in declared, \
+                f"{variant}/{name} passes build arg {arg}, which {build['dockerfile']} never declares"
 
 
 def test_llama_cpp_python_range_matches_pyproject():

@@ -24,9 +24,10 @@ def entrypoint():
         copies = [i.value for i in runtime.of("COPY") if not i.flags]
         assert ("docker/entrypoint.sh", ENTRYPOINT) in copies, f"{name} does not install docker/entrypoint.sh"
         assert f"chmod 0755 {ENTRYPOINT}" in runtime.text("RUN"), f"{name}: the checkout's file mode is not trusted"
-        assert any("docker/log_writer.py" in copy[:-1] and copy[-1] in (LOG_WRITER, "/opt/arbor/") for copy in copies), \
-            f"{name} does not install docker/log_writer.py as {LOG_WRITER}"
-        assert f"chmod 0644 {LOG_WRITER}" in runtime.text("RUN"), f"{name}: user 10001 must be able to read {LOG_WRITER}"
+        assert any("docker/log_writer.py" in copy[:-1] and copy[-1] in (LOG_WRITER, "/opt/arbor/")
+                   for copy in copies), f"{name} does not install docker/log_writer.py as {LOG_WRITER}"
+        assert f"chmod 0644 {LOG_WRITER}" in runtime.text("RUN"), \
+            f"{name}: user 10001 must be able to read {LOG_WRITER}"
     return ENTRYPOINT_SCRIPT
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tests.deploy.deploy_files import ENV_EXAMPLE, REQUIRED_SAMPLES, VARIANTS, compose_text, compose_variables, env_example
+from tests.deploy.deploy_files import (
+    ENV_EXAMPLE,
+    REQUIRED_SAMPLES,
+    VARIANTS,
+    compose_text,
+    compose_variables,
+    env_example,
+)
 
 FILES = sorted({name for files in VARIANTS.values() for name in files})
 # Read by docker compose itself, not interpolated in the files.
@@ -57,7 +64,6 @@ def test_required_settings_are_empty_in_the_example():
 
 
 def test_required_settings_fail_with_a_message():
-    required = {var for var, forms in interpolations().items() for op, _ in forms if op == ":?"}
     for var, forms in interpolations().items():
         for op, operand in forms:
             if op == ":?":

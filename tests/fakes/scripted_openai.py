@@ -132,7 +132,7 @@ class ScriptedOpenAI:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def start(self) -> "ScriptedOpenAI":
+    def start(self) -> ScriptedOpenAI:
         if not self.port:
             self.port = free_port()
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="off")
@@ -153,7 +153,7 @@ class ScriptedOpenAI:
             self._thread.join(timeout=10)
         self._server = self._thread = None
 
-    def __enter__(self) -> "ScriptedOpenAI":
+    def __enter__(self) -> ScriptedOpenAI:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -94,6 +94,7 @@ def incident_service(state: str = "degraded") -> Iterator[str]:
     process = subprocess.Popen([sys.executable, "-m", "scenarios.edge_incident.service", "--state", state,
                                 "--port", str(port)], cwd=REPO, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert process.stderr is not None  # a pipe
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -103,9 +104,9 @@ def incident_service(state: str = "degraded") -> Iterator[str]:
                 break
             except httpx.HTTPError:
                 if process.poll() is not None:
-                    raise RuntimeError(f"incident service exited: {process.stderr.read().decode()[-2000:]}")
+                    raise RuntimeError(f"incident service exited: {process.stderr.read().decode()[-2000:]}") from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError("incident service did not start")
+                    raise RuntimeError("incident service did not start") from None
                 time.sleep(0.1)
         yield url
     finally:

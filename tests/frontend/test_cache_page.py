@@ -76,7 +76,8 @@ def test_cache_page_shows_a_real_servers_stats_live_and_measures_sharing(page, r
         expect(_num(page, "H", "budget_bytes")).to_have_text(f"{budget_gib:.1f} GiB")
         expect(_num(page, "S", "budget_cells")).to_have_text(f"{truth['tiers']['S']['budget_cells']:,}")
         expect(_num(page, "kv", "n_ctx")).to_have_text(f"{truth['kv']['n_ctx']:,}")
-        expect(page.locator("section.tier[data-tier='D']")).to_contain_text("Off on this server.")  # default tiers A,S,H
+        # default tiers A,S,H
+        expect(page.locator("section.tier[data-tier='D']")).to_contain_text("Off on this server.")
 
         # live: a request and a lifecycle hint while the page is open show up in later samples
         before = truth["requests_by_source"]

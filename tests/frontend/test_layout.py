@@ -30,8 +30,11 @@ WIDE_ELEMENTS = """() => {
   const clipped = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
     if (['auto', 'scroll', 'hidden'].includes(getComputedStyle(p).overflowX) && p !== document.body
         && p !== document.documentElement) return true; } return false; };
-  return [...document.querySelectorAll('body *')].filter((el) => el.getBoundingClientRect().right > limit && !clipped(el))
-    .slice(0, 8).map((el) => `${el.tagName.toLowerCase()}.${el.getAttribute('class') || ''}#${el.id} -> ${Math.round(el.getBoundingClientRect().right)}`);
+  return [...document.querySelectorAll('body *')]
+    .filter((el) => el.getBoundingClientRect().right > limit && !clipped(el))
+    .slice(0, 8)
+    .map((el) => `${el.tagName.toLowerCase()}.${el.getAttribute('class') || ''}#${el.id} -> `
+                 + `${Math.round(el.getBoundingClientRect().right)}`);
 }"""
 
 
@@ -47,10 +50,10 @@ def _stats_route(server):
 
 
 def _fill(live) -> str:
-    live.script.on("Compare", ScriptedReply(tool_calls=[tool_call("growth", {"company": "NWR", "metric": "revenue",
-                                                                             "from_quarter": "2023Q4", "to_quarter": "2024Q4"}, "g1"),
-                                                        tool_call("compute_ratio", {"company": "NWR", "quarter": "2024Q4",
-                                                                                    "ratio": "net_margin"}, "r1")]),
+    growth = {"company": "NWR", "metric": "revenue", "from_quarter": "2023Q4", "to_quarter": "2024Q4"}
+    ratio = {"company": "NWR", "quarter": "2024Q4", "ratio": "net_margin"}
+    live.script.on("Compare", ScriptedReply(tool_calls=[tool_call("growth", growth, "g1"),
+                                                        tool_call("compute_ratio", ratio, "r1")]),
                    ScriptedReply(content=TABLE_ANSWER, cached_tokens=310, cache_source="S", delay_s=0.05))
     live.script.on("Which companies", ScriptedReply(tool_calls=[tool_call("list_companies", {}, "l1")]),
                    ScriptedReply(content="Three: Northwind Robotics, Cedar Grid Energy and Lumen Bay Health.",
@@ -108,7 +111,8 @@ def test_pages_fit_wide_and_narrow_screens(browser, tmp_path, incident_url, scri
                 else:
                     page.wait_for_load_state("networkidle")
                 overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-                assert overflow <= 1, f"{name} at {width}px scrolls sideways by {overflow}px: {page.evaluate(WIDE_ELEMENTS)}"
+                assert overflow <= 1, \
+                    f"{name} at {width}px scrolls sideways by {overflow}px: {page.evaluate(WIDE_ELEMENTS)}"
                 page.screenshot(path=str(out / f"{name}-{width}.png"))
             assert errors == [], errors
             context.close()

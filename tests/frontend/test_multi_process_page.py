@@ -67,7 +67,8 @@ def test_the_page_of_another_process_follows_the_turn_live_to_its_end(page, two_
     page.goto(f"{b}/sessions/{session}")  # process B serves the page; A runs the turn
     turn = last_turn(page)
     expect(turn.locator(".md.streaming")).to_contain_text("word0 word1 word2")
-    assert httpx.get(f"{b}/api/turns/{other_tab.events[0]['turn_id']}", timeout=10, headers=AUTH_HEADERS).json()["status"] == "running"
+    turn_id = other_tab.events[0]["turn_id"]
+    assert httpx.get(f"{b}/api/turns/{turn_id}", timeout=10, headers=AUTH_HEADERS).json()["status"] == "running"
     expect(turn).to_have_attribute("data-status", "completed", timeout=30_000)
     expect(turn.locator(".md.answer")).to_have_text(_words(100))
     other_tab.join(30)

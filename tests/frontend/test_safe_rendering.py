@@ -24,7 +24,8 @@ def test_xss_in_answer_and_tool_result_is_inert(page, workbench, script):
               ScriptedReply(tool_calls=[tool_call("search_notes", {"query": f"{IMG} {SCRIPT}"}, "c_x")]),
               ScriptedReply(content=answer))
     page.goto(workbench.url + "/")
-    page.locator("article.scenario[data-scenario='financial_research']").get_by_role("button", name="New session").click()
+    scenario = page.locator("article.scenario[data-scenario='financial_research']")
+    scenario.get_by_role("button", name="New session").click()
     page.wait_for_url(re.compile(r"/sessions/[0-9a-f]+$"))
     page.get_by_label("Message").fill(f"payload {SVG}")
     page.get_by_role("button", name="Send").click()
@@ -94,7 +95,8 @@ def test_markdown_renderer_makes_only_safe_elements(page, workbench):
     assert out["list"] == "<ul><li>one</li><li><strong>two</strong></li></ul><ol><li>a</li><li>b</li></ol>"
     assert out["code"] == '<pre class="code"><code data-lang="python">print(\'&lt;b&gt;\')</code></pre>'
     assert out["inline"] == "<p>use <code>x &lt; y</code> and <em>it</em> and <strong>b</strong></p>"
-    assert out["link"] == ('<p><a href="https://a.example/x?y=1" rel="noopener noreferrer nofollow" target="_blank">ok</a>'
+    assert out["link"] == ('<p><a href="https://a.example/x?y=1" rel="noopener noreferrer nofollow" '
+                           'target="_blank">ok</a>'
                            " [bad](javascript:alert(1)) [rel](/local)</p>")
     assert out["table"].startswith('<div class="table-wrap"><table class="md-table"><thead><tr><th scope="col">a</th>')
     assert "<td>&lt;i&gt;2&lt;/i&gt;</td>" in out["table"]

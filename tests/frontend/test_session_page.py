@@ -104,7 +104,8 @@ def test_fork_from_first_turn_and_switch_between_branches(page, workbench, scrip
     expect(page.locator("#conversation > li.turn")).to_have_count(2)
     expect(last_turn(page)).to_contain_text("Answer two on main.")
 
-    page.locator("#conversation > li.turn").first.get_by_role("button", name=re.compile("Fork a new branch from turn #1")).click()
+    first_turn = page.locator("#conversation > li.turn").first
+    first_turn.get_by_role("button", name=re.compile("Fork a new branch from turn #1")).click()
     branches = page.locator("#branch-list > li.branch")
     expect(branches).to_have_count(2)
     current = page.locator("#branch-list > li.branch.current")
@@ -142,7 +143,8 @@ def test_delete_a_branch_and_be_told_why_not(page, workbench, script):
     open_new_session(page, workbench, "Field maintenance")
     send(page, "first question")
     expect(last_turn(page)).to_contain_text("Answer one.")
-    page.locator("#conversation > li.turn").first.get_by_role("button", name=re.compile("Fork a new branch from turn #1")).click()
+    first_turn = page.locator("#conversation > li.turn").first
+    first_turn.get_by_role("button", name=re.compile("Fork a new branch from turn #1")).click()
     branches = page.locator("#branch-list > li.branch")
     expect(branches).to_have_count(2)
     send(page, "on the fork")
@@ -310,7 +312,8 @@ def test_unknown_session_says_so(page, workbench):
 
 def test_refused_message_is_explained_and_kept(page, workbench):
     page.goto(workbench.url + "/")
-    page.locator("article.scenario[data-scenario='field_maintenance']").get_by_role("button", name="New session").click()
+    scenario = page.locator("article.scenario[data-scenario='field_maintenance']")
+    scenario.get_by_role("button", name="New session").click()
     page.wait_for_url(re.compile(r"/sessions/[0-9a-f]+$"))
     too_long = "x" * (workbench.settings.max_message_chars + 1)
     page.get_by_label("Message").fill(too_long)

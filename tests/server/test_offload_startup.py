@@ -30,7 +30,8 @@ def test_layers_without_a_device_refuse_to_start():
     done = subprocess.run([sys.executable, "-m", "server", "--port", str(port), "--n-gpu-layers", "99"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "--n-gpu-layers 99 asks for 99 layers on an accelerator, but llama.cpp sees no GPU or NPU device" in done.stderr
+    assert ("--n-gpu-layers 99 asks for 99 layers on an accelerator, but llama.cpp sees no GPU or NPU device"
+            in done.stderr)
     assert "--allow-cpu-fallback" in done.stderr
     assert "Uvicorn running" not in done.stdout + done.stderr  # refused before listening
 

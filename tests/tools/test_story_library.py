@@ -35,7 +35,8 @@ async def test_characters_and_locations_by_name(ctx):
 
 async def test_timeline_and_logbook(ctx):
     events = (await call(ctx, "read_timeline", from_year=1985, to_year=1988))["events"]
-    assert [e["year"] for e in events] == sorted(e["year"] for e in events) and {1987, 1988} <= {e["year"] for e in events}
+    years = [e["year"] for e in events]
+    assert years == sorted(years) and {1987, 1988} <= set(years)
     empty = await call(ctx, "read_timeline", from_year=2001, to_year=2002)
     assert empty["events"] == [] and "1948 to 1988" in empty["note"]
     with pytest.raises(ToolError, match="from_year 1990 is after to_year 1980"):

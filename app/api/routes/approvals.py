@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from sqlmodel import select
+from sqlmodel import col, select
 
 from app.api.deps import DbDep, TurnServiceDep
 from app.api.streaming import collected, event_stream
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/approvals", tags=["approvals"])
 @router.get("")
 def list_approvals(db: DbDep, status: str | None = ApprovalStatus.PENDING,
                    session_id: str | None = None) -> list[ApprovalPublic]:
-    query = select(Approval).order_by(Approval.created_at)
+    query = select(Approval).order_by(col(Approval.created_at))
     if status:
         query = query.where(Approval.status == status)
     if session_id:

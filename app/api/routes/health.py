@@ -28,7 +28,7 @@ async def health(workbench: WorkbenchDep, db: DbDep) -> dict:
     """status "ok" when the model backend answers GET /models, "degraded" otherwise (still HTTP 200:
     the workbench itself is up; turns fail with a readable error until the backend is back)."""
     settings = workbench.settings
-    await asyncio.to_thread(db.exec, text("SELECT 1"))  # off the event loop, like every database call
+    await asyncio.to_thread(db.execute, text("SELECT 1"))  # off the event loop, like every database call
     llm: dict = {"base_url": settings.llm_base_url, "configured_model": settings.llm_model or None,
                  "reachable": False, "models": [], "error": None}
     try:

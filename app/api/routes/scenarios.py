@@ -63,7 +63,7 @@ async def run_scenario_tool(name: str, tool_name: str, request: ToolRunRequest, 
         result = await run_outside_turn(tool, turns.tool_context, request.arguments)
     except ToolError as exc:
         raise WorkbenchError(str(exc), "tool_error", 422) from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of the tool becomes the API's error
         raise WorkbenchError(f"tool {tool_name} raised {type(exc).__name__}: {exc}", "tool_failed", 500) from None
     shaped = trim_tool_result(result, settings.tool_result_budget_chars, "(not stored)")
     return {"tool": tool_name, "result": result, "context_text": shaped.context_text, "trimmed": shaped.trimmed,

@@ -7,14 +7,21 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.agent.cache_hints import hint_key
 from app.agent.model_client import ModelBackendError
 from app.agent.requests import fitted_step_body
 from app.api.deps import AgentSessionDep, CatalogDep, DbDep, TurnServiceDep, WorkbenchDep
 from app.db.models import (
-    AgentSession, Branch, BranchCreate, BranchPublic, SessionCreate, SessionDetail, SessionPublic, TurnPublic,
+    AgentSession,
+    Branch,
+    BranchCreate,
+    BranchPublic,
+    SessionCreate,
+    SessionDetail,
+    SessionPublic,
+    TurnPublic,
     WorkspaceFilePublic,
 )
 from app.errors import WorkbenchError
@@ -45,7 +52,7 @@ def create_session(request: SessionCreate, db: DbDep, catalog: CatalogDep) -> Se
 
 @router.get("")
 def list_sessions(db: DbDep, scenario: str | None = None) -> list[SessionPublic]:
-    query = select(AgentSession).order_by(AgentSession.created_at.desc())
+    query = select(AgentSession).order_by(col(AgentSession.created_at).desc())
     if scenario:
         query = query.where(AgentSession.scenario == scenario)
     return [SessionPublic.model_validate(s) for s in db.exec(query).all()]
@@ -162,6 +169,7 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
         raise WorkbenchError(str(exc), "context_exceeded", 422) from None
     if fitted.compacted:
         done = fitted.compaction
+        assert done is not None  # compacted
         warnings.append(f"the history is compacted to fit the model's context: about {done.tokens_before} -> "
                         f"{done.tokens_after} tokens, {done.reduced_turns} turn(s) reduced, "
                         f"{done.dropped_turns} dropped")

@@ -15,8 +15,7 @@ from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
 from server.api.generation import Collected, engine_error
 from server.api.logprob_format import chat_logprobs
-from server.api.prompting import prepare_chat
-from server.api.prompting import PreparedRequest
+from server.api.prompting import PreparedRequest, prepare_chat
 from server.api.schemas import ChatCompletionRequest
 from server.engine.sequence import Finished
 
@@ -69,9 +68,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
                 break
             fins[index] = ev
             tail = outs[index].finish(ev)
-            if all(f is not None for f in fins):
+            done = [f for f in fins if f is not None]
+            if len(done) == len(fins):  # every choice has finished
                 if include_usage:
-                    tail += R.sse(R.usage_chunk(rid, name, created, fins, "chat.completion.chunk"))
+                    tail += R.sse(R.usage_chunk(rid, name, created, done, "chat.completion.chunk"))
                 yield tail + R.sse("[DONE]")  # one write for the end of the stream
                 return
             yield tail

@@ -63,9 +63,10 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
             last = R.text_chunk(rid, name, created, "", ev.finish_reason, index=index)
             last.update({"timings": R.timings(ev), "arbor": R.arbor_extension(ev)})
             tail = R.sse(last)
-            if all(f is not None for f in fins):
+            done = [f for f in fins if f is not None]
+            if len(done) == len(fins):  # every choice has finished
                 if include_usage:
-                    tail += R.sse(R.usage_chunk(rid, name, created, fins, "text_completion"))
+                    tail += R.sse(R.usage_chunk(rid, name, created, done, "text_completion"))
                 yield tail + R.sse("[DONE]")  # one write for the end of the stream
                 return
             yield tail

@@ -54,6 +54,7 @@ def raw_inputs(body: EmbeddingRequest, max_inputs: int) -> list[Any]:
 
 def _token_inputs(body: EmbeddingRequest, model: LoadedModel, max_inputs: int) -> list[list[int]]:
     raw = raw_inputs(body, max_inputs)
+    assert model.embedder is not None  # the route answers 501 without one first
     rt, limit = model.runtime, model.embedder.n_ctx
     out = []
     for i, item in enumerate(raw):

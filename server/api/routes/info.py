@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import APIError
+from server.api.prompting import templates
 from server.build_info import arbor_version, build_string
 from server.engine.offload import OffloadReport
 
@@ -50,14 +51,15 @@ async def models(state: StateDep):
 @router.get("/props")
 async def props(state: StateDep, model: ModelDep):
     s, info = state.settings, model.runtime.info
+    template = templates(model)
     return {
         "model_alias": model.model_name,
         "model_path": info.path,
         "total_slots": s.parallel,
         "n_ctx": model.runtime.n_ctx,
         "n_ctx_slot": model.max_request_tokens,
-        "chat_template": model.template.source,
-        "chat_template_caps": model.template.caps,
+        "chat_template": template.source,
+        "chat_template_caps": template.caps,
         "bos_token": info.bos_token,
         "eos_token": info.eos_token,
         "build_info": build_string(),

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends
 from server.api.conversation import render_conversation
 from server.api.deps import ModelDep, StateDep, require_api_key
 from server.api.errors import invalid
-from server.api.prompting import chat_options
+from server.api.prompting import chat_options, templates
 from server.api.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -43,4 +43,4 @@ async def detokenize(body: DetokenizeRequest, model: ModelDep):
 @router.post("/apply-template")
 async def apply_template(body: ApplyTemplateRequest, model: ModelDep, state: StateDep):
     """The prompt a chat request renders to: the same path as /v1/chat/completions."""
-    return {"prompt": render_conversation(model.template, body, chat_options(state.settings))}
+    return {"prompt": render_conversation(templates(model), body, chat_options(state.settings))}

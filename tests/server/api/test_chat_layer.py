@@ -6,6 +6,7 @@ and grammar prefill, are covered by the real-model tests in test_families_real.p
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from bench.family_model import FAMILIES, template_text
@@ -35,7 +36,8 @@ REPLIES = {
                 '</parameter>\n</function>\n</tool_call>', True),
     "qwq": ('The user wants weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
             '\n</tool_call>', True),
-    "deepseek-r1": ('The user wants weather.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>'
+    "deepseek-r1": ('The user wants weather.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function'
+                    '<｜tool▁sep｜>'
                     'get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', True),
     "gpt-oss": ('<|channel|>analysis<|message|>The user wants weather.<|end|><|start|>assistant<|channel|>commentary '
                 'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}', True),

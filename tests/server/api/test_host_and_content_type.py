@@ -54,7 +54,7 @@ def test_missing_or_malformed_host_is_refused():
         async def receive():
             return {"type": "http.request", "body": b"", "more_body": False}
 
-        async def send(message):
+        async def send(message, sent=sent):
             sent.append(message)
 
         import asyncio

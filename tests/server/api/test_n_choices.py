@@ -40,7 +40,7 @@ def test_the_prompt_is_computed_once(client):
 
 def test_greedy_choices_equal_the_single_answer(client):
     messages = fresh_messages()
-    single = client.chat.completions.create(model="", messages=messages, max_tokens=12, temperature=0)
+    client.chat.completions.create(model="", messages=messages, max_tokens=12, temperature=0)
     many = client.chat.completions.create(model="", messages=messages, n=3, max_tokens=12, temperature=0)
     # choices attach the prompt computed in another batch shape, so a near tie may round
     # differently from the single answer; all must be full greedy answers of the same prompt

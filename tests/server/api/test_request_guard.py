@@ -39,7 +39,8 @@ def test_depth_is_counted_in_containers():
 
 
 @pytest.mark.parametrize("key,value,code", [("messages", [{}] * 4, "too_many_messages"),
-                                             ("tools", [{}] * 3, "too_many_tools"), ("stop", ["a", "b"], "too_many_stop")])
+                                             ("tools", [{}] * 3, "too_many_tools"),
+                                             ("stop", ["a", "b"], "too_many_stop")])
 def test_counts_name_the_flag(key, value, code):
     err = refused(json.dumps({key: value}).encode())
     assert err.code == code and err.param == key and "--max-" in err.message

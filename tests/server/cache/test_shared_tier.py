@@ -13,8 +13,16 @@ import pytest
 
 from bench.servers import free_port
 from server.cache.kv_format import KVLayout, KVSegment
-from server.cache.shared_tier import (MAC_BYTES, SharedMatch, SharedSecret, SharedTier, SharedTierError,
-                                      UnauthenticatedValue, decode_chunk, encode_chunk)
+from server.cache.shared_tier import (
+    MAC_BYTES,
+    SharedMatch,
+    SharedSecret,
+    SharedTier,
+    SharedTierError,
+    UnauthenticatedValue,
+    decode_chunk,
+    encode_chunk,
+)
 from server.cache.store_url import redact_url
 from tests.server.cache.redis_store import start_redis
 

@@ -43,7 +43,8 @@ def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     base.ggml_flash_attn_ext.restype = p
     base.ggml_new_graph.argtypes, base.ggml_new_graph.restype = [p], p
     base.ggml_build_forward_expand.argtypes, base.ggml_build_forward_expand.restype = [p, p], None
-    cpu.ggml_graph_compute_with_ctx.argtypes, cpu.ggml_graph_compute_with_ctx.restype = [p, p, ctypes.c_int], ctypes.c_int
+    cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
+    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
     cpu.ggml_cpu_init.argtypes, cpu.ggml_cpu_init.restype = [], None
     if hasattr(base, "ggml_flash_attn_ext_set_pages"):
         base.ggml_flash_attn_ext_set_pages.argtypes = [p, p, ctypes.c_int32]

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from server.engine.backend_devices import inventory  # noqa: E402
+from server.engine.backend_devices import inventory
 
 
 def test_every_device_belongs_to_a_registered_backend_and_the_cpu_is_one():

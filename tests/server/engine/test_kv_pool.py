@@ -11,7 +11,6 @@ from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import GenerationRequest
 from server.engine.slots import SlotPool
-
 from tests.server.engine.sim_runner import SimRunner
 from tests.server.engine.test_scheduler import Collector, run_until_idle
 

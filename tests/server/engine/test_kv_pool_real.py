@@ -27,7 +27,8 @@ def small_pool(tmp_path_factory):
     stop_server(server)
 
 
-TOPICS = ["Weather", "Rivers", "Engines", "Bridges", "Forests", "Harbors", "Glaciers", "Deserts", "Volcanoes", "Orchards"]
+TOPICS = ["Weather", "Rivers", "Engines", "Bridges", "Forests", "Harbors", "Glaciers", "Deserts", "Volcanoes",
+          "Orchards"]
 
 
 def _prompt(i: int, words: int) -> str:

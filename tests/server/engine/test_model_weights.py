@@ -8,7 +8,7 @@ from tests.server.engine.gguf_files import write_gguf
 
 pytest.importorskip("llama_cpp")
 
-from server.engine.model_weights import ModelFileError, matmul_weights, read_tensor_types, type_counts  # noqa: E402
+from server.engine.model_weights import ModelFileError, matmul_weights, read_tensor_types, type_counts
 
 
 def test_types_are_read_as_ggml_names_them(tmp_path):

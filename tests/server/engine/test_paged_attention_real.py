@@ -20,7 +20,8 @@ def runtime(paged: str, **kw):
     from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
     from server.model_file import embedded_model_path
 
-    cfg = dict(n_ctx=4096, n_batch=256, n_seq_max=6, n_threads=model_threads(), n_threads_batch=model_threads(), paged_attn=paged, page_size=16)
+    cfg = dict(n_ctx=4096, n_batch=256, n_seq_max=6, n_threads=model_threads(), n_threads_batch=model_threads(),
+               paged_attn=paged, page_size=16)
     cfg.update(kw)
     return LlamaRuntime(RuntimeConfig(embedded_model_path(), **cfg))
 

@@ -12,7 +12,6 @@ from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import QueueFull, Scheduler
 from server.engine.sequence import Finished, GenerationRequest, TextDelta
 from server.engine.slots import SlotPool
-
 from tests.server.engine.sim_runner import EOG, SimRunner
 
 
@@ -86,7 +85,8 @@ def test_prefill_while_decoding_caps_prompt_chunks_only_while_someone_decodes():
     run_until_idle(engine)
     assert b.final.finish_reason == "length" and a.final.finish_reason == "length"
     chunks = [sum(n for (sid, n, _, _) in step if sid == sb.id) for step in runner.steps[start:]
-              if any(sid == sa.id for (sid, *_rest) in step) and any(sid == sb.id and not smp for (sid, _, _, smp) in step)]
+              if any(sid == sa.id for (sid, *_rest) in step)
+              and any(sid == sb.id and not smp for (sid, _, _, smp) in step)]
     assert chunks and max(chunks) <= 4, chunks  # while a decodes, b's prompt goes 4 tokens a step
     assert sum(chunks) >= 36
 
