@@ -92,7 +92,8 @@ class ServerSettings(BaseSettings):
     alias: str | None = Field(None, description="model name clients use (default: the file name)")
     strict_model_name: bool = Field(False, description="answer 404 to a request naming another model (without it: "
                                     "serve the one model whatever the name, as llama-server does)")
-    api_key: str | None = Field(None, repr=False, description="require 'Authorization: Bearer KEY' on every route but /health")
+    api_key: str | None = Field(None, repr=False,
+                                description="require 'Authorization: Bearer KEY' on every route but /health")
     chat_template_file: Path | None = Field(None, description="a Jinja chat template to use instead of the model's")
     reasoning_format: ReasoningFormat = Field(
         "auto", description="how a thinking model's reasoning comes back (llama-server's --reasoning-format): "

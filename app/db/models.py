@@ -19,7 +19,7 @@ only received a trimmed version; approvals are proposed actions waiting for the 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -33,7 +33,7 @@ def new_id() -> str:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _json(nullable: bool = True) -> Any:
@@ -142,7 +142,7 @@ class ApprovalStatus(StrEnum):
 # index makes the database, not one process's memory, refuse a second (so two workbench
 # processes on one PostgreSQL cannot both start a turn on a branch).
 ACTIVE_TURN_STATES = (TurnStatus.RUNNING, TurnStatus.AWAITING_APPROVAL)
-_HOLDS_BRANCH = text("status IN (%s)" % ", ".join(f"'{s}'" for s in ACTIVE_TURN_STATES))
+_HOLDS_BRANCH = text("status IN (" + ", ".join(f"'{s}'" for s in ACTIVE_TURN_STATES) + ")")
 ONE_ACTIVE_TURN_INDEX = "uq_turns_one_active_per_branch"
 
 

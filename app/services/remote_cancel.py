@@ -74,6 +74,7 @@ class CancelWatcher:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _watch(self) -> None:
+        assert self.owner is not None  # ensure_running starts the watch only with an owner
         while self.live:
             await asyncio.sleep(self.poll_s)
             waiting = [turn_id for turn_id, handle in list(self.live.items()) if not handle.cancel_requested]
@@ -81,7 +82,7 @@ class CancelWatcher:
                 continue
             try:
                 asked = await asyncio.to_thread(requested_turns, self.engine, self.owner, waiting)
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the watch
+            except Exception:  # a database hiccup must not end the watch
                 log.exception("could not read cancel requests")
                 continue
             for turn_id in asked:

@@ -127,5 +127,5 @@ class TurnJournal:
                 for i, event in enumerate(batch):
                     db.add(TurnEvent(**self.ids, seq=first_seq + i, type=str(event.get("type")), payload=event))
                 db.commit()
-        except Exception:
+        except Exception:  # the turn goes on; readers rebuild the terminal event
             log.exception("turn %s: could not write %d journal event(s)", self.ids["turn_id"], len(batch))

@@ -219,6 +219,7 @@ class TurnService:
         handle = self._live.get(turn_id)
         if handle is not None:
             handle.request_cancel()
+            assert handle.task is not None  # set before the handle is registered as live (_launch)
             await asyncio.wait({handle.task})  # not cancelled with this request: the turn ends regardless
             # A task that was just recording a pause (its stream had already ended at the
             # approval request) ends paused, not cancelled: the pause is cancelled like any other.
@@ -340,7 +341,9 @@ class TurnService:
             if handle.cancel_requested and handle.phase == "graph":
                 # The user stopped it (cancel_turn): the graph and its model request are closed.
                 # Handled here, so the awaits that follow (the record, the done hint) run normally.
-                asyncio.current_task().uncancel()
+                current = asyncio.current_task()
+                assert current is not None  # this runs in the turn's task
+                current.uncancel()
                 emit(await asyncio.to_thread(self._cancelled, context))
                 return True
             # synchronously: the workbench is stopping, and an await here could be cancelled too

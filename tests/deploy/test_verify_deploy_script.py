@@ -41,7 +41,7 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
+            def do_GET(self):  # http.server's name
                 if self.path == "/props" and outer.props is not None:
                     authorized = outer.api_key is None or self.headers.get("Authorization") == f"Bearer {outer.api_key}"
                     code, doc = (200, outer.props) if authorized else (401, {"error": "invalid api key"})
