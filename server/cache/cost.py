@@ -30,6 +30,7 @@ at most one request in REPROBE_AFTER pays for a stale estimate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 TIE_ORDER = {"A": 0, "S": 1, "H": 2, "D": 3, "R": 4, "none": 5}
 
@@ -137,7 +138,8 @@ class CostModel:
         if longest or any(v is None for v in est.values()):
             best = max(options, key=lambda o: (o.length, -TIE_ORDER[o.source]))
             return Plan(best, est[best.source], est)
-        best = min(options, key=lambda o: (round(est[o.source], 3), TIE_ORDER[o.source]))
+        # every estimate is known here (the `longest` plan above takes the others)
+        best = min(options, key=lambda o: (round(cast(float, est[o.source]), 3), TIE_ORDER[o.source]))
         probe = self._stale_longest(options, best)
         if probe is not None:
             self.probes += 1

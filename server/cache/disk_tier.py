@@ -14,7 +14,8 @@ a write that would leave less than `reserve_bytes` free first evicts this tier's
 the policy; pinned and locked ones stay) and, if that is not enough, is declined and counted
 (`declined_low_space`), as is one that fails for lack of space (`no_space_errors`): the disk
 tier stops growing, requests go on with the tiers above it (a full disk never fails a
-request; the disk budget is a second bound, the reserve the one that sees other writers). Nothing is trusted for that alone: at start
+request; the disk budget is a second bound, the reserve the one that sees other writers). Nothing
+is trusted for that alone: at start
 the directory is indexed from the headers (checksummed) and the file sizes (a truncated
 body is caught without reading it); the body checksum is verified when a request restores
 the file, while it holds a lock reference on the matched path, and each read range must
@@ -31,7 +32,8 @@ refers to it any more. Evicting D values never drops a node's H value, and the D
 counts the files D values use, each whole (a file stays until its last range goes); a
 write that the budget cannot make room for (pinned or locked files) is refused. Files are
 written by a writer thread whose queue is bounded in bytes (server/cache/bounded_writer.py: a
-full queue drops the store, counted), so storing never waits on the disk, and the tree lock is never held during file I/O: the writer decides what is missing
+full queue drops the store, counted), so storing never waits on the disk, and the tree lock is
+never held during file I/O: the writer decides what is missing
 under the lock, writes the file without it, then indexes it under the lock.
 """
 
@@ -42,12 +44,13 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from server.cache.bounded_writer import BoundedWriter
 from server.cache.budget import BudgetResult, ByteBudget, enforce_budget
 from server.cache.eviction import EvictionPolicy
 from server.cache.kv_format import KVSegment, cut
-from server.cache.tiers import Source
+from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree
 from server.cache.segment_format import (
     MAGIC,  # noqa: F401 - re-exported: tests and benchmarks name the format through the tier
     SUFFIX,
@@ -62,7 +65,7 @@ from server.cache.segment_format import (
     read_segment_file,  # noqa: F401 - re-exported, as MAGIC
     write_segment_file,
 )
-from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree
+from server.cache.tiers import Source
 
 log = logging.getLogger(__name__)
 
@@ -224,17 +227,17 @@ class DiskTier:
     def _released(self, res: EvictResult | BudgetResult) -> None:
         self.evictions += len(res.freed)
         for _, seg in res.freed:
-            self._release(seg)
+            self._release(cast(DiskSegment, seg))
 
     # ------------------------------------------------------------------ match
     def take(self, m: MatchResult) -> DiskMatch:
         """What D holds of a match of the shared tree (caller holds the lock); the last
         range may be used only partly."""
         span = m.span(TIER)
-        parts = [(n.values[TIER], len(n.key)) for n in span.nodes]
+        parts = [(cast(DiskSegment, n.values[TIER]), len(n.key)) for n in span.nodes]
         node = span.tip
         if span.partial_node is not None:
-            parts.append((span.partial_node.values[TIER], span.partial_tokens))
+            parts.append((cast(DiskSegment, span.partial_node.values[TIER]), span.partial_tokens))
             node = span.partial_node
         return DiskMatch(span.longest, parts, node)
 
@@ -393,9 +396,10 @@ class DiskTier:
     def _unplace(self, file: SegmentFile) -> None:
         """Take the unlocked ranges of a just-written file back out of the index (caller
         holds the lock); the file goes when no node uses it."""
-        for node in [n for n in self.tree.nodes() if TIER in n.values and n.values[TIER].file is file]:
+        for node in [n for n in self.tree.nodes()
+                     if TIER in n.values and cast(DiskSegment, n.values[TIER]).file is file]:
             if node.lock_ref == 0:
-                self._release(self.tree.remove_value(node, TIER))
+                self._release(cast("DiskSegment | None", self.tree.remove_value(node, TIER)))
 
     def wait_idle(self) -> None:
         """Block until every queued segment is written (tests, benchmarks, shutdown)."""

@@ -18,7 +18,7 @@ and the heap is rebuilt when they outnumber the live ones.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Generator, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class EvictionQueue:
         else:
             heapq.heappush(self._heap, (key, node.id, node))
 
-    def pop_candidates(self, is_bottom: Callable[[RadixNode], bool]) -> Iterable[RadixNode]:
+    def pop_candidates(self, is_bottom: Callable[[RadixNode], bool]) -> Generator[RadixNode, None, None]:
         """Nodes to evict, best first, while the caller keeps asking; `is_bottom` says whether
         a node is still one. A node yielded and not evicted must be pushed back by the caller."""
         aside, self._aside = self._aside, set()

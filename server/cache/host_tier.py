@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from server.cache.budget import ByteBudget, enforce_budget
 from server.cache.eviction import EvictionPolicy
@@ -58,9 +59,9 @@ class HostTier:
     def take(self, m: MatchResult) -> TierMatch:
         """What H holds of a match of the shared tree (caller holds `tree.mutex`)."""
         span = m.span(TIER)
-        segments = [n.values[TIER] for n in span.nodes]
+        segments = [cast(KVSegment, n.values[TIER]) for n in span.nodes]
         if span.partial_node is not None:
-            segments.append(span.partial_node.values[TIER].slice(0, span.partial_tokens))
+            segments.append(cast(KVSegment, span.partial_node.values[TIER]).slice(0, span.partial_tokens))
         return TierMatch(span.longest, segments, span.tip)
 
     def lookup(self, tokens: list[int], walk: MatchResult | None = None) -> TierMatch:

@@ -34,6 +34,7 @@ import time
 from array import array
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 import msgspec
 import zmq
@@ -69,6 +70,9 @@ class BlockRemoved(KVCacheEvent):
 
 class AllBlocksCleared(KVCacheEvent):
     pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 class KVEventBatch(EventBatch):
@@ -124,11 +128,11 @@ def _held_paths(root: RadixNode) -> list[tuple[tuple[int, ...], ...]]:
     return ends
 
 
-def diff_events(before: dict[int, Block], after: dict[int, Block], block_size: int) -> list[KVCacheEvent]:
+def diff_events(before: dict[int, Block], after: dict[int, Block], block_size: int) -> list[KVEvent]:
     """Events that turn a subscriber's view `before` into `after`: removals first (deepest
     blocks first does not matter to indexers keyed by hash), then stores parents-first, one
     BlockStored per chain run so `parent_block_hash` links each run to what precedes it."""
-    events: list[KVCacheEvent] = []
+    events: list[KVEvent] = []
     gone = [h for h in before if h not in after]
     if gone:
         events.append(BlockRemoved(block_hashes=gone))
@@ -178,7 +182,8 @@ class KVEventPublisher:
 
     ``endpoint`` (see ``resolve_endpoint``): a bare port binds loopback; otherwise as vLLM's,
     one with ``*`` (``tcp://*:5557``), ``::``, ``ipc://`` or ``inproc://`` is bound, any
-    other connected to. ``close()`` stops the thread and closes the socket. The first batch after start is an ``AllBlocksCleared`` followed by
+    other connected to. ``close()`` stops the thread and closes the socket. The first batch after start
+    is an ``AllBlocksCleared`` followed by
     what the tree already holds, so a subscriber that reconnects can reset its view.
     """
 
@@ -190,7 +195,7 @@ class KVEventPublisher:
         self._topic = topic.encode()
         self._seq = count()
         self._encoder = msgspec.msgpack.Encoder()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(100_000)
         endpoint, bind = resolve_endpoint(endpoint)
@@ -237,7 +242,7 @@ class KVEventPublisher:
                 log.exception("kv events: publishing failed")
                 time.sleep(1.0)
 
-    def _send(self, events: list[KVCacheEvent]) -> None:
+    def _send(self, events: list[KVEvent]) -> None:
         payload = self._encoder.encode(KVEventBatch(ts=time.time(), events=events))
         self._pub.send_multipart((self._topic, next(self._seq).to_bytes(8, "big"), payload))
         self.batches_sent += 1

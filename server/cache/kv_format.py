@@ -221,28 +221,29 @@ class EmptyStateBlob:
         header = 16 + 12 * n + 8
         total = header + sum(12 + n * r for r in list(layout.k_row_bytes) + list(layout.v_row_bytes))
         buf = np.empty(total, dtype=np.uint8)
-        struct.pack_into("<IiII", buf, 0, SEQ_STATE_MAGIC, 0, 1, n)
+        raw = buf.data  # its bytes, for struct and memoryview (numpy types a buffer only on Python 3.12+)
+        struct.pack_into("<IiII", raw, 0, SEQ_STATE_MAGIC, 0, 1, n)
         meta = np.frombuffer(buf, dtype=_META, count=n, offset=16)
         meta["pos"] = np.arange(pos0, pos0 + n, dtype=np.int32)
         meta["n_seq"] = 1
         meta["seq"] = 0
-        struct.pack_into("<II", buf, 16 + 12 * n, int(layout.v_trans), layout.n_layer)
+        struct.pack_into("<II", raw, 16 + 12 * n, int(layout.v_trans), layout.n_layer)
         self._arrays = []
         off = header
         for li in range(2 * layout.n_layer):
             is_v, i = li >= layout.n_layer, li % layout.n_layer
             if not is_v:
-                struct.pack_into("<iQ", buf, off, layout.k_types[i], layout.k_row_bytes[i])
+                struct.pack_into("<iQ", raw, off, layout.k_types[i], layout.k_row_bytes[i])
             elif not layout.v_trans:
-                struct.pack_into("<iQ", buf, off, layout.v_types[i], layout.v_row_bytes[i])
+                struct.pack_into("<iQ", raw, off, layout.v_types[i], layout.v_row_bytes[i])
             else:
-                struct.pack_into("<iII", buf, off, layout.v_types[i], layout.v_el_bytes[i],
+                struct.pack_into("<iII", raw, off, layout.v_types[i], layout.v_el_bytes[i],
                                  layout.v_row_bytes[i] // layout.v_el_bytes[i])
             off += 12
             dst = _rows_view(buf, off, n, layout, is_v, i)
             self._arrays.append(dst)
             off += dst.nbytes
-        self.buf = memoryview(buf)
+        self.buf = raw
 
     def rows(self, li: int, start: int, end: int) -> np.ndarray:
         """Layer array `li` (K layers, then V layers) for tokens [start, end) of the blob, a
@@ -317,7 +318,8 @@ def parse_seq_state(blob) -> KVSegment:
         k_types.append(t)
         k_rows.append(row)
         ks.append(r.array(n * row).reshape(n, row))
-    v_types, v_rows, v_els, vs = [], [], [], []
+    v_types, v_rows, v_els = [], [], []
+    vs: list[np.ndarray] = []
     for _ in range(n_layer):
         if not v_trans:
             t, row = r.take("<iQ")

@@ -235,9 +235,11 @@ class SessionRegistry:
             self._observe(hint, tip)
 
     def _observe(self, hint: CacheHint, tip: RadixNode | None) -> None:
-        info = self._touch(hint.session)
+        session = hint.session
+        assert session is not None  # observe() leaves out hints without one
+        info = self._touch(session)
         state: CacheState = hint.state or "active"
-        self._set_state(hint.session, info, state)
+        self._set_state(session, info, state)
         was = info.pinned
         if hint.pin is not None:
             info.pinned = hint.pin
@@ -246,7 +248,7 @@ class SessionRegistry:
         if info.pinned != was:
             self.pin_epoch += 1
             self.n_pinned += 1 if info.pinned else -1
-        self._tag(hint.session, tip)
+        self._tag(session, tip)
         if info.pinned and not was:
             info.pinned_at = next(self._pin_order)
             self._enforce_pin_count()

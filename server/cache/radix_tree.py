@@ -46,7 +46,7 @@ import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from server.cache.eviction_queue import EvictionQueue
 from server.cache.radix_node import RadixNode, SegmentPayload, Tokens
@@ -236,7 +236,7 @@ class TierCounters:
             self.held_bytes -= _allocation_bytes(memory, payload)
 
 
-def _allocation_bytes(memory: object, payload: SegmentPayload) -> int:
+def _allocation_bytes(memory: Any, payload: SegmentPayload) -> int:  # memory: a buffer with nbytes
     return payload.nbytes if memory is payload else memory.nbytes
 
 
@@ -324,8 +324,8 @@ class RadixTree:
             node = child
         if touch and path:
             stamp = self._clock()
-            for n in path:
-                n.last_access = stamp
+            for visited in path:
+                visited.last_access = stamp
         return MatchResult(pos, tuple(path), node, partial_node, partial)
 
     # ----------------------------------------------------------------- insert
@@ -367,7 +367,7 @@ class RadixTree:
             if n < len(child.key):
                 child = self._split(child, n)
             end = pos + len(child.key)
-            if tier is not None and tier not in child.values and fill_missing:
+            if tier is not None and tier not in child.values and fill_missing and payload_for_range is not None:
                 payload = payload_for_range(pos, end)
                 if payload is not None:
                     self._attach(child, tier, payload)
@@ -387,6 +387,7 @@ class RadixTree:
             self.n_nodes += 1
             self.n_tokens += len(leaf.key)
             if payload is not None:
+                assert tier is not None  # a payload is stored in a tier
                 self._attach(leaf, tier, payload)
             else:
                 self._maybe_bare.add(leaf)
@@ -667,7 +668,8 @@ class RadixTree:
                     fail(f"negative lock_ref on {node!r}")
                 if node.holders:
                     held_tokens += len(node.key)
-                if node.parent is not self.root and not node.holders <= node.parent.holders:
+                parent = node.parent
+                if parent is not None and parent is not self.root and not node.holders <= parent.holders:
                     fail(f"holders of {node!r} do not cover its whole path")
                 for tier, value in node.values.items():
                     if value.n_tokens != len(node.key):
@@ -697,7 +699,8 @@ class RadixTree:
                 if node.tier_children.get(tier, 0) != sum(tier in c.values for c in node.children.values()):
                     fail(f"{node!r}: children holding {tier} miscounted")
         for tier, bottoms in self._bottoms.items():
-            want = {n for n in self.nodes() if tier in n.values and not any(tier in c.values for c in n.children.values())}
+            want = {n for n in self.nodes()
+                    if tier in n.values and not any(tier in c.values for c in n.children.values())}
             if bottoms != want:
                 fail(f"tier {tier}: evictable bottoms {sorted(n.id for n in bottoms)} != {sorted(n.id for n in want)}")
         counted, kept_counts = (n_nodes, n_tokens, held_tokens), (self.n_nodes, self.n_tokens, self.held_tokens)

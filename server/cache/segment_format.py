@@ -243,8 +243,8 @@ def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str) ->
     for file, a, b in ranges:
         path = file.path
         try:
-            header, offset, digest = read_header(path)
-            if file.header_sha256 and digest != file.header_sha256:
+            header, offset, header_digest = read_header(path)
+            if file.header_sha256 and header_digest != file.header_sha256:
                 raise CorruptSegmentFile(f"{path.name}: not the file that was indexed under this name")
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -259,7 +259,7 @@ def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str) ->
                 digest = hashlib.sha256()
                 if (a, b) == (file.start, file.start + file.n) and not layout.v_trans:
                     for li in range(2 * layout.n_layer):
-                        dst = memoryview(blob.rows(li, a - first, b - first)).cast("B")
+                        dst = blob.rows(li, a - first, b - first).data.cast("B")
                         if f.readinto(dst) != dst.nbytes:
                             raise CorruptSegmentFile(f"{path.name}: the body ends early (truncated)")
                         digest.update(dst)

@@ -147,11 +147,11 @@ def encode_chunk(secret: SharedSecret, key: str, fingerprint: str, path_tokens: 
     """A chunk's value under `key`: the MAC, then the disk segment encoding of `seg` (the KV
     of path_tokens[seg.pos0:])."""
     enc = encode_segment(fingerprint, path_tokens, seg)
-    parts = [enc.head, *(a.data.cast("B") for a in enc.arrays)]
+    parts: list[bytes | memoryview] = [enc.head, *(a.data.cast("B") for a in enc.arrays)]
     return b"".join([secret.mac(key, parts), *parts])
 
 
-def decode_chunk(secret: SharedSecret, key: str, data: bytes, fingerprint: str, path_tokens: list[int],
+def decode_chunk(secret: SharedSecret, key: str, data: bytes | memoryview, fingerprint: str, path_tokens: list[int],
                  start: int) -> KVSegment:
     """The KV of path_tokens[start:] from the value read under `key`, checked against
     everything it must be: first its MAC (nothing unauthenticated is parsed), then the
@@ -289,7 +289,7 @@ class SharedTier:
             values = pipe.execute()
         except SharedTierError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._failed("read", exc)
             raise SharedTierError(f"reading {len(keys)} chunks failed: {self._scrub(exc)}") from exc
         out = []

@@ -52,7 +52,8 @@ def test_lru_makes_room_before_extracting():
     a, b = list(range(50)), list(range(1000, 1050))
     host.store(a, extractor(a, []))
     assert host.store(b, extractor(b, [])) is not None
-    assert host.tree.tier("H").total_bytes == 100 and host_match(host, a).length == 0 and host_match(host, b).length == 50
+    assert host.tree.tier("H").total_bytes == 100
+    assert host_match(host, a).length == 0 and host_match(host, b).length == 50
 
 
 def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):

@@ -44,8 +44,8 @@ def load(tmp_path: Path | None, **overrides):
     from server import bootstrap
     from server.settings import ServerSettings
 
-    kw = dict(parallel=4, ctx_size=4096, batch_size=256, threads=model_threads(), cache_min_tokens=16, resident_cells=1024,
-              cache_tiers=("A", "S", "H"), max_queue=64)
+    kw = dict(parallel=4, ctx_size=4096, batch_size=256, threads=model_threads(), cache_min_tokens=16,
+              resident_cells=1024, cache_tiers=("A", "S", "H"), max_queue=64)
     if tmp_path is not None:
         kw.update(cache_tiers=("A", "S", "H", "D"), cache_dir=tmp_path / "kv")
     kw.update(overrides)
@@ -263,7 +263,8 @@ def test_foreign_and_garbage_files_are_skipped_at_start(tmp_path):
     original = sorted(kv.glob("*.kvseg"))[0]
     header, _, _ = read_header(original)
     # a sound file of another model over the same tokens: it must never be restored here
-    write_segment_file(kv, encode_segment("x" + fingerprint, header["tokens"], read_segment_file(original, fingerprint)))
+    write_segment_file(kv, encode_segment("x" + fingerprint, header["tokens"],
+                                          read_segment_file(original, fingerprint)))
     (kv / "garbage.kvseg").write_bytes(b"not a segment")
     model = load(tmp_path)
     try:
@@ -316,7 +317,8 @@ def test_a_slow_restore_makes_the_router_recompute(cached, reference):
     assert cached.router.costs.restore["H"].samples == 1
     reset_kv(cached)
     got = generate(cached, second, max_tokens=6)
-    assert got.final.cache.source == "none" and got.final.cache.plan == "compute", (cached.router.recent_plans[-1], cached.router.costs.stats())
+    assert got.final.cache.source == "none" and got.final.cache.plan == "compute", \
+        (cached.router.recent_plans[-1], cached.router.costs.stats())
     assert got.final.cache.est_ms is not None and cached.router.shorter_than_longest >= 1
     last = cached.router.recent_plans[-1]
     assert last["candidates"]["H"]["est_ms"] > last["compute_all_est_ms"], last
@@ -355,7 +357,8 @@ def _busy(model) -> tuple[threading.Thread, dict]:
     prompt = model.runtime.tokenize(BACKGROUND, add_special=False, parse_special=False)
     thread = threading.Thread(target=lambda: results.setdefault("busy", generate(model, prompt, max_tokens=160)))
     thread.start()
-    while not model.engine.run_exclusive(lambda: any(s.status.name == "DECODING" for s in model.engine.scheduler.running)):
+    while not model.engine.run_exclusive(
+            lambda: any(s.status.name == "DECODING" for s in model.engine.scheduler.running)):
         time.sleep(0.01)
     return thread, results
 

@@ -239,7 +239,8 @@ def planted_value(toks: list[int], start: int, end: int) -> bytes:
     prompt's positions, here all zeros) behind a MAC it had to guess."""
     from server.cache.disk_tier import encode_segment
 
-    seg = KVSegment(LAYOUT, start, [np.zeros((end - start, 8), np.uint8)] * 2, [np.zeros((end - start, 8), np.uint8)] * 2)
+    k, v = np.zeros((end - start, 8), np.uint8), np.zeros((end - start, 8), np.uint8)
+    seg = KVSegment(LAYOUT, start, [k] * 2, [v] * 2)
     enc = encode_segment("fpA", toks[:end], seg)
     return bytes(MAC_BYTES) + b"".join([enc.head, *(a.data.cast("B") for a in enc.arrays)])
 
