@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from server.cache.budget import ByteBudget, enforce_budget
 from server.cache.eviction import LifecyclePolicy
 from server.cache.lifecycle import CacheHint, SessionRegistry
-from server.cache.router import CacheRouter, _stored_bytes
+from server.cache.write_back_policy import WriteBackPolicy, stored_bytes
 from tests.server.cache.sim_payload import simulated_tree
 
 BPT = 2  # bytes per token of the simulated payloads
@@ -59,13 +59,13 @@ def test_pinned_bytes_over_the_quota_release_the_oldest_pins_until_they_fit():
     with tree.mutex:
         for s, p in paths.items():
             pin(reg, s, insert(p).last_node)
-        before = reg.enforce_pinned_bytes(tree.nodes(), _stored_bytes)
+        before = reg.enforce_pinned_bytes(tree.nodes(), stored_bytes)
     # 40 + 3 x 30 tokens pinned = 260 bytes over 200: "a" (oldest) goes, its 30 tokens with it
     assert pinned(reg) == {"b", "c"} and reg.pins_released == 1
     assert before == reg.pinned_bytes == (40 + 2 * 30) * BPT
     with tree.mutex:
         pin(reg, "d", insert(trunk + list(range(5000, 5100))).last_node)  # 100 more tokens
-        reg.enforce_pinned_bytes(tree.nodes(), _stored_bytes)
+        reg.enforce_pinned_bytes(tree.nodes(), stored_bytes)
     # 40 + 30 + 30 + 100 = 200 tokens = 400 bytes: b and c go; d alone (140 tokens) still exceeds
     # 100 tokens, so it goes too, oldest first, and nothing is pinned
     assert pinned(reg) == set() and reg.pins_released == 4 and reg.pinned_bytes == 0 and reg.n_pinned == 0
@@ -97,8 +97,8 @@ def test_the_router_checks_the_byte_quota_once_per_change(monkeypatch):
         return real(nodes, nbytes)
 
     monkeypatch.setattr(reg, "enforce_pinned_bytes", counting)
-    router = SimpleNamespace(registry=reg, tree=tree, _pin_signature=None)
-    step = lambda: CacheRouter._enforce_pin_quota(router)  # noqa: E731 - what background() runs each step
+    policy = SimpleNamespace(registry=reg, tree=tree, _pin_signature=None)
+    step = lambda: WriteBackPolicy.enforce_pin_quota(policy)  # noqa: E731 - what background() runs each step
     with tree.mutex:
         pin(reg, "a", insert(list(range(40))).last_node)
     step()

@@ -1,0 +1,197 @@
+"""Executing a plan (server/cache/planner.py) on llama.cpp: keep the slot's own KV (A), attach
+another sequence's cells (S, seq_cp), restore a stored tier's segments (H at once; D and R read
+ahead on an I/O thread while the engine decodes other requests, restored when read, as SGLang's
+HiCache loads back ahead of compute).
+
+Contracts:
+- `execute(adm, best, plan, cands, lease)` commits `best` into the slot and returns the
+  request's CacheReport (`loading=True` while a read ahead is pending on `lease.load`).
+- Any failure while attaching, reading or restoring clears the slot's sequence and falls back
+  to computing the prompt, counted in `fallbacks`: a cache may make a request faster, never
+  wrong.
+- `requests_by_source` / `reused_tokens_by_source` count what was served, when it was
+  ("none" for computing); each restore feeds the cost model's rates; a restore from H holds a
+  lock reference on its path (the lease's) while it reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from server.cache.cost import CostModel, Plan
+from server.cache.disk_tier import DiskSegmentError, DiskTier
+from server.cache.engine_time import EngineTime
+from server.cache.host_tier import HostTier
+from server.cache.kv_ops import ExtractError, KVOps, RestoreError
+from server.cache.lease import CacheLease, PendingLoad
+from server.cache.planner import Candidate, length_of
+from server.cache.radix_tree import RadixTree
+from server.cache.resident import ResidentOwners
+from server.cache.shared_tier import SharedTier
+from server.cache.tiers import READ_AHEAD, KVTier, Source
+from server.engine.llama_runtime import LlamaRuntime
+from server.engine.scheduler import Admission
+from server.engine.sequence import CacheReport, SeqStatus, Sequence
+
+log = logging.getLogger(__name__)
+
+
+class Restorer:
+    def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, running: Callable[[], list[Sequence]],
+                 tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None, shared: SharedTier | None,
+                 resident: ResidentOwners | None, costs: CostModel, clock: EngineTime):
+        self.runtime, self.kv, self.running = runtime, kv, running
+        self.tree, self.host, self.disk, self.shared, self.resident = tree, host, disk, shared, resident
+        self.costs, self.clock = costs, clock
+        self.by_source: dict[str, int] = {**{s.value: 0 for s in Source}, "none": 0}
+        self.reused_tokens: dict[str, int] = {s.value: 0 for s in Source}
+        self.fallbacks = 0
+        # Disk reads run here, ahead of compute: one thread, as a disk serves one read best at a time.
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-disk-read") if disk else None
+        # Shared-store reads get their own thread: a slow store must not hold up disk reads.
+        self._net = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-shared-read") if shared else None
+
+    def execute(self, adm: Admission, best: Candidate | None, plan: Plan, cands: list[Candidate],
+                lease: CacheLease) -> CacheReport:
+        slot_seq = adm.slot.seq_id
+        if best is None:
+            self.runtime.seq_rm(slot_seq, -1, -1)
+            self.by_source["none"] += 1
+            return CacheReport(est_ms=plan.est_ms)
+        try:
+            report = self._commit(best, slot_seq, length_of(cands, Source.A),
+                                  next((c for c in cands if c.source is Source.S), None), lease)
+            if best.source in READ_AHEAD and report.source == best.source:
+                self._read_ahead(lease, best, report.reused_tokens, slot_seq)
+                return replace(report, loading=True, plan=plan.label, est_ms=plan.est_ms)
+        except (RestoreError, DiskSegmentError, ExtractError) as exc:
+            log.warning("cache %s failed for request %d (%s); computing the prompt instead", best.source,
+                        adm.seq.id, exc)
+            return self._fall_back(slot_seq, plan)
+        self.by_source[best.source] += 1
+        self.reused_tokens[best.source] += report.reused_tokens
+        return replace(report, plan=plan.label, est_ms=plan.est_ms)
+
+    def _fall_back(self, slot_seq: int, plan: Plan) -> CacheReport:
+        self.runtime.seq_rm(slot_seq, -1, -1)
+        self.fallbacks += 1
+        self.by_source["none"] += 1
+        return CacheReport(est_ms=plan.est_ms)
+
+    def _commit(self, c: Candidate, slot_seq: int, a_len: int, shared: Candidate | None,
+                lease: CacheLease) -> CacheReport:
+        if c.source is Source.A:
+            if not self.runtime.seq_rm(slot_seq, c.length, -1):
+                raise RestoreError("could not trim the slot's KV")
+            return CacheReport(Source.A.value, c.length)
+        if c.source is Source.S:
+            self._attach(c, slot_seq, c.length)
+            return CacheReport(Source.S.value, c.length)
+        # H, D or R: keep what the slot already holds (A), or attach the longer part another device
+        # copy holds (S: the restored suffix then shares its prefix's cells instead of
+        # duplicating them), and restore only the rest.
+        keep = min(a_len, c.length)
+        if shared is not None and shared.src_seq is not None and min(shared.length, c.length) > keep:
+            keep = min(shared.length, c.length)
+            self._attach(shared, slot_seq, keep)
+            if keep == c.length:  # nothing left to restore (the plan prefers S then; kept for safety)
+                return CacheReport(Source.S.value, keep)
+        elif not self.runtime.seq_rm(slot_seq, keep, -1):
+            self.runtime.seq_rm(slot_seq, -1, -1)
+            keep = 0
+        if c.source in READ_AHEAD:  # read on an I/O thread; the restore follows in advance_loads
+            return CacheReport(c.source.value, keep)
+        t0 = time.perf_counter()
+        result = self._restore_host(c, keep, slot_seq, lease)
+        seconds = time.perf_counter() - t0
+        self.costs.observe_restore(c.source.value, result.nbytes, seconds, result.n_tokens)
+        return CacheReport(c.source.value, c.length, result.nbytes, seconds * 1000.0)
+
+    def _attach(self, c: Candidate, slot_seq: int, length: int) -> None:
+        """Give the slot positions [0, length) of the S candidate's cells. The slot's own copy is
+        dropped entirely: attaching shares the other sequence's cells, so the slot's duplicates
+        are freed (one physical copy of the prefix)."""
+        self.runtime.seq_rm(slot_seq, -1, -1)
+        self.runtime.seq_cp(c.src_seq, slot_seq, 0, length)
+        if self.runtime.seq_pos_max(slot_seq) != length - 1:
+            raise RestoreError("attaching the shared prefix did not give the expected cells")
+        if c.owner is not None:
+            self.resident.note_attach(c.owner)
+
+    def _restore_host(self, c: Candidate, keep: int, slot_seq: int, lease: CacheLease):
+        """Restore from H, the lease holding a lock reference on the matched path, so no store
+        or flush evicts it while it is read (the segments are views: they stay valid anyway)."""
+        with self.tree.mutex:
+            lease.lock(self.tree, c.match.tip)
+        try:
+            return self.kv.restore(self.host.load(c.match, keep), slot_seq)
+        finally:
+            with self.tree.mutex:
+                lease.unlock(self.tree)
+
+    # -------------------------------------------------------- read ahead (D, R)
+    def _read_ahead(self, lease: CacheLease, c: Candidate, keep: int, slot_seq: int) -> None:
+        """Start reading the disk (or shared-store) part of a plan on an I/O thread; the slot
+        already holds prompt[:keep]. `advance_loads` restores what was read."""
+        tier: KVTier = self.shared if c.source is Source.R else self.disk
+
+        def read() -> tuple[list, float]:
+            t0 = time.perf_counter()
+            return tier.load(c.match, keep), time.perf_counter() - t0
+
+        pool = self._net if c.source is Source.R else self._io
+        lease.kept = keep
+        lease.load = PendingLoad(c, slot_seq, pool.submit(read), time.perf_counter())
+
+    def _loads_done(self) -> list[Sequence]:
+        """The waiting requests whose read ahead finished, in admission order."""
+        return [s for s in self.running() if s.cache_lease is not None and s.cache_lease.load is not None
+                and s.cache_lease.load.future.done()]
+
+    def loads_ready(self) -> bool:
+        return bool(self._loads_done())
+
+    def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
+        """Restore the reads ahead that finished (engine thread); a failed read or restore
+        falls back to computing the prompt. A request that ended meanwhile is skipped."""
+        out = []
+        for seq in self._loads_done():
+            lease = seq.cache_lease
+            ld, lease.load = lease.load, None
+            if seq.status is SeqStatus.FINISHED:
+                continue
+            t0 = time.perf_counter()
+            try:
+                out.append((seq, self._restore_read(seq, ld, lease.plan)))
+            finally:
+                self.clock.add((time.perf_counter() - t0) * 1000.0)
+                # the wait for the read is not the request's compute either (cost model)
+                lease.overhead_s += time.perf_counter() - ld.started
+        return out
+
+    def _restore_read(self, seq: Sequence, ld: PendingLoad, plan: Plan) -> CacheReport:
+        try:
+            segments, read_s = ld.future.result()
+            t0 = time.perf_counter()
+            result = self.kv.restore(segments, ld.slot_seq)
+        except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
+            log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
+                        seq.id, exc)
+            return self._fall_back(ld.slot_seq, plan)
+        seconds = read_s + time.perf_counter() - t0
+        src = ld.cand.source.value
+        self.costs.observe_restore(src, result.nbytes, seconds, result.n_tokens)
+        self.by_source[src] += 1
+        self.reused_tokens[src] += ld.cand.length
+        return CacheReport(src, ld.cand.length, result.nbytes, seconds * 1000.0, plan=plan.label,
+                           est_ms=plan.est_ms)
+
+    def close(self) -> None:
+        """After the engine stopped: finish the reads ahead."""
+        for pool in (self._io, self._net):
+            if pool is not None:
+                pool.shutdown(wait=True)
