@@ -41,8 +41,8 @@ class Candidate:
     source: Source
     length: int
     src_seq: int | None = None  # S: the sequence holding the cells
-    owner: object | None = None  # S: the resident owner, when it is one
-    match: object | None = None  # H, D, R: the tier's lookup, what its load reads
+    owner: Any = None  # S: the resident owner (server.cache.resident.Owner), when it is one
+    match: Any = None  # H, D, R: the tier's lookup (TierMatch, DiskMatch, SharedMatch), what its load reads
 
 
 def length_of(cands: list[Candidate], source: Source) -> int:
@@ -93,6 +93,7 @@ class Planner:
                 if k > n:
                     n, src = k, seq_id
             if rn > n:
+                assert rowner is not None  # rn > 0: a resident owner holds the prefix
                 n, src, owner = rn, rowner.seq_id, rowner
             out.append(Candidate(Source.S, min(n, limit), src_seq=src, owner=owner))
         out += stored

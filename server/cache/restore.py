@@ -115,16 +115,19 @@ class Restorer:
         """Give the slot positions [0, length) of the S candidate's cells. The slot's own copy is
         dropped entirely: attaching shares the other sequence's cells, so the slot's duplicates
         are freed (one physical copy of the prefix)."""
+        assert c.src_seq is not None  # an S candidate names the sequence holding the cells
         self.runtime.seq_rm(slot_seq, -1, -1)
         self.runtime.seq_cp(c.src_seq, slot_seq, 0, length)
         if self.runtime.seq_pos_max(slot_seq) != length - 1:
             raise RestoreError("attaching the shared prefix did not give the expected cells")
         if c.owner is not None:
+            assert self.resident is not None  # an owner comes from the resident tier
             self.resident.note_attach(c.owner)
 
     def _restore_host(self, c: Candidate, keep: int, slot_seq: int, lease: CacheLease):
         """Restore from H, the lease holding a lock reference on the matched path, so no store
         or flush evicts it while it is read (the segments are views: they stay valid anyway)."""
+        assert self.tree is not None and self.host is not None  # an H candidate: the host tier's tree
         with self.tree.mutex:
             lease.lock(self.tree, c.match.tip)
         try:
@@ -137,13 +140,15 @@ class Restorer:
     def _read_ahead(self, lease: CacheLease, c: Candidate, keep: int, slot_seq: int) -> None:
         """Start reading the disk (or shared-store) part of a plan on an I/O thread; the slot
         already holds prompt[:keep]. `advance_loads` restores what was read."""
-        tier: KVTier = self.shared if c.source is Source.R else self.disk
+        tier: KVTier | None = self.shared if c.source is Source.R else self.disk
+        assert tier is not None  # the candidate came from it
 
         def read() -> tuple[list, float]:
             t0 = time.perf_counter()
             return tier.load(c.match, keep), time.perf_counter() - t0
 
         pool = self._net if c.source is Source.R else self._io
+        assert pool is not None  # made with its tier
         lease.kept = keep
         lease.load = PendingLoad(c, slot_seq, pool.submit(read), time.perf_counter())
 

@@ -26,12 +26,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from server.cache.disk_tier import DiskTier
 from server.cache.engine_time import EngineTime
 from server.cache.host_tier import HostTier
+from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps
-from server.cache.lifecycle import SessionRegistry
+from server.cache.lifecycle import CacheHint, SessionRegistry
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
 from server.cache.shared_tier import SharedTier
@@ -52,14 +54,17 @@ class WriteBackPolicy:
         self.tree, self.host, self.disk, self.shared = tree, host, disk, shared
         self.registry, self.min_tokens, self.clock = registry, min_tokens, clock
         # Resident owners (tier S, when `resident_cells` is given) write back through this policy.
-        self.resident = (ResidentOwners(tree, runtime, kv.seq_ids, resident_cells, registry,
-                                        on_evict=self.write_back_owner) if resident_cells is not None else None)
+        self.resident: ResidentOwners | None = None
+        if resident_cells is not None:
+            assert tree is not None  # S is indexed in the tree
+            self.resident = ResidentOwners(tree, runtime, kv.seq_ids, resident_cells, registry,
+                                           on_evict=self.write_back_owner)
         # Parking needs the host tier (a stored path grows piece by piece there) and parked ids.
         self.parked = (WriteBackQueue(runtime, kv.seq_ids, self.store, lambda: host.bytes_per_token, step_bytes)
                        if host is not None and step_bytes > 0 and kv.seq_ids.layout.parked else None)
         # slot index -> the cache hint of its last request: the slot's kept KV (tier A) outlives
         # the request and its lease, and is written back later under that hint
-        self.slot_hints: dict[int, object] = {}
+        self.slot_hints: dict[int, CacheHint] = {}
         self.idle_cells = idle_cells  # cells idle slots may keep while requests run (None: no limit)
         self.idle_offloads = 0  # idle slots written back and freed for that limit
         self.write_backs = 0
@@ -78,6 +83,7 @@ class WriteBackPolicy:
 
         def tag(tip) -> None:
             if hint is not None and hint.session and tip is not None:
+                assert self.tree is not None  # a stored path's tip is in the tree
                 with self.tree.mutex:
                     self.registry.tag(hint.session, tip)
 
@@ -146,12 +152,14 @@ class WriteBackPolicy:
                     return None
                 below = [t for t in (self.disk, self.shared) if t is not None]  # each queues for its writer
                 if to_disk and below and result.last_node.attached:
+                    assert self.tree is not None  # the host tier's
                     with self.tree.mutex:
                         path = [n for n in result.last_node.iter_up()][::-1]
-                        ranges = [(n.start(), n.values["H"]) for n in path if "H" in n.values]
+                        ranges = [(n.start(), cast(KVSegment, n.values["H"])) for n in path if "H" in n.values]
                     for tier in below:
                         tier.store(tokens, ranges)
                 return result.last_node if result.last_node.attached else None
+            assert self.disk is not None  # no host tier: the disk is where it goes
             have = self.disk.held(tokens)  # whole or partial: what is on disk already
             if have < len(tokens):
                 self.disk.store(tokens, [(have, self.kv.extract(slot_seq, have, len(tokens)))])
@@ -236,6 +244,7 @@ class WriteBackPolicy:
         step, so a prefix nobody uses now costs all of them. The least recently used idle slots
         beyond the limit are written back (parked: stored piece by piece over the next steps)
         and freed; their next request restores from host instead of finding them in place."""
+        assert self.idle_cells is not None  # called only with a limit
         holding = [s for s in self.slots.idle if s.tokens]
         kept = sum(len(s.tokens) for s in holding)
         if kept <= self.idle_cells:

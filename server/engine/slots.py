@@ -8,13 +8,13 @@ ties go to the slot idle the longest, so warm prefixes of other slots survive lo
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 _CHUNK = 256
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Leading tokens `a` and `b` share. Compares slices (C speed) and walks token by token
     only inside the one chunk where they differ: admission compares every prompt with every
     slot, and prompts run to thousands of tokens."""
