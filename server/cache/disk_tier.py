@@ -7,23 +7,19 @@ K/V arrays), which the shared tier uses for its values too.
 Crash safety: files are written to a temp name, fsynced, renamed (`os.replace`) and the
 directory fsynced (so the rename itself survives a power loss), so a process killed mid-write
 leaves only a `*.tmp` file, which the next start deletes; a write that fails (ENOSPC, EIO, a
-quota) deletes its temp file at once; a `.kvseg` name always means a complete write.
+quota) deletes its temp file at once; a `.kvseg` name always means a complete write. Nothing
+is trusted for that alone: at start the directory is indexed from the headers (checksummed)
+and the file sizes (a truncated body is caught without reading it); the body checksum is
+verified when a request restores the file, while it holds a lock reference on the matched
+path, and each read range must start where the match says and the header must be the one
+indexed. Every file that fails is skipped with a log line and counted: `corrupt_files` (torn,
+truncated, garbage, a checksum mismatch) and `foreign_files` (another model, KV layout or
+format version; left on disk, never loaded). A restore that fails falls back to computing
+the prompt (server/cache/restore.py), so a bad file costs time, never an answer.
 
-Free space: before each write the filesystem's free space is checked (`shutil.disk_usage`);
-a write that would leave less than `reserve_bytes` free first evicts this tier's own files (by
-the policy; pinned and locked ones stay) and, if that is not enough, is declined and counted
-(`declined_low_space`), as is one that fails for lack of space (`no_space_errors`): the disk
-tier stops growing, requests go on with the tiers above it (a full disk never fails a
-request; the disk budget is a second bound, the reserve the one that sees other writers). Nothing
-is trusted for that alone: at start
-the directory is indexed from the headers (checksummed) and the file sizes (a truncated
-body is caught without reading it); the body checksum is verified when a request restores
-the file, while it holds a lock reference on the matched path, and each read range must
-start where the match says and the header must be the one indexed. Every file that fails
-is skipped with a log line and counted: `corrupt_files` (torn, truncated, garbage, a
-checksum mismatch, at start or at restore) and `foreign_files` (another model, KV layout
-or format version; left on disk, never loaded). A restore that fails falls back to
-computing the prompt (server/cache/router.py), so a bad file costs time, never an answer.
+Free space (server/cache/disk_space.py): a write that would leave less than `reserve_bytes`
+free first evicts this tier's own files (by the policy; pinned and locked ones stay), else is
+declined and counted, as is one that fails for lack of space; requests go on without D.
 
 The index is the "D" values of the radix tree shared with tier H (server/cache/
 radix_tree.py): a node's D value is a `DiskSegment`, a token range of one file; splitting
@@ -33,21 +29,20 @@ counts the files D values use, each whole (a file stays until its last range goe
 write that the budget cannot make room for (pinned or locked files) is refused. Files are
 written by a writer thread whose queue is bounded in bytes (server/cache/bounded_writer.py: a
 full queue drops the store, counted), so storing never waits on the disk, and the tree lock is
-never held during file I/O: the writer decides what is missing
-under the lock, writes the file without it, then indexes it under the lock.
+never held during file I/O: the writer decides what is missing under the lock, writes the file
+without it, then indexes it under the lock.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
 from server.cache.bounded_writer import BoundedWriter
 from server.cache.budget import BudgetResult, ByteBudget, enforce_budget
+from server.cache.disk_space import DiskSpace
 from server.cache.eviction import EvictionPolicy
 from server.cache.kv_format import KVSegment, cut
 from server.cache.radix_tree import EvictResult, MatchResult, RadixNode, RadixTree
@@ -101,9 +96,6 @@ class DiskSegment:
                                                                                     self.end)
 
 
-NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
 @dataclass(frozen=True)
 class DiskMatch:
     """A prefix held on disk: `length` tokens from the ranges in `parts` (in path order;
@@ -134,10 +126,7 @@ class DiskTier:
         self._doomed: list[Path] = []  # files no node uses any more; unlinked outside the lock
         self.queue_bytes = queue_bytes  # KV the writer's queue may hold (see store)
         self.declined = 0  # writes refused because pinned or locked files filled the budget
-        self.reserve_bytes = reserve_bytes
-        self.declined_low_space = 0  # writes refused: they would leave less than reserve_bytes free
-        self.no_space_errors = 0  # writes that failed for lack of space (ENOSPC, EDQUOT): temp file deleted
-        self._low_space = False  # logged once per episode, not at every declined write
+        self.space = DiskSpace(directory, reserve_bytes)
         self.hits = 0
         self.evictions = 0
         self.skipped_files = 0  # files not indexed at start (corrupt or foreign)
@@ -332,40 +321,14 @@ class DiskTier:
 
     def _write_failed(self, exc: Exception) -> None:
         self.write_errors += 1
-        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
-            self.no_space_errors += 1
-            self._space_low(f"a write failed: {exc.strerror or exc}")
-            return
-        log.error("disk cache: writing segments failed: %s", exc, exc_info=exc)
+        if not self.space.failed(exc):
+            log.error("disk cache: writing segments failed: %s", exc, exc_info=exc)
 
-    def _space_low(self, why: str) -> None:
-        if not self._low_space:
-            self._low_space = True
-            log.warning("disk cache: %s in %s; segments are not written until space is back (requests go on "
-                        "with the other tiers)", why, self.dir)
-
-    def _room_on_disk(self, size: int) -> bool:
-        """Whether writing `size` bytes leaves the filesystem `reserve_bytes` free, after
-        evicting this tier's own files (by the policy) to make up a shortfall."""
-        if self.reserve_bytes <= 0:
-            return True
-        free = shutil.disk_usage(self.dir).free
-        short = self.reserve_bytes + size - free
-        if short > 0:
-            with self._lock:  # our own least valuable files give way to the reserve first
-                held = self.tree.tier(TIER).held_bytes
-                self._released(enforce_budget(self.tree, TIER, ByteBudget(max(0, held - short)), self.policy))
-            self._unlink_doomed()
-            free = shutil.disk_usage(self.dir).free
-        if free - size < self.reserve_bytes:
-            self.declined_low_space += 1
-            self._space_low(f"{free >> 20} MiB free, below the {self.reserve_bytes >> 20} MiB reserve "
-                            "(--cache-disk-reserve-mb)")
-            return False
-        if self._low_space:
-            self._low_space = False
-            log.info("disk cache: space is back in %s (%d MiB free); writing segments again", self.dir, free >> 20)
-        return True
+    def _evict_for_space(self, short: int) -> None:
+        with self._lock:
+            held = self.tree.tier(TIER).held_bytes
+            self._released(enforce_budget(self.tree, TIER, ByteBudget(max(0, held - short)), self.policy))
+        self._unlink_doomed()
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Write one file for the part of `tokens` past what the disk holds, if `ranges`
@@ -377,7 +340,7 @@ class DiskTier:
         if seg is None:
             return
         encoded = encode_segment(self.fingerprint, tokens, seg)
-        if not self._room_on_disk(encoded.size):
+        if not self.space.room_for(encoded.size, self._evict_for_space):
             return
         with self._lock:
             room = self._make_room(encoded.size)
@@ -421,8 +384,8 @@ class DiskTier:
         c = self.tree.counters(TIER)
         return {"entries": c.n_payloads, "files": len(c.memory), "tokens": c.payload_tokens, "bytes": c.total_bytes,
                 "held_bytes": c.held_bytes, "budget_bytes": self.budget_bytes, "declined": self.declined,
-                "reserve_bytes": self.reserve_bytes, "declined_low_space": self.declined_low_space,
-                "no_space_errors": self.no_space_errors,
+                "reserve_bytes": self.space.reserve_bytes, "declined_low_space": self.space.declined_low_space,
+                "no_space_errors": self.space.no_space_errors,
                 "pending_bytes": self._writer.pending_bytes, "queue_bytes": self.queue_bytes,
                 "dropped_writes": self.dropped_writes,
                 "hits": self.hits, "evictions": self.evictions,

@@ -12,7 +12,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-import server.cache.disk_tier as disk_tier
+import server.cache.disk_space as disk_space
 import server.cache.segment_format as segment_format
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LRUPolicy
@@ -160,8 +160,8 @@ def test_below_the_reserve_the_tiers_own_oldest_files_go_first(tree, tmp_path, m
         used = sum(p.stat().st_size for p in disk.dir.glob("*"))
         return Usage(capacity, used, capacity - used)
 
-    monkeypatch.setattr(disk_tier.shutil, "disk_usage", usage)
-    disk.reserve_bytes = size
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", usage)
+    disk.space.reserve_bytes = size
     try:
         store(disk, b)
         assert disk.held(a) == 40 and disk.held(b) == 40
@@ -170,7 +170,7 @@ def test_below_the_reserve_the_tiers_own_oldest_files_go_first(tree, tmp_path, m
         store(disk, c)  # 3 files would leave less than the reserve: b goes, c is written
         assert (disk.held(a), disk.held(b), disk.held(c)) == (40, 0, 40)
         assert disk.stats()["declined_low_space"] == 0 and len(files(disk, "*.kvseg")) == 2
-        disk.reserve_bytes = capacity  # nothing can meet it: everything evictable goes, then declined
+        disk.space.reserve_bytes = capacity  # nothing can meet it: everything evictable goes, then declined
         store(disk, list(range(4000, 4040)))
         assert disk.stats()["declined_low_space"] == 1 and files(disk) == []
     finally:
