@@ -41,6 +41,16 @@ def _events(engine, turn_id: str) -> int:
         return len(db.exec(select(TurnEvent).where(TurnEvent.turn_id == turn_id)).all())
 
 
+def _journaled(engine, turn_id: str) -> int:
+    """The turn's event count once its journal has reached the database: the journal writes in
+    batches (ARBOR_EVENT_FLUSH_S), so the last events land a moment after the answer."""
+    deadline = time.monotonic() + 10
+    while not (count := _events(engine, turn_id)):
+        assert time.monotonic() < deadline, "the turn's events never reached the database"
+        time.sleep(0.05)
+    return count
+
+
 def _checkpoints_of(client, sid: str, branch_id: str, turn_id: str) -> set[str]:
     listed = client.get(f"/api/sessions/{sid}/branches/{branch_id}/checkpoints").json()
     return {c["checkpoint_id"] for c in listed if c["turn_id"] == turn_id}
@@ -97,15 +107,17 @@ def test_zero_days_keeps_forever(tmp_path):
     with scripted_server(_model) as fake, workbench_client(make_settings(tmp_path, fake.base_url)) as client:
         engine, settings = client.app.state.workbench.engine, client.app.state.workbench.settings
         t1 = post_turn(client, new_session(client)["id"], "first")[-1]["turn_id"]
+        events = _journaled(engine, t1)
         report = prune(engine, settings, RetentionPolicy(0, 0, 0), now=utcnow() + timedelta(days=3650))
         assert report == PruneReport()
-        assert all(s.request is not None for s in _spans(engine, t1)) and _events(engine, t1) > 0
+        assert all(s.request is not None for s in _spans(engine, t1)) and _events(engine, t1) == events
 
 
 def test_arbor_prune_prunes_now_and_reports(tmp_path, monkeypatch, capsys):
     with scripted_server(_model) as fake, workbench_client(make_settings(tmp_path, fake.base_url)) as client:
         engine = client.app.state.workbench.engine
         t1 = post_turn(client, new_session(client)["id"], "first")[-1]["turn_id"]
+        _journaled(engine, t1)
         monkeypatch.chdir(tmp_path)  # no developer .env
         monkeypatch.setenv("ARBOR_DATA_DIR", str(tmp_path / "var"))
         assert main(["prune"]) == 0
@@ -127,10 +139,14 @@ def test_the_running_workbench_prunes_periodically(tmp_path):
             workbench = client.app.state.workbench
             t1 = post_turn(client, new_session(client)["id"], "first")[-1]["turn_id"]
             deadline = time.monotonic() + 30
-            while _spans(workbench.engine, t1)[0].request is not None or _events(workbench.engine, t1):
+            # done when the job has cleared bodies and deleted events (so the journal had reached
+            # the database) and nothing of either is left
+            while not (any(r.span_bodies for r in workbench.pruning.reports)
+                       and any(r.turn_events for r in workbench.pruning.reports)
+                       and all(s.request is None for s in _spans(workbench.engine, t1))
+                       and _events(workbench.engine, t1) == 0):
                 assert time.monotonic() < deadline, "the periodic prune did not run"
                 time.sleep(0.05)
-            assert any(r.span_bodies for r in workbench.pruning.reports)
         assert workbench.pruning.task is None, "stopped with the workbench"
         with Session(workbench.engine) as db:
             assert db.get(Turn, t1).status == "completed"
