@@ -198,12 +198,7 @@ def pump(in_fd: int, out_fd: int | None, log: RotatingLog, read_size: int = READ
         data = os.read(in_fd, read_size)
         if not data:
             break
-        if out_fd is not None:
-            try:
-                _write_all(out_fd, data)
-            except OSError as exc:
-                _say(f"stdout is gone ({exc}); writing only {log.path}")
-                out_fd = None
+        out_fd = _copy_out(out_fd, data, f"writing only {log.path}")
         for line in lines.feed(data):
             log.write(line)
         log.flush()
@@ -218,11 +213,21 @@ def drain(in_fd: int, out_fd: int | None) -> None:
         data = os.read(in_fd, READ_SIZE)
         if not data:
             return
-        if out_fd is not None:
-            try:
-                _write_all(out_fd, data)
-            except OSError:
-                out_fd = None
+        out_fd = _copy_out(out_fd, data)
+
+
+def _copy_out(out_fd: int | None, data: bytes, then: str | None = None) -> int | None:
+    """Write `data` to `out_fd`; the fd to use next time, None once stdout is gone (said, with
+    what happens `then`, when given)."""
+    if out_fd is None:
+        return None
+    try:
+        _write_all(out_fd, data)
+    except OSError as exc:
+        if then:
+            _say(f"stdout is gone ({exc}); {then}")
+        return None
+    return out_fd
 
 
 def _setting(name: str, default: float, kind: type) -> float:
