@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 class PendingLoad:
     """A plan's disk (D) or shared-store (R) part being read on an I/O thread."""
 
-    cand: Any  # the router's Candidate (source, length, the tier's match)
+    cand: Any  # the planner's Candidate (server/cache/planner.py: source, length, the tier's match)
     slot_seq: int  # the llama.cpp sequence the read KV is restored into
     future: Future
     started: float  # perf_counter() when the read was queued
