@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.build_info import system_fingerprint
+from server.cache.checkpointed_slots import CheckpointedSlotReuse
+from server.cache.checkpoints import ModelMemory
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LifecyclePolicy
 from server.cache.fingerprint import model_fingerprint
@@ -75,11 +77,12 @@ SCRATCH_SEQUENCES = 2
 
 
 def unsupported_cache_reason(info) -> str | None:
-    """Why tiers S/H/D cannot serve this model (slot reuse still works), or None."""
-    if info.is_recurrent or info.is_hybrid:
-        return f"{info.architecture} keeps recurrent state"
-    if info.n_swa > 0:
-        return f"{info.architecture} uses sliding-window attention (n_swa={info.n_swa})"
+    """Why tiers S/H/D cannot serve this model (slot reuse, with state checkpoints, still
+    works: server/cache/checkpointed_slots.py), or None."""
+    memory = ModelMemory.of(info)
+    if memory.needs_checkpoints:
+        return (f"{memory.describe()}: tiers S/H/D do not keep window cells or recurrent state yet (issue 32); "
+                "slots (A) reuse their prefixes with state checkpoints (--ctx-checkpoints)")
     return None
 
 
@@ -149,6 +152,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
             paged_attn=settings.paged_attn,
             page_size=settings.page_size,
         )
+            swa_full=settings.swa_full,
     )
     try:
         info = runtime.info
@@ -158,12 +162,16 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         cache_note = unsupported_cache_reason(info) if wants_cache else None
         router = None
         if cache_note:
-            log.warning("prefix cache tiers S/H/D are off: %s; only slot reuse (A) is used", cache_note)
+            log.warning("prefix cache tiers S/H/D are off: %s", cache_note)
+        memory = ModelMemory.of(info, swa_full=settings.swa_full)
         if wants_cache and not cache_note:
             router = _build_router(settings, runtime, seq_ids, slots, lambda: list(scheduler.running), path)
             prefix: PrefixProvider = router
         else:
             prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
+        elif memory.needs_checkpoints:  # a slot cut back without its state would attend to missing cells
+            prefix = CheckpointedSlotReuse(runtime, memory, reuse=settings.tier_enabled("A"),
+                                           per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every)
         scheduler = Scheduler(
             slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
             kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,

@@ -158,6 +158,17 @@ class ServerSettings(BaseSettings):
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
         "kept cell slows every running request's steps: bench/idle_cells.py); default: no limit",
+    ctx_checkpoints: int = Field(
+        8, ge=0, description="state checkpoints kept per slot on models with sliding-window or recurrent layers "
+        "(llama-server's --ctx-checkpoints): a slot resumes from the newest one at or below a shared prefix; "
+        "0: none (such a slot is reused only up to where its state still is)",
+        json_schema_extra={**_CACHE, "short": "-ctxcp"})
+    swa_full: bool = Field(
+        False, description="sliding-window layers keep every cell, as full attention does (llama-server's "
+        "--swa-full): no state checkpoints needed, at the KV memory of a full-attention model", json_schema_extra=_CACHE)
+    checkpoint_every: int = Field(
+        1024, ge=0, description="tokens between the state checkpoints taken while a long prompt is computed "
+        "(one more is always taken before the prompt's last token); 0: only that one", json_schema_extra=_CACHE)
         json_schema_extra=_CACHE)
     # the shared store, tier R (server/cache/shared_tier.py)
     cache_shared: str | None = Field(

@@ -150,6 +150,10 @@ class CacheRouter:
 
     # --------------------------------------------------------------- finishing
     def on_finished(self, seq: Sequence, reason: str) -> None:
+    def checkpoint(self, seq: Sequence, pos: int) -> None:
+        """Never called: the router serves full-attention models only (server/bootstrap.py), whose
+        KV is cut back to any prefix, so it sets no prefill stops."""
+
         t0 = time.perf_counter()
         lease = self.lease(seq)
         try:

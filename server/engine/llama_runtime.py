@@ -27,6 +27,9 @@ from server.engine.kv_full import KVCacheFull
 from server.engine.llama_backend import init_once as _init_backend_once
 from server.engine.model_weights import matmul_weights, read_tensor_types
 
+# the SWA cells or recurrent state of a sequence, without its full-attention KV
+_PARTIAL_ONLY = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+
 log = logging.getLogger(__name__)
 
 # llama.cpp refuses more sequences than this per context (LLAMA_MAX_SEQ).
@@ -64,6 +67,9 @@ class RuntimeConfig:
     kv_unified: bool = True
     # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
     paged_attn: Literal["auto", "on", "off"] = "auto"
+    # sliding-window layers keep every cell (llama.cpp's default, llama-server's --swa-full); off,
+    # they keep their window and a slot goes back with state checkpoints (server/cache/checkpoints.py)
+    swa_full: bool = False
     page_size: int = 16  # cells per page
 
 
@@ -170,6 +176,7 @@ class LlamaRuntime:
         cparams.kv_unified = config.kv_unified
         cparams.no_perf = True
         if config.flash_attn is not None:
+        cparams.swa_full = config.swa_full
             cparams.flash_attn_type = (
                 llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn
                 else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -335,23 +342,27 @@ class LlamaRuntime:
     def seq_pos_min(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
 
-    def state_seq_get(self, seq_id: int) -> memoryview:
+    def state_seq_get(self, seq_id: int, *, partial: bool = False) -> memoryview:
         """The serialized KV state of one sequence (llama.cpp's own format), or of the whole
         context for seq_id -1. llama.cpp writes straight into a fresh, uninitialised buffer:
-        the only copy is its own device-to-host one."""
-        size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, 0)
+        the only copy is its own device-to-host one. `partial`: only what the full-attention
+        KV cannot rebuild, the sliding-window layers' cells or the recurrent state
+        (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY; server/cache/checkpoints.py)."""
+        flags = _PARTIAL_ONLY if partial else 0
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, flags)
         buf = np.empty(size, dtype=np.uint8)
         n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
                                                    size, seq_id, 0)
         return buf.data[:n]
 
-    def state_seq_set(self, data, seq_id: int) -> bool:
-        """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first).
-        `data` is any contiguous buffer (bytes, bytearray, memoryview, numpy); it is passed
-        by address, never copied here."""
+    def state_seq_set(self, data, seq_id: int, *, partial: bool = False) -> bool:
+        """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first: with
+        `partial`, only its sliding-window cells or recurrent state). `data` is any contiguous
+        buffer (bytes, bytearray, memoryview, numpy); it is passed by address, never copied here."""
         arr = np.frombuffer(data, dtype=np.uint8)
         ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        return llama_cpp.llama_state_seq_set_data_ext(self.ctx, ptr, arr.nbytes, seq_id, 0) > 0
+        return llama_cpp.llama_state_seq_set_data_ext(self.ctx, ptr, arr.nbytes, seq_id,
+                                                      _PARTIAL_ONLY if partial else 0) > 0
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -47,6 +47,11 @@ class PrefixProvider(Protocol):
     def loads_ready(self) -> bool:
         """A read ahead has finished and waits for advance_loads (any thread)."""
 
+    def checkpoint(self, seq: Sequence, pos: int) -> None:
+        """The slot's sequence holds exactly seq.kv_tokens()[:pos], a prefill chunk having just
+        ended at one of `seq.prefill_stops`: keep what is needed to resume from there later
+        (providers that set no stops never get this call). Engine thread, after the decode."""
+
 
 class SlotReuseOnly:
     """Source A alone: keep the slot's KV up to the common prefix, drop the rest."""
@@ -77,6 +82,9 @@ class SlotReuseOnly:
 
     def loads_ready(self) -> bool:
         return False
+
+    def checkpoint(self, seq: Sequence, pos: int) -> None:
+        pass
 
 
 class LlamaRunner:
@@ -119,6 +127,9 @@ class LlamaRunner:
                 logits += [0] * (n - 1)
             logits.append(1 if item.sample else 0)
         batch_index = self.runtime.decode_arrays(tokens, positions, seq_ids, logits)
+        for item in items:  # a prompt chunk that ended at a stop: the state there is checkpointed
+            if item.seq.prefill_stops and item.start_pos + len(item.tokens) in item.seq.prefill_stops:
+                self.prefix.checkpoint(item.seq, item.start_pos + len(item.tokens))
         sampling = [item for item in items if item.sample]
         greedy_rows = [row for row, item in enumerate(sampling) if item.seq.sampler.plain_greedy]
         picked: dict[int, int] = {}

@@ -12,10 +12,16 @@ against `kv_cells`; a request that does not fit waits (first come, first served)
 running ones finish. Reservations ignore sharing, so they are an upper bound of what the
 running requests need; cells held by idle slots and resident prefixes are not reserved and
 give way when the pool runs short (see Engine).
+
+Prefill stops: a prompt chunk never runs past the next of `Sequence.prefill_stops`, so the
+state at that position exists for a moment and can be checkpointed (models with sliding-window
+or recurrent layers; server/cache/checkpoints.py).
 """
 
 from __future__ import annotations
 
+import bisect
+import sys
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -143,8 +149,8 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.status is SeqStatus.PREFILLING and seq.prompt_remaining > 0:
-                n = min(seq.prompt_remaining, budget)
                 start = seq.n_past
+                n = min(seq.prompt_remaining, budget, _to_next_stop(seq.prefill_stops, start))
                 items.append(
                     StepItem(seq, seq.prompt[start : start + n], start, sample=start + n == len(seq.prompt))
                 )
@@ -173,3 +179,9 @@ class Scheduler:
     @property
     def n_running(self) -> int:
         return len(self.running)
+
+
+def _to_next_stop(stops: tuple[int, ...], start: int) -> int:
+    """Tokens from `start` to the first prefill stop after it (a chunk ends there), or no limit."""
+    i = bisect.bisect_right(stops, start)
+    return stops[i] - start if i < len(stops) else sys.maxsize

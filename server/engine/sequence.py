@@ -134,6 +134,11 @@ class Sequence:
         # The request's hold on the prefix cache (server.cache.lease.CacheLease) from the cache's
         # first sight of it to its end: plan, kept tokens, locked tip, pending read, overhead, hint.
         self.cache_lease: Any = None
+        # Prompt positions at which a prefill chunk must end, ascending (set by the prefix
+        # provider at admission): after the chunk ending at one, the runner asks the provider
+        # to checkpoint the state there (server/cache/checkpoints.py; models with sliding-window
+        # or recurrent layers only, whose state cannot be cut back to an earlier position).
+        self.prefill_stops: tuple[int, ...] = ()
         self.output: list[int] = []
         self.sampler: Any = None  # runner-owned sampler state
         self.next_logprob: TokenLogprob | None = None  # set by the runner with the sampled token

@@ -1,0 +1,169 @@
+"""State checkpoints (server/cache/checkpoints.py) and tier A on models that need them
+(server/cache/checkpointed_slots.py), over a simulated llama.cpp memory: which cuts are exact,
+which need a checkpoint, and that a slot never resumes from a state it does not have."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from server.cache.checkpointed_slots import CheckpointedSlotReuse
+from server.cache.checkpoints import ModelMemory, SlotCheckpoints, StateCheckpoint, stops
+from server.engine.sampling_params import SamplingParams
+from server.engine.scheduler import Scheduler
+from server.engine.sequence import GenerationRequest, SeqStatus, Sequence
+from server.engine.slots import Slot, SlotPool
+
+SWA = ModelMemory("gemma3", n_swa=8, recurrent=False)
+RECURRENT = ModelMemory("lfm2", n_swa=0, recurrent=True)
+
+
+class SimMemory:
+    """One sequence per slot: the full-attention KV is a list of positions, the window layers keep
+    a suffix of it from `swa_min`, the recurrent state sits at `state_pos` (the tokens it follows)."""
+
+    def __init__(self, memory: ModelMemory):
+        self.memory = memory
+        self.seqs: dict[int, dict] = {}
+        self.partial_sets: list[tuple[int, int]] = []
+
+    def fill(self, sid: int, n: int) -> None:
+        """The sequence computed n tokens from scratch (the window layers pruned what they can)."""
+        self.seqs[sid] = {"n": n, "swa_min": max(0, n - self.memory.n_swa - 4) if self.memory.n_swa else 0,
+                          "state_pos": n}
+
+    def seq_pos_min(self, sid: int) -> int:
+        s = self.seqs.get(sid)
+        return -1 if not s or s["n"] == 0 else s["swa_min"]
+
+    def seq_pos_max(self, sid: int) -> int:
+        s = self.seqs.get(sid)
+        return -1 if not s else s["n"] - 1
+
+    def seq_rm(self, sid: int, p0: int = -1, p1: int = -1) -> bool:
+        s = self.seqs.setdefault(sid, {"n": 0, "swa_min": 0, "state_pos": 0})
+        if p0 <= 0:
+            s.update(n=0, swa_min=0, state_pos=0)
+            return True
+        if self.memory.recurrent and p0 < s["state_pos"]:
+            return False  # llama.cpp refuses to cut a recurrent state back
+        s["n"] = min(s["n"], p0)
+        return True
+
+    def state_seq_get(self, sid: int, *, partial: bool = False) -> bytes:
+        assert partial
+        s = self.seqs[sid]
+        return f"{sid}:{s['n']}".encode()
+
+    def state_seq_set(self, blob: bytes, sid: int, *, partial: bool = False) -> bool:
+        assert partial
+        pos = int(blob.decode().split(":")[1])
+        s = self.seqs[sid]
+        s.update(swa_min=max(0, pos - self.memory.n_swa), state_pos=pos)
+        self.partial_sets.append((sid, pos))
+        return True
+
+
+def admission(prompt: list[int], slot: Slot, common: int):
+    seq = Sequence(GenerationRequest(prompt_tokens=prompt, sampling=SamplingParams(temperature=0), max_tokens=4),
+                   lambda ev: None)
+    seq.slot = slot
+    return SimpleNamespace(seq=seq, slot=slot, common_prefix=common)
+
+
+def test_stops_every_n_and_before_the_last_prompt_token():
+    assert stops(100, 0, 32) == (32, 64, 96, 99)
+    assert stops(100, 40, 32) == (64, 96, 99)
+    assert stops(100, 0, 0) == (99,)
+    assert stops(1, 0, 32) == ()
+    assert stops(64, 0, 32) == (32, 63)
+
+
+def test_slot_checkpoints_keep_the_newest_below_a_prefix_and_forget_past_a_cut():
+    c = SlotCheckpoints(limit=3)
+    for p in (10, 20, 30, 40):
+        c.add(StateCheckpoint(p, b"x" * p))
+    assert c.positions() == [20, 30, 40]  # the oldest went beyond the limit
+    assert c.newest_at_or_below(35).pos == 30 and c.newest_at_or_below(19) is None
+    c.forget_after(30)
+    assert c.positions() == [20, 30] and c.nbytes == 50
+
+
+def test_can_cut_swa_only_while_the_window_before_the_cut_is_held():
+    mem = SimMemory(SWA)
+    mem.fill(0, 100)  # the window layers hold positions 88..99
+    assert SWA.can_cut(mem, 0, 100, 100)  # the whole sequence: nothing to cut
+    assert SWA.can_cut(mem, 0, 96, 100)  # the window before 96 is 88..95: held
+    assert not SWA.can_cut(mem, 0, 90, 100)  # it would need 82..89
+    assert not SWA.can_cut(mem, 0, 0, 100) and not SWA.can_cut(mem, 0, 101, 100)
+
+
+def test_can_cut_recurrent_only_at_the_end():
+    mem = SimMemory(RECURRENT)
+    mem.fill(0, 50)
+    assert RECURRENT.can_cut(mem, 0, 50, 50)
+    assert not RECURRENT.can_cut(mem, 0, 49, 50)
+    assert ModelMemory("llama", 0, False).needs_checkpoints is False
+    assert "sliding-window attention (n_swa=8)" in SWA.describe()
+
+
+@pytest.mark.parametrize("memory", [SWA, RECURRENT], ids=["swa", "recurrent"])
+def test_a_slot_resumes_from_its_newest_checkpoint_at_or_below_the_shared_prefix(memory):
+    mem = SimMemory(memory)
+    provider = CheckpointedSlotReuse(mem, memory, reuse=True, per_slot=8, every=32)  # type: ignore[arg-type]
+    slot = Slot(index=0, seq_id=5)
+    first = list(range(1000, 1100))
+    adm = admission(first, slot, 0)
+    assert provider.provide(adm).reused_tokens == 0
+    assert adm.seq.prefill_stops == (32, 64, 96, 99)
+    for pos in adm.seq.prefill_stops:  # the engine ran chunks ending there and called back
+        mem.fill(5, pos)
+        provider.checkpoint(adm.seq, pos)
+    mem.fill(5, 103)  # prompt + generated tokens
+    slot.tokens = first + [7, 8, 9]
+
+    # a branch sharing 70 tokens: the state at 70 is gone, the checkpoint at 64 is the newest below
+    second = first[:70] + list(range(2000, 2050))
+    adm = admission(second, slot, 70)
+    report = provider.provide(adm)
+    assert (report.source, report.reused_tokens) == ("A", 64)
+    assert mem.partial_sets[-1] == (5, 64) and mem.seqs[5]["n"] == 64
+    assert provider.reused_by_checkpoint == 1
+    assert provider._of(slot).positions() == [32, 64]  # 96 and 99 were on the other branch
+    assert adm.seq.prefill_stops == (96, 119)
+
+
+def test_without_a_checkpoint_the_slot_is_cleared_and_the_prompt_computed():
+    mem = SimMemory(RECURRENT)
+    provider = CheckpointedSlotReuse(mem, RECURRENT, reuse=True, per_slot=0, every=32)  # type: ignore[arg-type]
+    slot = Slot(index=0, seq_id=1, tokens=list(range(60)))
+    mem.fill(1, 60)
+    adm = admission(list(range(40)) + [99] * 10, slot, 40)
+    report = provider.provide(adm)
+    assert report.reused_tokens == 0 and mem.seqs[1]["n"] == 0
+    assert provider.recomputed == 1 and adm.seq.prefill_stops == ()  # per_slot 0: no checkpoints
+
+
+def test_a_continuation_cuts_back_without_a_checkpoint():
+    mem = SimMemory(RECURRENT)
+    provider = CheckpointedSlotReuse(mem, RECURRENT, reuse=True, per_slot=8, every=0)  # type: ignore[arg-type]
+    slot = Slot(index=0, seq_id=1, tokens=list(range(60)))
+    mem.fill(1, 60)
+    adm = admission(list(range(60)) + [5, 6, 7], slot, 60)
+    assert provider.provide(adm).reused_tokens == 60
+    assert provider.reused_by_cut == 1 and not mem.partial_sets
+
+
+def test_scheduler_ends_prompt_chunks_at_the_prefill_stops():
+    sched = Scheduler(SlotPool([0]), max_batch_tokens=64, max_waiting=4, reuse=True)
+    seq = Sequence(GenerationRequest(prompt_tokens=list(range(100)), sampling=SamplingParams(), max_tokens=2),
+                   lambda ev: None)
+    seq.status, seq.prefill_stops = SeqStatus.PREFILLING, (32, 99)
+    sched.running.append(seq)
+    chunks = []
+    while seq.status is SeqStatus.PREFILLING:
+        items = sched.plan()
+        chunks.append((items[0].start_pos, len(items[0].tokens)))
+        sched.commit(items)
+    assert chunks == [(0, 32), (32, 64), (96, 3), (99, 1)]
