@@ -1,13 +1,15 @@
 """Paged attention against llama.cpp's attention over every cell, on one model: the same scripted KV
 operations on two contexts, every top-1 prediction compared (teacher-forced agreement).
 
-    python -m bench.paged_agreement [--model M.gguf] [--n-gpu-layers 999] [--page-size 16]
+    python -m bench.paged_agreement [--model M.gguf] [--n-gpu-layers 999] [--page-size 16] [--cache-type q8_0]
 
 The script mixes what the cache does to the unified KV: an idle sequence's kept cells, a prefix
 shared by seq_cp and continued by both sharers in one batch, cells freed in the middle of the
 pool and reused, a sequence saved and restored under another id, then decode steps of three
 sequences at once. On a GPU host (`--n-gpu-layers`), decode steps run CUDA's paged kernel, so
 this is its correctness check (tests/server/engine/test_paged_attention_real.py runs it on the CPU).
+`--cache-type` sets both KV types (`--cache-type-k/-v`) of both contexts: the CPU kernel's paged
+path over quantized K and V against llama.cpp's attention over the same types.
 """
 
 from __future__ import annotations
@@ -60,12 +62,14 @@ def workload(rt: LlamaRuntime) -> list[int]:
     return preds
 
 
-def agreement(model: Path, *, n_gpu_layers: int = 0, page_size: int = 16, threads: int = 2) -> dict:
+def agreement(model: Path, *, n_gpu_layers: int = 0, page_size: int = 16, threads: int = 2,
+              cache_type: str = "f16") -> dict:
     preds = {}
     for mode in ("off", "on"):
         rt = LlamaRuntime(RuntimeConfig(model, n_ctx=4096, n_batch=256, n_seq_max=6, n_threads=threads,
                                         n_threads_batch=threads, n_gpu_layers=n_gpu_layers, paged_attn=mode,
-                                        page_size=page_size))
+                                        page_size=page_size, cache_type_k=cache_type, cache_type_v=cache_type,
+                                        flash_attn=True if cache_type != "f16" else None))
         try:
             if rt.paged_attn.enabled != (mode == "on"):
                 raise RuntimeError(f"paged attention {mode} was asked for, {rt.paged_attn} is in force")
@@ -73,7 +77,8 @@ def agreement(model: Path, *, n_gpu_layers: int = 0, page_size: int = 16, thread
         finally:
             rt.close()
     a, b = np.array(preds["off"]), np.array(preds["on"])
-    return {"model": str(model), "n_gpu_layers": n_gpu_layers, "page_size": page_size, "predictions": len(a),
+    return {"model": str(model), "n_gpu_layers": n_gpu_layers, "page_size": page_size, "cache_type": cache_type,
+            "predictions": len(a),
             "agreement": float((a == b).mean())}
 
 
@@ -83,10 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n-gpu-layers", type=int, default=0)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cache-type", default="f16", help="K and V type of the KV cache (f16, q8_0, q4_0, ...)")
     p.add_argument("--out", type=Path, default=Path("bench/results/paged_agreement.json"))
     a = p.parse_args(argv)
     out = agreement(a.model or embedded_model_path(), n_gpu_layers=a.n_gpu_layers, page_size=a.page_size,
-                    threads=a.threads)
+                    threads=a.threads, cache_type=a.cache_type)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))

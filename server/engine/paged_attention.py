@@ -17,7 +17,9 @@ Contract:
   succeed (else `PagedAttentionUnavailable`), "auto" turns it on where it was measured to pay
   (the CPU backend: not with layers offloaded, where the CUDA kernel is compiled but not yet
   measured) and says why not otherwise, "off" leaves llama.cpp's attention as it is. It
-  returns what is in force.
+  returns what is in force. The CPU kernel reads every KV type (`--cache-type-k/-v`: its
+  per-row path dequantizes K and V as llama.cpp's does); "on" with layers offloaded and a
+  KV type other than f16 raises (CUDA's paged kernel reads f16 only).
 """
 
 from __future__ import annotations
@@ -82,12 +84,18 @@ class PagedAttentionStatus:
 
 
 def configure(ctx, mode: Literal["auto", "on", "off"], page_size: int, *,
-              offloaded: bool = False) -> PagedAttentionStatus:
+              offloaded: bool = False, kv_types: tuple[str, str] = ("f16", "f16")) -> PagedAttentionStatus:
     if mode == "off":
         return PagedAttentionStatus(compiled_in(), 0, "turned off (--paged-attn off)")
     if mode == "auto" and offloaded:
         return PagedAttentionStatus(compiled_in(), 0, "layers are offloaded to an accelerator, where paged attention "
                                     "has not been measured yet: turn it on with --paged-attn on (CUDA)")
+    if offloaded and kv_types != ("f16", "f16"):
+        # CUDA's paged kernel reads f16 K and V only; any other type would run llama.cpp's own kernel over every
+        # cell (masked outside the pages: right, but not paged). The CPU kernel reads every KV type.
+        raise PagedAttentionUnavailable(
+            f"--paged-attn on with layers offloaded runs CUDA's paged kernel, which reads f16 K and V only "
+            f"(--cache-type-k {kv_types[0]} --cache-type-v {kv_types[1]}): use f16 or --paged-attn auto|off")
     try:
         enable(ctx, page_size)
     except PagedAttentionUnavailable as exc:
