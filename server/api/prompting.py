@@ -4,6 +4,7 @@ constraint, collect sampling settings."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -108,8 +109,16 @@ def _sampling(body: SamplingFields, constraint: Constraint, n_vocab: int) -> Sam
 
 
 def _cache_hint(body: SamplingFields, http: Request | None) -> CacheHint | None:
+    """The request's lifecycle hint: `cache` and the X-Arbor-* headers, with OpenAI's
+    `prompt_cache_key` as its session unless `cache.session` names one (a body field wins over
+    a header, as each of `cache`'s own keys does)."""
+    cache = body.cache
+    if body.prompt_cache_key is not None and (cache is None or isinstance(cache, Mapping)):
+        cache = {**(cache or {})}
+        if cache.get("session") is None:
+            cache["session"] = body.prompt_cache_key
     try:
-        hint = parse_cache_hint({"cache": body.cache}, http.headers if http is not None else None)
+        hint = parse_cache_hint({"cache": cache}, http.headers if http is not None else None)
     except CacheHintError as exc:
         raise invalid(str(exc), param=exc.param) from exc
     return None if hint.is_empty else hint

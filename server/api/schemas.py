@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from server.cache.lifecycle import MAX_SESSION_LEN
 from server.engine.logprobs import MAX_TOP_LOGPROBS
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -142,6 +143,8 @@ class SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     cache: Any = None  # Arbor's lifecycle hint; validated by server.cache.lifecycle
+    # OpenAI's cache hint: the request's cache session, as cache.session (which wins when both are given)
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=MAX_SESSION_LEN)
     grammar: str | None = None  # llama-server's GBNF constraint (root rule "root"); checked by api.grammars
     json_schema: dict[str, Any] | None = None  # llama-server's shorthand for a JSON-schema constraint
 
@@ -152,6 +155,13 @@ class SamplingFields(_Lenient):
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError("stop strings must be non-empty")
         return stops
+
+    @field_validator("prompt_cache_key")
+    @classmethod
+    def _printable_key(cls, v: str | None) -> str | None:
+        if v is not None and not v.isprintable():
+            raise ValueError("prompt_cache_key must not contain control characters")
+        return v
 
     @field_validator("logit_bias")
     @classmethod
