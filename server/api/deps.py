@@ -27,23 +27,29 @@ ModelDep = Annotated[LoadedModel, Depends(get_model)]
 
 
 def require_api_key(request: Request, state: StateDep) -> None:
-    """Bearer --api-key on every route but /health (and the pages it guards). Requests with a
-    body met the same check in the request guard already, before their body was read."""
-    err = api_key_error(request.headers.get("authorization"), state.settings.api_key)
+    """--api-key on every route but /health (and the pages it guards). Requests with a body met
+    the same check in the request guard already, before their body was read."""
+    err = api_key_error(request.headers.get("authorization"), state.settings.api_key,
+                        x_api_key=request.headers.get("x-api-key"))
     if err is not None:
         raise err
 
 
-def api_key_error(authorization: str | None, expected: str | None) -> APIError | None:
-    """The 401 for an `Authorization` header (as received: latin-1 text) that does not carry
-    `Bearer <expected>`; None when it does, or when no key is configured."""
+def _same_key(sent: str, expected: str) -> bool:
+    # compared as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500),
+    # and header values arrive as latin-1, which gives back the bytes the client sent
+    return secrets.compare_digest(sent.strip().encode("latin-1", "replace"), expected.encode("utf-8"))
+
+
+def api_key_error(authorization: str | None, expected: str | None, x_api_key: str | None = None) -> APIError | None:
+    """The 401 for a request whose `Authorization` header (as received: latin-1 text) does not
+    carry `Bearer <expected>` and whose `x-api-key` header (Anthropic's clients send that one)
+    is not `<expected>`; None when either carries it, or when no key is configured."""
     if not expected:
         return None
     scheme, _, token = (authorization or "").partition(" ")
-    # compared as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500),
-    # and header values arrive as latin-1, which gives back the bytes the client sent
-    sent, wanted = token.strip().encode("latin-1", "replace"), expected.encode("utf-8")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(sent, wanted):
+    bearer = scheme.lower() == "bearer" and _same_key(token, expected)
+    if not bearer and not (x_api_key is not None and _same_key(x_api_key, expected)):
         return APIError("invalid or missing API key", status=401, type="authentication_error",
                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return None
