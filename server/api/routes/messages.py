@@ -1,0 +1,77 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API (server.api.messages_api).
+
+The body is read and validated here rather than by FastAPI, so a bad request's message names
+Anthropic's fields (messages.0.content.1, ...); errors take Anthropic's format on these paths
+(messages_api.errors.AnthropicErrors, installed by the app).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from server.api.choices import Choices
+from server.api.deps import ModelDep, StateDep, require_api_key
+from server.api.errors import APIError, invalid
+from server.api.generation import engine_error
+from server.api.messages_api.events import MessageEvents
+from server.api.messages_api.prepare import count_tokens, prepare_messages
+from server.api.messages_api.reply import message, new_message_id, stop_reason
+from server.api.messages_api.request import CountTokensRequest, MessagesRequest, parse_request
+from server.engine.sequence import Finished
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        raise invalid("request body is not valid JSON") from None
+
+
+@router.post("/v1/messages")
+async def messages(request: Request, state: StateDep, model: ModelDep):
+    body = parse_request(MessagesRequest, await _json(request))
+    prepared, cache = prepare_messages(body, model, state.settings, request)
+    choices = Choices(model.engine, prepared.generation, 1, state.metrics)
+    mid, stops = new_message_id(), body.stop_sequences or []
+
+    if not body.stream:
+        got = await choices.collect(request)
+        if got is None:  # client went away; nobody reads this
+            return APIError("client disconnected", status=499).response()
+        reader = prepared.reply_stream()
+        reply, fin = reader.read(got[0].text), got[0].fin
+        calls = reader.calls
+        return message(mid, model.model_name, reply, calls, fin, stop_reason(fin, calls, stops), cache)
+
+    async def stream():
+        out = MessageEvents(mid, model.model_name, prepared.reply_stream(), len(prepared.generation.prompt_tokens),
+                            cache, stops)
+        try:  # the reply's parser is a native object: freed however the stream ends
+            yield out.opening()
+            async for _, ev in choices.events():
+                if not isinstance(ev, Finished):
+                    frames = out.delta(ev)
+                    if frames:
+                        yield frames
+                elif ev.finish_reason == "error":
+                    yield out.error(engine_error(ev))
+                    return
+                else:
+                    yield out.finish(ev)
+                    return
+        finally:
+            out.close()
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/v1/messages/count_tokens")
+async def messages_count_tokens(request: Request, state: StateDep, model: ModelDep):
+    body = parse_request(CountTokensRequest, await _json(request))
+    return {"input_tokens": count_tokens(body, model, state.settings)}
