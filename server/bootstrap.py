@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.build_info import system_fingerprint
-from server.cache.checkpointed_slots import CheckpointedSlotReuse
+from server.cache.checkpoint_store import CheckpointStore
+from server.cache.checkpointed_slots import CheckpointedSlotReuse, SlotStates
 from server.cache.checkpoints import ModelMemory
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LifecyclePolicy
@@ -77,22 +78,40 @@ SCRATCH_SEQUENCES = 2
 
 
 def unsupported_cache_reason(info) -> str | None:
-    """Why tiers S/H/D cannot serve this model (slot reuse, with state checkpoints, still
+    """Why tiers S/H/D cannot serve this model at all (slot reuse, with state checkpoints, still
     works: server/cache/checkpointed_slots.py), or None."""
-    memory = ModelMemory.of(info)
-    if memory.needs_checkpoints:
-        return (f"{memory.describe()}: tiers S/H/D do not keep window cells or recurrent state yet (issue 32); "
-                "slots (A) reuse their prefixes with state checkpoints (--ctx-checkpoints)")
+    if info.is_recurrent and not info.is_hybrid:
+        return (f"{ModelMemory.of(info).describe()} and no attention KV: tiers S/H/D store attention KV; slots (A) "
+                "reuse their prefixes with state checkpoints (--ctx-checkpoints)")
     return None
 
 
+def checkpoint_tiers_note(info, settings: ServerSettings) -> str | None:
+    """What a model with sliding-window or recurrent layers gets of the requested tiers: A, H and D
+    with state checkpoints; not S (resident prefixes share cells by seq_cp, and a reader's window
+    cells or recurrent state cannot be shared that way) nor R (the shared store keeps no
+    checkpoints yet). None when nothing requested is left out."""
+    left_out = [t for t in ("S",) if settings.tier_enabled(t)] + (["R"] if settings.cache_shared else [])
+    if not left_out:
+        return None
+    return (f"{ModelMemory.of(info).describe()}: tier{'s' if len(left_out) > 1 else ''} {', '.join(left_out)} "
+            "off (no state checkpoints there yet, issue 32); A, H and D reuse prefixes with checkpoints")
+
+
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
-                  running: Callable[[], list], path: Path) -> CacheRouter:
+                  running: Callable[[], list], path: Path, memory: ModelMemory, partial_state: bool) -> CacheRouter:
+    """`partial_state`: the model has window or recurrent layers, whose state the stored tiers
+    restore from checkpoints; `memory`: what its slots can cut back (server/cache/checkpoints.py)."""
     registry = SessionRegistry(max_sessions=settings.cache_sessions, idle_seconds=settings.cache_session_idle,
                                max_pinned=settings.cache_max_pinned_sessions,
                                max_pinned_bytes=settings.cache_max_pinned_mb * 1024 * 1024)
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
+    states = None
+    if partial_state:  # window cells or a recurrent state: A, H and D with checkpoints
+        tiers.discard("S")
+        states = SlotStates(runtime, memory, per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every,
+                            store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024))
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
     host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers and tree is not None else None
     disk = shared = None
@@ -107,7 +126,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
                         queue_bytes=settings.cache_disk_queue * 1024 * 1024,
                         reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024)
-    if settings.cache_shared and "H" in tiers:  # written from the host tier
+    if settings.cache_shared and "H" in tiers and states is None:  # written from the host tier
         assert settings.cache_shared_secret is not None  # the settings require it
         shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
                             secret=settings.cache_shared_secret.get_secret_value(),  # the settings require it
@@ -115,12 +134,12 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                             queue_bytes=settings.cache_shared_queue * 1024 * 1024,
                             max_value_bytes=settings.cache_shared_max_value_mb * 1024 * 1024)
     return CacheRouter(
-        runtime=runtime, kv=KVOps(runtime, seq_ids), slots=slots, running=running,
+        runtime=runtime, kv=KVOps(runtime, seq_ids, partial_state=states is not None), slots=slots, running=running,
         tiers=tiers, tree=tree, host=host, disk=disk,
         resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners else None, registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
-        shared=shared,
+        shared=shared, states=states,
     )
 
 
@@ -159,21 +178,25 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         # None: llama.cpp's chat layer loads the model's own templates (default and tool_use)
         template_src = settings.chat_template_file.read_text() if settings.chat_template_file else None
         slots = SlotPool(seq_ids.slot_ids)
-        cache_note = unsupported_cache_reason(info) if wants_cache else None
-        router = None
+        structure = ModelMemory.of(info)  # window or recurrent layers: stored tiers need checkpoints
+        memory = ModelMemory.of(info, swa_full=settings.swa_full)  # what a slot can cut back
+        refused = unsupported_cache_reason(info) if wants_cache else None
+        cache_note = refused or (checkpoint_tiers_note(info, settings)
+                                 if wants_cache and structure.needs_checkpoints else None)
         if cache_note:
-            log.warning("prefix cache tiers S/H/D are off: %s", cache_note)
-        memory = ModelMemory.of(info, swa_full=settings.swa_full)
-        if wants_cache and not cache_note:
-            router = _build_router(settings, runtime, seq_ids, slots, lambda: list(scheduler.running), path)
+            log.warning("prefix cache: %s", cache_note)
+        router = None
+        if wants_cache and not refused:
+            router = _build_router(settings, runtime, seq_ids, slots, lambda: list(scheduler.running), path, memory,
+                                   partial_state=structure.needs_checkpoints)
             prefix: PrefixProvider = router
-        else:
-            prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
         elif memory.needs_checkpoints:  # a slot cut back without its state would attend to missing cells
             prefix = CheckpointedSlotReuse(runtime, memory, reuse=settings.tier_enabled("A"),
                                            per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every)
         scheduler = Scheduler(
             slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
+        else:
+            prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
             kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
             prefill_while_decoding=settings.prefill_while_decoding or None,
         )

@@ -165,7 +165,11 @@ class ServerSettings(BaseSettings):
         json_schema_extra={**_CACHE, "short": "-ctxcp"})
     swa_full: bool = Field(
         False, description="sliding-window layers keep every cell, as full attention does (llama-server's "
-        "--swa-full): no state checkpoints needed, at the KV memory of a full-attention model", json_schema_extra=_CACHE)
+        "--swa-full): slots cut back without checkpoints, at the KV memory of a full-attention model",
+        json_schema_extra=_CACHE)
+    cache_checkpoint_ram: int = Field(
+        1024, ge=0, description="MiB of host RAM for the state checkpoints that tiers H and D restore with on "
+        "models with sliding-window or recurrent layers (the least recently used go first)", json_schema_extra=_CACHE)
     checkpoint_every: int = Field(
         1024, ge=0, description="tokens between the state checkpoints taken while a long prompt is computed "
         "(one more is always taken before the prompt's last token); 0: only that one", json_schema_extra=_CACHE)

@@ -1,30 +1,33 @@
-"""Slot reuse (tier A) for models with sliding-window or recurrent layers: the engine's
-PrefixProvider when the model needs state checkpoints (server/cache/checkpoints.py).
+"""Slots on models with sliding-window or recurrent layers (server/cache/checkpoints.py): how far
+a slot can go back, its checkpoints, and tier A alone as the engine's PrefixProvider.
 
 A slot keeps its sequence's KV after a request, as with every model; a new request sharing a
 prefix of n tokens with it needs the state after exactly those n tokens. A full-attention model
-gets it by cutting the KV back (`seq_rm`); this model gets it
+gets it by cutting the KV back (`seq_rm`); these models get it
 - by cutting back too, when that is still exact (`ModelMemory.can_cut`: n is where the
   sequence ends, or, for sliding-window layers, the window's cells before n are still there);
-- else from the slot's newest checkpoint at a position p <= n: the checkpoint is restored over
-  the sequence's partial state, the full-attention KV cut back to p, and p tokens are reused;
-- else not at all: the slot is cleared and the prompt computed. Never a wrong state: before
-  this provider existed, a slot on such a model was cut back regardless and its next tokens
-  attended to a window with cells missing.
+- else from the newest checkpoint at a position p <= n, the slot's own or one kept in host RAM
+  for the same tokens (server/cache/checkpoint_store.py): it is restored over the sequence's
+  partial state, the full-attention KV cut back to p, and p tokens are reused;
+- else not at all: the slot is cleared and the prompt computed, never resumed from a state it
+  does not have.
 
 Checkpoints are taken where llama-server takes its context checkpoints, during prefill (a chunk
 ends at each of `checkpoints.stops`: every `every` tokens, and before the prompt's last token),
-and belong to the slot: they are forgotten past a cut and cleared with the slot.
+and belong to the slot: forgotten past a cut, cleared with the slot, handed to the host store
+(with one more at the slot's end) when the slot's KV is written back to H/D (`hand_over`).
 
-Contracts (engine thread): `provide` leaves the slot holding exactly prompt[:n] for the n it
-reports (0: cleared); `checkpoint(seq, pos)` is called after the chunk ending at a stop ran;
-`stats()` counts reuse by how it was obtained.
+Contracts (engine thread): `SlotStates.resumable` says (k, checkpoint or None) and changes
+nothing; `resume` applies it (False, the slot cleared, if llama.cpp refused); `CheckpointedSlotReuse`
+(tier A alone: the provider when tiers S/H/D are off) leaves the slot holding exactly
+prompt[:n] for the n it reports.
 """
 
 from __future__ import annotations
 
 import logging
 
+from server.cache.checkpoint_store import CheckpointStore
 from server.cache.checkpoints import ModelMemory, SlotCheckpoints, StateCheckpoint, stops
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
@@ -34,86 +37,95 @@ from server.engine.slots import Slot, SlotPool
 log = logging.getLogger(__name__)
 
 
-class CheckpointedSlotReuse:
-    def __init__(self, runtime: LlamaRuntime, memory: ModelMemory, *, reuse: bool, per_slot: int, every: int):
+class SlotStates:
+    def __init__(self, runtime: LlamaRuntime, memory: ModelMemory, *, per_slot: int, every: int,
+                 store: CheckpointStore | None = None):
         self.runtime, self.memory = runtime, memory
-        self.reuse, self.per_slot, self.every = reuse, per_slot, every
+        self.per_slot, self.every, self.store = per_slot, every, store
         self._slots: dict[int, SlotCheckpoints] = {}  # slot index -> its checkpoints
-        self.reused_by_cut = 0  # requests that reused a prefix by cutting the slot back
-        self.reused_by_checkpoint = 0  # ... by restoring one of its checkpoints
-        self.recomputed = 0  # shared a prefix with the slot, but no state for it: computed
+        self.reused_by_cut = 0  # slot reuse by cutting back
+        self.reused_by_checkpoint = 0  # ... by restoring a checkpoint
+        self.recomputed = 0  # shared a prefix with the slot, but no state for it
         self.checkpoints_taken = 0
         self.checkpoint_errors = 0
 
-    def _of(self, slot: Slot) -> SlotCheckpoints:
+    def of(self, slot: Slot) -> SlotCheckpoints:
         found = self._slots.get(slot.index)
         if found is None:
             found = self._slots[slot.index] = SlotCheckpoints(self.per_slot)
         return found
 
-    # ------------------------------------------------------------- admission
-    def provide(self, admission: Admission) -> CacheReport:
-        seq, slot = admission.seq, admission.slot
-        n = self._reuse(seq, slot, min(admission.common_prefix, len(seq.prompt) - 1) if self.reuse else 0)
-        if self.per_slot > 0:
-            seq.prefill_stops = stops(len(seq.prompt), n, self.every)
-        return CacheReport(source="A", reused_tokens=n) if n > 0 else CacheReport()
+    def resumable(self, slot: Slot, prompt: list[int], n: int) -> tuple[int, StateCheckpoint | None]:
+        """The longest k <= n the slot can resume prompt[:k] from (it holds prompt[:n] at least),
+        and the checkpoint that takes (None: a cut is enough). Changes nothing."""
+        if n <= 0:
+            return 0, None
+        if self.memory.can_cut(self.runtime, slot.seq_id, n, len(slot.tokens)):
+            return n, None
+        own = self.of(slot).newest_at_or_below(n)
+        kept = self.store.best(prompt, n) if self.store is not None else None  # same tokens, any slot
+        best = max((c for c in (own, kept) if c is not None), key=lambda c: c.pos, default=None)
+        return (best.pos, best) if best is not None else (0, None)
 
-    def _reuse(self, seq: Sequence, slot: Slot, n: int) -> int:
-        """Leave the slot holding the longest resumable prompt[:k], k <= n; return k."""
-        sid, ckpts = slot.seq_id, self._of(slot)
-        if n > 0 and self.memory.can_cut(self.runtime, sid, n, len(slot.tokens)) and self.runtime.seq_rm(sid, n, -1):
-            ckpts.forget_after(n)
-            self.reused_by_cut += 1
-            return n
-        ckpt = ckpts.newest_at_or_below(n) if n > 0 else None
-        if ckpt is not None:
-            # the partial state first (llama.cpp replaces the sequence's SWA cells or recurrent
-            # state with it), then the full-attention KV cut back to the same position
-            if self.runtime.state_seq_set(ckpt.blob, sid, partial=True) and self.runtime.seq_rm(sid, ckpt.pos, -1):
-                ckpts.forget_after(ckpt.pos)
+    def resume(self, slot: Slot, k: int, ckpt: StateCheckpoint | None) -> bool:
+        """Leave the slot holding its first k tokens' state: cut back, after restoring `ckpt` over
+        its partial state when given. False (the slot cleared) when llama.cpp refused."""
+        sid = slot.seq_id
+        # the partial state first (llama.cpp replaces the sequence's window cells or recurrent
+        # state with it), then the full-attention KV cut back to the same position
+        ok = k > 0 and (ckpt is None or self.runtime.state_seq_set(ckpt.blob, sid, partial=True))
+        if ok and self.runtime.seq_rm(sid, k, -1):
+            self.of(slot).forget_after(k)
+            if ckpt is None:
+                self.reused_by_cut += 1
+            else:
                 self.reused_by_checkpoint += 1
-                return ckpt.pos
-            log.warning("slot %d: restoring its checkpoint at %d failed; computing the prompt", slot.index, ckpt.pos)
+            return True
+        if ckpt is not None:
+            log.warning("slot %d: restoring a checkpoint at %d failed; computing the prompt", slot.index, k)
             self.checkpoint_errors += 1
-        if n > 0:
-            self.recomputed += 1
-        self.runtime.seq_rm(sid, -1, -1)
-        ckpts.clear()
-        return 0
+        self.forget(slot)
+        return False
 
-    def checkpoint(self, seq: Sequence, pos: int) -> None:
+    def forget(self, slot: Slot) -> None:
+        """The slot's sequence was cleared (or now holds another path): its checkpoints go."""
+        self.runtime.seq_rm(slot.seq_id, -1, -1)
+        self.of(slot).clear()
+
+    def set_stops(self, seq: Sequence, reused: int) -> None:
+        if self.per_slot > 0:
+            seq.prefill_stops = stops(len(seq.prompt), reused, self.every)
+
+    def capture(self, seq: Sequence, pos: int) -> None:
+        """A prefill chunk ended at `pos` (one of the request's stops): checkpoint the slot there."""
         if seq.slot is None:
             return
-        try:
-            blob = bytes(self.runtime.state_seq_get(seq.slot.seq_id, partial=True))
-        except Exception as exc:  # noqa: BLE001 - a missing checkpoint costs compute later, never a request
-            log.warning("request %d: checkpoint at %d failed: %s", seq.id, pos, exc)
-            self.checkpoint_errors += 1
+        ckpt = self._take(seq.slot.seq_id, pos, seq.id)
+        if ckpt is not None:
+            self.of(seq.slot).add(ckpt)
+
+    def hand_over(self, slot: Slot) -> None:
+        """The slot's KV is being written back to host/disk (its device copy is about to go): its
+        checkpoints, and one at its end (the state it holds now), go to the host store."""
+        if self.store is None or not slot.tokens:
             return
-        self._of(seq.slot).add(StateCheckpoint(pos, blob))
+        tokens = list(slot.tokens)
+        for ckpt in self.of(slot).all():
+            if ckpt.pos <= len(tokens):
+                self.store.put(tokens, ckpt)
+        end = self._take(slot.seq_id, len(tokens), None)
+        if end is not None:
+            self.store.put(tokens, end)
+
+    def _take(self, seq_id: int, pos: int, request: int | None) -> StateCheckpoint | None:
+        try:
+            blob = bytes(self.runtime.state_seq_get(seq_id, partial=True))
+        except Exception as exc:  # noqa: BLE001 - a missing checkpoint costs compute later, never a request
+            log.warning("request %s: a checkpoint at %d failed: %s", request, pos, exc)
+            self.checkpoint_errors += 1
+            return None
         self.checkpoints_taken += 1
-
-    # --------------------------------------------------------------- the rest
-    def on_finished(self, seq: Sequence, reason: str) -> None:
-        if seq.slot is not None and reason == "error":  # the runner cleared the slot's KV
-            self._of(seq.slot).clear()
-
-    def reclaim(self, slots: SlotPool) -> bool:
-        def drop(slot: Slot) -> None:
-            self.runtime.seq_rm(slot.seq_id, -1, -1)
-            self._of(slot).clear()
-
-        return slots.drop_oldest_idle(drop)
-
-    def background(self, idle: bool) -> None:
-        pass
-
-    def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
-        return []
-
-    def loads_ready(self) -> bool:
-        return False
+        return StateCheckpoint(pos, blob)
 
     def stats(self) -> dict:
         held = list(self._slots.values())
@@ -125,4 +137,48 @@ class CheckpointedSlotReuse:
             "checkpoints": {"taken": self.checkpoints_taken, "errors": self.checkpoint_errors,
                             "held": sum(len(c) for c in held), "bytes": sum(c.nbytes for c in held),
                             "per_slot": self.per_slot, "every": self.every},
+            **({"host_checkpoints": self.store.stats()} if self.store is not None else {}),
         }
+
+
+class CheckpointedSlotReuse:
+    """Tier A alone on a model that needs checkpoints: the PrefixProvider when S/H/D are off."""
+
+    def __init__(self, runtime: LlamaRuntime, memory: ModelMemory, *, reuse: bool, per_slot: int, every: int):
+        self.reuse = reuse
+        self.states = SlotStates(runtime, memory, per_slot=per_slot, every=every)
+
+    def provide(self, admission: Admission) -> CacheReport:
+        seq, slot = admission.seq, admission.slot
+        n = min(admission.common_prefix, len(seq.prompt) - 1) if self.reuse else 0
+        k, ckpt = self.states.resumable(slot, seq.prompt, n)
+        if k == 0 or not self.states.resume(slot, k, ckpt):
+            if n > 0:
+                self.states.recomputed += 1
+            self.states.forget(slot)
+            k = 0
+        if self.reuse:
+            self.states.set_stops(seq, k)
+        return CacheReport(source="A", reused_tokens=k) if k > 0 else CacheReport()
+
+    def checkpoint(self, seq: Sequence, pos: int) -> None:
+        self.states.capture(seq, pos)
+
+    def on_finished(self, seq: Sequence, reason: str) -> None:
+        if seq.slot is not None and reason == "error":  # the runner cleared the slot's KV
+            self.states.of(seq.slot).clear()
+
+    def reclaim(self, slots: SlotPool) -> bool:
+        return slots.drop_oldest_idle(self.states.forget)
+
+    def background(self, idle: bool) -> None:
+        pass
+
+    def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
+        return []
+
+    def loads_ready(self) -> bool:
+        return False
+
+    def stats(self) -> dict:
+        return self.states.stats()

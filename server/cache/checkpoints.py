@@ -107,6 +107,10 @@ class SlotCheckpoints:
     def positions(self) -> list[int]:
         return sorted(self._by_pos)
 
+    def all(self) -> list[StateCheckpoint]:
+        """Every checkpoint, by position."""
+        return [self._by_pos[p] for p in sorted(self._by_pos)]
+
     def add(self, ckpt: StateCheckpoint) -> None:
         self._by_pos.pop(ckpt.pos, None)  # a newer one at the same position supersedes it
         self._by_pos[ckpt.pos] = ckpt

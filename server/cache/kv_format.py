@@ -283,7 +283,7 @@ def segment_from_arrays(layout: KVLayout, pos0: int, n: int, buf, offset: int = 
                      memory=MemoryBlock(memoryview(buf).nbytes))
 
 
-def parse_seq_state(blob) -> KVSegment:
+def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
     """Parse one sequence's state into a segment ordered by position, as views over `blob`.
 
     Cells are reordered (one copy) only when llama.cpp wrote them out of position order.
@@ -296,6 +296,11 @@ def parse_seq_state(blob) -> KVSegment:
         raise KVFormatError(f"not a llama.cpp sequence state (magic {magic:#x})")
     (n_stream,) = r.take("<I")
     if n_stream != 1:
+    `more_sections`: the state of a model with sliding-window or recurrent layers, whose first
+    section is the full-attention KV (iSWA's base cache, a hybrid's attention cache) and whose
+    next ones (the window cells, the recurrent state) are left out: the segment is the first
+    section alone, copied into a blob of its own (the header and that section; a restore
+    appends the rest from a state checkpoint: `with_partial_state`).
         raise KVFormatError(f"{n_stream} KV streams: Direct KV needs a unified KV cache")
     (n,) = r.take("<I")
     if n == 0:
@@ -334,7 +339,11 @@ def parse_seq_state(blob) -> KVSegment:
             v_els.append(el)
             vs.append(r.array(n * el * n_embd_v).reshape(n_embd_v, n, el))
     if r.off != len(r.buf):
-        raise KVFormatError(f"{len(r.buf) - r.off} unexpected trailing bytes (cell extensions are not supported)")
+        if not more_sections:
+            raise KVFormatError(f"{len(r.buf) - r.off} unexpected trailing bytes (cell extensions are not supported)")
+        # the first section in a buffer of its own: the views must not keep the window cells or
+        # the recurrent state alive (a hybrid's state can be many times its attention KV)
+        return parse_seq_state(np.frombuffer(bytes(r.buf[:r.off]), dtype=np.uint8).data)
     layout = KVLayout(bool(v_trans), tuple(k_types), tuple(k_rows), tuple(v_types), tuple(v_rows), tuple(v_els))
     if order is not None:
         ks = [a[order] for a in ks]
@@ -351,3 +360,13 @@ def count_state_cells(blob) -> int:
     if n_stream != 1:
         raise KVFormatError("count_state_cells expects a unified KV (one stream)")
     return int(n)
+def with_partial_state(full_attention: memoryview | bytes, partial: bytes) -> bytes:
+    """A whole sequence state of a model with sliding-window or recurrent layers: the header and
+    full-attention section of `full_attention` (a segment's state blob) followed by the sections
+    of `partial` (a PARTIAL_ONLY state: its own header, then the window cells or recurrent
+    state), the order llama.cpp reads them in."""
+    if len(partial) < 8 or struct.unpack_from("<I", partial, 0)[0] != SEQ_STATE_MAGIC:
+        raise KVFormatError("the checkpoint is not a llama.cpp sequence state")
+    return bytes(full_attention) + bytes(partial[8:])
+
+

@@ -18,7 +18,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from server.cache.kv_format import KVFormatError, KVSegment, count_state_cells, parse_seq_state, state_blob
+from server.cache.checkpoints import StateCheckpoint
+from server.cache.kv_format import (
+    KVFormatError,
+    KVSegment,
+    count_state_cells,
+    parse_seq_state,
+    state_blob,
+    with_partial_state,
+)
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
 
@@ -39,9 +47,12 @@ class RestoreResult:
 
 
 class KVOps:
-    def __init__(self, runtime: LlamaRuntime, seq_ids: SequenceIdPool):
+    def __init__(self, runtime: LlamaRuntime, seq_ids: SequenceIdPool, *, partial_state: bool = False):
         self.runtime = runtime
         self.seq_ids = seq_ids
+        # a model with sliding-window or recurrent layers: segments are its full-attention KV
+        # (the state's first section), and a restore needs a state checkpoint for the rest
+        self.partial_state = partial_state
 
     def extract(self, src_seq: int, start: int, end: int) -> KVSegment:
         try:
@@ -51,7 +62,7 @@ class KVOps:
         try:
             self.runtime.seq_cp(src_seq, scratch, start, end)
             blob = self.runtime.state_seq_get(scratch)
-            seg = parse_seq_state(blob)
+            seg = parse_seq_state(blob, more_sections=self.partial_state)
         except KVFormatError as exc:
             raise ExtractError(f"unexpected KV state format: {exc}") from exc
         finally:
@@ -62,11 +73,19 @@ class KVOps:
                                f"[{seg.pos0}, {seg.pos0 + seg.n_tokens})")
         return seg
 
-    def restore(self, segments: list[KVSegment], target_seq: int) -> RestoreResult:
-        """Attach the joined segments to `target_seq` (which must not hold those positions)."""
+    def restore(self, segments: list[KVSegment], target_seq: int,
+                checkpoint: StateCheckpoint | None = None) -> RestoreResult:
+        """Attach the joined segments to `target_seq` (which must not hold those positions). With
+        `partial_state`, the segments start at 0, the target is empty and `checkpoint` is the
+        state at their end (its window cells or recurrent state are restored with them)."""
         t0 = time.perf_counter()
+        if self.partial_state and (checkpoint is None or segments[0].pos0 != 0
+                                   or checkpoint.pos != sum(s.n_tokens for s in segments)):
+            raise RestoreError("this model's KV restores only from position 0 with a checkpoint at its end")
         try:
             blob = segments[0].to_state_blob() if len(segments) == 1 else state_blob(segments)
+            if checkpoint is not None:
+                blob = memoryview(with_partial_state(blob, checkpoint.blob))
         except KVFormatError as exc:
             raise RestoreError(str(exc)) from exc
         start = segments[0].pos0

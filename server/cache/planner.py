@@ -10,8 +10,10 @@ Contracts:
 - `candidates(prompt, slot_common, live)`: one Candidate per enabled source, each at most
   len(prompt) - 1 tokens (the last prompt token is always computed, for its logits). A: the
   slot's own common prefix; S: the longest of the live copies and the resident owners (a live
-  copy wins a tie); H, D: the tree walk; R: asked only when it could beat every local source
-  by a whole chunk (a network round trip), kept only when it does beat them.
+  copy wins a tie); H, D: the tree walk (on a model with sliding-window or recurrent layers,
+  cut back to the newest state checkpoint the host keeps on the path, which the candidate
+  carries); R: asked only when it could beat every local source by a whole chunk (a network
+  round trip), kept only when it does beat them.
 - `plan(cands, prompt_len)`: the candidate to commit (None: compute everything) and the plan
   (route `cost`: lowest estimated time to first token; `longest`: the longest match; ties
   A > S > H > D > R). H, D and R are costed for what neither A nor S holds already.
@@ -43,6 +45,9 @@ class Candidate:
     src_seq: int | None = None  # S: the sequence holding the cells
     owner: Any = None  # S: the resident owner (server.cache.resident.Owner), when it is one
     match: Any = None  # H, D, R: the tier's lookup (TierMatch, DiskMatch, SharedMatch), what its load reads
+    # a model with sliding-window or recurrent layers: the state at `length` restored with it
+    # (server/cache/checkpoints.py; A: None when cutting the slot back is enough)
+    checkpoint: Any = None
 
 
 def length_of(cands: list[Candidate], source: Source) -> int:
@@ -57,13 +62,16 @@ def kept_in_slot(plan: Plan, a_len: int) -> int:
 
 class Planner:
     def __init__(self, *, tiers: set[str], tree: Any, host: Any, disk: Any, shared: Any, resident: Any,
-                 route: str = "cost", costs: CostModel | None = None):
+                 route: str = "cost", costs: CostModel | None = None, checkpoints: Any = None):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.tiers = tiers
         self.tree = tree  # the one tree indexing the resident owners, H and D
         self.host, self.disk, self.shared = host, disk, shared  # KVTier or None
         self.resident = resident  # ResidentOwners (take(walk) -> (length, owner)) or None
+        # CheckpointStore, on a model with sliding-window or recurrent layers: a stored tier serves
+        # only the longest prefix of its match that a state checkpoint is kept for
+        self.checkpoints = checkpoints
         self.route = route
         self.costs = costs if costs is not None else CostModel()
         self.by_plan: dict[str, int] = {**{s.value: 0 for s in Source}, "compute": 0}
@@ -85,7 +93,7 @@ class Planner:
                 for tier in (self.host, self.disk):
                     if tier is not None:
                         found = tier.lookup(prompt[:limit], m)
-                        stored.append(Candidate(tier.source, found.length, match=found))
+                        stored.append(self._stored(tier, prompt, found))
         if Source.S in self.tiers:
             n, src, owner = 0, None, None
             for seq_id, tokens in live:  # another sequence's device copy (the first longest)
@@ -107,10 +115,22 @@ class Planner:
                     out.append(Candidate(Source.R, sm.length, match=sm))
         return out
 
+    def _stored(self, tier: Any, prompt: Sequence[int], found: Any) -> Candidate:
+        """A stored tier's candidate; with checkpoints, cut back to the newest one it reaches."""
+        if self.checkpoints is None or found.length == 0:
+            return Candidate(tier.source, found.length, match=found)
+        ckpt = self.checkpoints.best(prompt, found.length)
+        if ckpt is None:
+            return Candidate(tier.source, 0)
+        if ckpt.pos < found.length:
+            found = tier.lookup(prompt[:ckpt.pos])
+        return Candidate(tier.source, found.length, match=found, checkpoint=ckpt)
+
     def plan(self, cands: list[Candidate], prompt_len: int) -> tuple[Candidate | None, Plan]:
         """The candidate to commit (None: compute everything) and the plan behind it."""
-        # H, D and R restore only what neither the slot (A) nor a shared device copy (S) holds
-        device = max(length_of(cands, Source.A), length_of(cands, Source.S))
+        # H, D and R restore only what neither the slot (A) nor a shared device copy (S) holds;
+        # with state checkpoints they restore everything (into the emptied slot)
+        device = 0 if self.checkpoints is not None else max(length_of(cands, Source.A), length_of(cands, Source.S))
         options = [PlanOption(c.source.value, c.length, c.length - min(device, c.length) if c.source in STORED else 0)
                    for c in cands if c.length > 0]
         plan = self.costs.choose(options, prompt_len, longest=self.route == "longest")

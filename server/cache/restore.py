@@ -6,6 +6,9 @@ HiCache loads back ahead of compute).
 Contracts:
 - `execute(adm, best, plan, cands, lease)` commits `best` into the slot and returns the
   request's CacheReport (`loading=True` while a read ahead is pending on `lease.load`).
+- On a model with sliding-window or recurrent layers (`states`), A resumes the slot from where
+  its state allows (server/cache/checkpointed_slots.py) and H or D restore from position 0 with
+  the candidate's state checkpoint, into the emptied slot; S and R are not planned for it.
 - Any failure while attaching, reading or restoring clears the slot's sequence and falls back
   to computing the prompt, counted in `fallbacks`: a cache may make a request faster, never
   wrong.
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from server.cache.checkpointed_slots import SlotStates
 from server.cache.cost import CostModel, Plan
 from server.cache.disk_tier import DiskSegmentError, DiskTier
 from server.cache.engine_time import EngineTime
@@ -43,8 +47,11 @@ log = logging.getLogger(__name__)
 class Restorer:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, running: Callable[[], list[Sequence]],
                  tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None, shared: SharedTier | None,
-                 resident: ResidentOwners | None, costs: CostModel, clock: EngineTime):
+                 resident: ResidentOwners | None, costs: CostModel, clock: EngineTime,
+                 states: SlotStates | None = None):
         self.runtime, self.kv, self.running = runtime, kv, running
+        # a model with sliding-window or recurrent layers: the slots' states and checkpoints
+        self.states = states
         self.tree, self.host, self.disk, self.shared, self.resident = tree, host, disk, shared, resident
         self.costs, self.clock = costs, clock
         self.by_source: dict[str, int] = {**{s.value: 0 for s in Source}, "none": 0}
@@ -60,17 +67,24 @@ class Restorer:
         slot_seq = adm.slot.seq_id
         if best is None:
             self.runtime.seq_rm(slot_seq, -1, -1)
+            if self.states is not None:  # the slot starts another path: its checkpoints are stale
+                self.states.forget(adm.slot)
             self.by_source["none"] += 1
             return CacheReport(est_ms=plan.est_ms)
         try:
-            report = self._commit(best, slot_seq, length_of(cands, Source.A),
-                                  next((c for c in cands if c.source is Source.S), None), lease)
+            if self.states is not None:
+                report = self._commit_with_state(best, adm)
+            else:
+                report = self._commit(best, slot_seq, length_of(cands, Source.A),
+                                      next((c for c in cands if c.source is Source.S), None), lease)
             if best.source in READ_AHEAD and report.source == best.source:
                 self._read_ahead(lease, best, report.reused_tokens, slot_seq)
                 return replace(report, loading=True, plan=plan.label, est_ms=plan.est_ms)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", best.source,
                         adm.seq.id, exc)
+            if self.states is not None:
+                self.states.forget(adm.slot)
             return self._fall_back(slot_seq, plan)
         self.by_source[best.source] += 1
         self.reused_tokens[best.source] += report.reused_tokens
@@ -111,6 +125,31 @@ class Restorer:
         self.costs.observe_restore(c.source.value, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source.value, c.length, result.nbytes, seconds * 1000.0)
 
+    def _commit_with_state(self, c: Candidate, adm: Admission) -> CacheReport:
+        """The plan on a model with sliding-window or recurrent layers: A resumes the slot (cut
+        back, or its checkpoint restored); H and D restore [0, length) with the checkpoint at
+        its end into the emptied slot (its partial state cannot be joined to the slot's own)."""
+        assert self.states is not None
+        if c.source is Source.A:
+            if not self.states.resume(adm.slot, c.length, c.checkpoint):
+                raise RestoreError("the slot's state could not be resumed")
+            return CacheReport(Source.A.value, c.length)
+        if c.source not in (Source.H, Source.D) or c.checkpoint is None:
+            raise RestoreError(f"source {c.source} cannot restore this model's state")
+        self.states.forget(adm.slot)
+        if c.source is Source.D:  # read on an I/O thread; the restore follows in advance_loads
+            return CacheReport(c.source.value, 0)
+        t0 = time.perf_counter()
+        result = self._restore_host(c, 0, adm.slot.seq_id, self._lease(adm))
+        seconds = time.perf_counter() - t0
+        self.costs.observe_restore(c.source.value, result.nbytes, seconds, result.n_tokens)
+        return CacheReport(c.source.value, c.length, result.nbytes, seconds * 1000.0)
+
+    @staticmethod
+    def _lease(adm: Admission) -> CacheLease:
+        assert adm.seq.cache_lease is not None  # the router puts it on before executing a plan
+        return adm.seq.cache_lease
+
     def _attach(self, c: Candidate, slot_seq: int, length: int) -> None:
         """Give the slot positions [0, length) of the S candidate's cells. The slot's own copy is
         dropped entirely: attaching shares the other sequence's cells, so the slot's duplicates
@@ -131,7 +170,7 @@ class Restorer:
         with self.tree.mutex:
             lease.lock(self.tree, c.match.tip)
         try:
-            return self.kv.restore(self.host.load(c.match, keep), slot_seq)
+            return self.kv.restore(self.host.load(c.match, keep), slot_seq, c.checkpoint)
         finally:
             with self.tree.mutex:
                 lease.unlock(self.tree)
@@ -182,7 +221,7 @@ class Restorer:
         try:
             segments, read_s = ld.future.result()
             t0 = time.perf_counter()
-            result = self.kv.restore(segments, ld.slot_seq)
+            result = self.kv.restore(segments, ld.slot_seq, ld.cand.checkpoint)
         except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
                         seq.id, exc)

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
+from server.cache.checkpointed_slots import SlotStates
 from server.cache.disk_tier import DiskTier
 from server.cache.engine_time import EngineTime
 from server.cache.host_tier import HostTier
@@ -58,7 +60,8 @@ class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tiers: set[str], tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None,
                  resident_cells: int | None, registry: SessionRegistry, min_tokens: int, route: str = "cost",
-                 write_back_step_bytes: int = 0, idle_cells: int | None = None, shared: SharedTier | None = None):
+                 write_back_step_bytes: int = 0, idle_cells: int | None = None, shared: SharedTier | None = None,
+                 states: SlotStates | None = None):
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime, self.kv, self.slots, self.running = runtime, kv, slots, running
@@ -72,11 +75,18 @@ class CacheRouter:
                                      resident_cells=resident_cells, step_bytes=write_back_step_bytes,
                                      idle_cells=idle_cells, clock=self.clock)
         self.resident, self.parked = self.write.resident, self.write.parked
+        # a model with sliding-window or recurrent layers: its slots' states and checkpoints (tiers
+        # A, H and D only: server/bootstrap.py), the host's checkpoints for H and D
+        self.states = states
+        if states is not None:
+            assert Source.S not in tiers and shared is None and states.store is not None
+            self.write.hand_over = states.hand_over
         self.planner = Planner(tiers=tiers, tree=tree, host=host, disk=disk, shared=shared, resident=self.resident,
-                               route=route)
+                               route=route, checkpoints=states.store if states is not None else None)
         self.costs = self.planner.costs
         self.restorer = Restorer(runtime=runtime, kv=kv, running=running, tree=tree, host=host, disk=disk,
-                                 shared=shared, resident=self.resident, costs=self.costs, clock=self.clock)
+                                 shared=shared, resident=self.resident, costs=self.costs, clock=self.clock,
+                                 states=states)
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
         # what tests, benchmarks and the engine call here, done by the parts
         self.drop_idle_slot = self.write.drop_idle_slot
@@ -114,7 +124,12 @@ class CacheRouter:
         prompt = adm.seq.prompt
         if self.parked is not None and Source.S not in self.tiers:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
-        cands = self.planner.candidates(prompt, adm.common_prefix, self._live(adm))
+        common, a_ckpt = adm.common_prefix, None
+        if self.states is not None:  # how far the slot's state can go back (a checkpoint, or a cut)
+            common, a_ckpt = self.states.resumable(adm.slot, prompt, min(common, len(prompt) - 1))
+        cands = self.planner.candidates(prompt, common, self._live(adm))
+        if a_ckpt is not None:
+            cands = [replace(c, checkpoint=a_ckpt) if c.source is Source.A else c for c in cands]
         best, plan = self.planner.plan(cands, len(prompt))
         lease = self.lease(adm.seq)
         lease.plan = plan
@@ -125,7 +140,10 @@ class CacheRouter:
             # same layout as before: parked cells move it, which can flip a greedy near tie).
             self.write.write_back(adm.slot, exclude=adm.slot,
                                   park=any(s is not adm.seq and s.slot is not None for s in self.running()))
-        return self.restorer.execute(adm, best, plan, cands, lease)
+        report = self.restorer.execute(adm, best, plan, cands, lease)
+        if self.states is not None:
+            self.states.set_stops(adm.seq, report.reused_tokens)
+        return report
 
     def _live(self, adm: Admission) -> Iterator[tuple[int, list[int]]]:
         """The device copies other sequences hold: another slot's kept idle KV or computed
@@ -148,19 +166,24 @@ class CacheRouter:
             self.deferrals += 1
         return True
 
-    # --------------------------------------------------------------- finishing
-    def on_finished(self, seq: Sequence, reason: str) -> None:
     def checkpoint(self, seq: Sequence, pos: int) -> None:
-        """Never called: the router serves full-attention models only (server/bootstrap.py), whose
-        KV is cut back to any prefix, so it sets no prefill stops."""
+        """A prefill chunk ended at one of the request's stops (models with sliding-window or
+        recurrent layers only: a full-attention model's KV is cut back to any prefix, and no
+        stops are set for it)."""
+        if self.states is not None:
+            self.states.capture(seq, pos)
 
         t0 = time.perf_counter()
         lease = self.lease(seq)
+    # --------------------------------------------------------------- finishing
+    def on_finished(self, seq: Sequence, reason: str) -> None:
         try:
             if seq.slot is not None and reason == "error":
                 self.write.slot_hints.pop(seq.slot.index, None)
             elif seq.slot is not None:
                 self._observe_prefill(seq, lease)
+                if self.states is not None:  # the runner cleared the slot's KV
+                    self.states.of(seq.slot).clear()
                 self.write.finished(seq, lease.hint)
         finally:
             lease.release(self.tree)
@@ -201,7 +224,8 @@ class CacheRouter:
             "tiers": {
                 "A": {"enabled": "A" in self.tiers, "slots": len(self.slots.slots),
                       "idle_tokens_kept": sum(len(x.tokens) for x in tuple(self.slots.slots) if not x.busy),
-                      "idle_cells_limit": w.idle_cells, "idle_offloads": w.idle_offloads},
+                      "idle_cells_limit": w.idle_cells, "idle_offloads": w.idle_offloads,
+                      **({"state": self.states.stats()} if self.states is not None else {})},
                 "S": self.resident.stats() if self.resident else {"enabled": False},
                 "H": self.host.stats() if self.host else {"enabled": False},
                 "D": self.disk.stats() if self.disk else {"enabled": False},
@@ -237,3 +261,5 @@ class CacheRouter:
         if self.resident is not None:
             freed["S_cells"] = self.resident.flush()
         return freed
+        if self.states is not None and self.states.store is not None:
+            freed["checkpoints"] = self.states.store.clear()

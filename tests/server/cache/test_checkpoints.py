@@ -129,8 +129,8 @@ def test_a_slot_resumes_from_its_newest_checkpoint_at_or_below_the_shared_prefix
     report = provider.provide(adm)
     assert (report.source, report.reused_tokens) == ("A", 64)
     assert mem.partial_sets[-1] == (5, 64) and mem.seqs[5]["n"] == 64
-    assert provider.reused_by_checkpoint == 1
-    assert provider._of(slot).positions() == [32, 64]  # 96 and 99 were on the other branch
+    assert provider.states.reused_by_checkpoint == 1
+    assert provider.states.of(slot).positions() == [32, 64]  # 96 and 99 were on the other branch
     assert adm.seq.prefill_stops == (96, 119)
 
 
@@ -142,7 +142,7 @@ def test_without_a_checkpoint_the_slot_is_cleared_and_the_prompt_computed():
     adm = admission(list(range(40)) + [99] * 10, slot, 40)
     report = provider.provide(adm)
     assert report.reused_tokens == 0 and mem.seqs[1]["n"] == 0
-    assert provider.recomputed == 1 and adm.seq.prefill_stops == ()  # per_slot 0: no checkpoints
+    assert provider.states.recomputed == 1 and adm.seq.prefill_stops == ()  # per_slot 0: no checkpoints
 
 
 def test_a_continuation_cuts_back_without_a_checkpoint():
@@ -152,7 +152,7 @@ def test_a_continuation_cuts_back_without_a_checkpoint():
     mem.fill(1, 60)
     adm = admission(list(range(60)) + [5, 6, 7], slot, 60)
     assert provider.provide(adm).reused_tokens == 60
-    assert provider.reused_by_cut == 1 and not mem.partial_sets
+    assert provider.states.reused_by_cut == 1 and not mem.partial_sets
 
 
 def test_scheduler_ends_prompt_chunks_at_the_prefill_stops():
@@ -167,3 +167,36 @@ def test_scheduler_ends_prompt_chunks_at_the_prefill_stops():
         chunks.append((items[0].start_pos, len(items[0].tokens)))
         sched.commit(items)
     assert chunks == [(0, 32), (32, 64), (96, 3), (99, 1)]
+
+
+def test_checkpoint_store_finds_the_longest_prefix_it_holds_and_only_for_the_same_tokens():
+    from server.cache.checkpoint_store import CheckpointStore
+
+    store = CheckpointStore(budget_bytes=100)
+    path = list(range(50))
+    assert store.put(path, StateCheckpoint(10, b"a" * 20)) and store.put(path, StateCheckpoint(30, b"b" * 20))
+    other = list(range(20)) + [999] * 30  # leaves the path at 20
+    assert store.best(path + [7], 49).pos == 30
+    assert store.best(path, 29).pos == 10
+    assert store.best(other, 49).pos == 10  # the checkpoint at 30 followed other tokens
+    assert store.best([5] * 50, 49) is None
+    with pytest.raises(ValueError):
+        store.put(path, StateCheckpoint(51, b"x"))
+
+
+def test_checkpoint_store_evicts_the_least_recently_used_beyond_its_budget():
+    from server.cache.checkpoint_store import CheckpointStore
+
+    store = CheckpointStore(budget_bytes=50)
+    path = list(range(100))
+    for pos in (10, 20, 30):
+        store.put(path, StateCheckpoint(pos, b"x" * 20))
+    assert len(store) == 2 and store.evictions == 1 and store.bytes == 40
+    assert store.best(path, 15) is None  # 10 went first
+    store.best(path, 25)  # refreshes 20
+    store.put(path, StateCheckpoint(40, b"y" * 20))
+    assert store.best(path, 35).pos == 20  # 30 was the least recently used
+    assert not store.put(path, StateCheckpoint(50, b"z" * 51)) and store.declined == 1
+    store.put(path, StateCheckpoint(20, b"w" * 5))  # a newer one for the same prefix replaces it
+    assert store.best(path, 25).blob == b"w" * 5 and store.bytes == 25
+    assert store.clear() == 25 and len(store) == 0

@@ -104,7 +104,7 @@ def test_a_branch_resumes_from_a_checkpoint_with_the_logits_of_a_full_computatio
     # longer than the window layers' cells (n_swa x sequences + a ubatch): they overwrite their oldest
     first = tokens(rt, 600, 1)
     logits, reused = run(rt, prov, slot, first, 0)
-    assert reused == 0 and prov.checkpoints_taken == 5  # at 128, 256, 384, 512 and 599
+    assert reused == 0 and prov.states.checkpoints_taken == 5  # at 128, 256, 384, 512 and 599
     close(logits, reference(rt, first))
     gone_before = rt.seq_pos_min(0)  # sliding: the window's oldest cell left; recurrent: the state's position
     assert gone_before > BRANCH - N_SWA
@@ -112,7 +112,7 @@ def test_a_branch_resumes_from_a_checkpoint_with_the_logits_of_a_full_computatio
     # a branch that shares BRANCH tokens: the state there is gone; the checkpoint at 128 serves
     branch = first[:BRANCH] + tokens(rt, 40, 2)
     logits, reused = run(rt, prov, slot, branch, BRANCH)
-    assert reused == 128 and prov.reused_by_checkpoint == 1
+    assert reused == 128 and prov.states.reused_by_checkpoint == 1
     close(logits, reference(rt, branch))
 
     # the same prompt again: everything but its last token, from the checkpoint before it
@@ -122,11 +122,11 @@ def test_a_branch_resumes_from_a_checkpoint_with_the_logits_of_a_full_computatio
 
     # a continuation: the slot's state is where the new prompt needs it, no checkpoint needed
     longer = branch + tokens(rt, 30, 3)
-    cuts = prov.reused_by_cut
+    cuts = prov.states.reused_by_cut
     logits, reused = run(rt, prov, slot, longer, len(branch))
-    assert reused == len(branch) and prov.reused_by_cut == cuts + 1
+    assert reused == len(branch) and prov.states.reused_by_cut == cuts + 1
     close(logits, reference(rt, longer))
-    assert prov.checkpoint_errors == 0
+    assert prov.states.checkpoint_errors == 0
 
 
 def test_cutting_without_the_window_changes_the_logits(model):
@@ -179,6 +179,43 @@ def test_the_engine_checkpoints_at_its_prefill_stops_and_resumes_a_branch(model,
     plain = bootstrap.load(ServerSettings(**kw, no_cache=True))
     try:
         want = [generate(plain, p, max_tokens=6) for p in (first, branch)]
+    finally:
+        plain.close()
+    assert [g.text for g in got] == [w.text for w in want]
+
+
+@pytest.mark.parametrize("stored", ["H", "D"])
+def test_host_and_disk_restore_a_prefix_with_its_checkpoint(model, tmp_path, stored):
+    """The router on such a model: a slot's KV written back when another prompt takes the slot
+    goes to H (or D) with its checkpoints; a branch of it, and a repeat, are restored from there
+    (the slot no longer holds them) and answer as an engine that reuses nothing."""
+    from server import bootstrap
+    from server.settings import ServerSettings
+    from tests.server.cache.engine_harness import generate
+
+    kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16)
+    tiers = {"H": dict(cache_tiers=("A", "H")), "D": dict(cache_tiers=("A", "D"), cache_dir=tmp_path / "kv")}
+    first, other = tokens(model.rt, 600, 8), tokens(model.rt, 100, 9)
+    branch, repeat = first[:300] + tokens(model.rt, 30, 10), first
+    prompts = [first, other, branch, other, repeat]
+    cached = bootstrap.load(ServerSettings(**kw, **tiers[stored]))
+    try:
+        assert cached.router is not None and cached.router.states is not None
+        got = [generate(cached, p, max_tokens=6) for p in prompts[:2]]
+        if cached.router.disk is not None:  # the disk tier writes behind: wait for the first path
+            cached.router.disk.wait_idle()
+        got += [generate(cached, p, max_tokens=6) for p in prompts[2:]]
+        stats = cached.router.stats()
+    finally:
+        cached.close()
+    plans = [(g.final.cache.source, g.final.cached_tokens) for g in got]
+    # the branch resumes from the checkpoint at 256, the repeat from the one before its last token
+    assert plans[2] == (stored, 256) and plans[4] == (stored, 599), plans
+    assert stats["tiers"]["A"]["state"]["host_checkpoints"]["hits"] >= 2
+    plain = bootstrap.load(ServerSettings(**kw, no_cache=True))
+    try:
+        want = [generate(plain, p, max_tokens=6) for p in prompts]
     finally:
         plain.close()
     assert [g.text for g in got] == [w.text for w in want]

@@ -306,9 +306,9 @@ def test_a_slow_restore_makes_the_router_recompute(cached, reference):
     # Slower than computing the whole prompt by a wide margin, whatever this machine's speed.
     delay = max(2.0, 3 * len(second) / cached.router.costs.prefill.per_second)
 
-    def slow(segments, target):
+    def slow(segments, target, checkpoint=None):
         time.sleep(delay)
-        return real(segments, target)
+        return real(segments, target, checkpoint)
 
     cached.router.kv.restore = slow
     first = trunk[:-3] + chat_tokens(cached, "", QUESTIONS[1])[3:]

@@ -1,0 +1,99 @@
+"""State checkpoints in host RAM, by the token prefix they follow: what tiers H and D need, besides
+their full-attention segments, to restore a prefix on a model with sliding-window or recurrent
+layers (server/cache/checkpoints.py).
+
+A stored tier holds a model's full-attention KV for [0, m) of a prompt; a restore there also
+needs the state the full-attention KV cannot give at the end of what is restored. So the prefix
+a stored tier can serve is the longest prompt[:p], p <= m, for which a checkpoint is kept here,
+and it is restored as that tier's segments of [0, p) plus this checkpoint.
+
+Keys are a digest of the prefix's tokens (BLAKE2b of their int32 bytes), so a checkpoint is
+only ever found for exactly the tokens it followed, whichever slot took it. Lookup digests the
+prompt at the few positions checkpoints exist at, longest first.
+
+Contracts: `put(tokens, ckpt)` keeps ckpt for tokens[:ckpt.pos] (a newer one for the same prefix
+replaces it), evicting the least recently used beyond `budget_bytes` (a checkpoint larger than
+the budget is declined, counted); `best(prompt, limit)` the checkpoint with the highest
+position <= limit whose prefix is prompt's (a hit refreshes it). Thread-safe (one lock): the
+engine thread writes and plans; stats are read from the HTTP thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from server.cache.checkpoints import StateCheckpoint
+
+
+def prefix_digest(tokens: Sequence[int], n: int) -> bytes:
+    return hashlib.blake2b(np.asarray(tokens[:n], dtype=np.int32).tobytes(), digest_size=16).digest()
+
+
+class CheckpointStore:
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        self._by_key: OrderedDict[bytes, StateCheckpoint] = OrderedDict()  # least recently used first
+        self._positions: dict[int, int] = {}  # position -> checkpoints kept at it
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.stored = self.hits = self.evictions = self.declined = 0
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def put(self, tokens: Sequence[int], ckpt: StateCheckpoint) -> bool:
+        if ckpt.pos <= 0 or ckpt.pos > len(tokens):
+            raise ValueError(f"a checkpoint at {ckpt.pos} does not follow a prefix of {len(tokens)} tokens")
+        if ckpt.nbytes > self.budget_bytes:
+            self.declined += 1
+            return False
+        key = prefix_digest(tokens, ckpt.pos)
+        with self._lock:
+            self._drop(key)
+            while self._by_key and self.bytes + ckpt.nbytes > self.budget_bytes:
+                self._drop(next(iter(self._by_key)))
+                self.evictions += 1
+            self._by_key[key] = ckpt
+            self._positions[ckpt.pos] = self._positions.get(ckpt.pos, 0) + 1
+            self.bytes += ckpt.nbytes
+            self.stored += 1
+        return True
+
+    def best(self, prompt: Sequence[int], limit: int) -> StateCheckpoint | None:
+        with self._lock:
+            for pos in sorted((p for p in self._positions if p <= min(limit, len(prompt))), reverse=True):
+                key = prefix_digest(prompt, pos)
+                found = self._by_key.get(key)
+                if found is not None:
+                    self._by_key.move_to_end(key)
+                    self.hits += 1
+                    return found
+        return None
+
+    def clear(self) -> int:
+        with self._lock:
+            freed = self.bytes
+            self._by_key.clear()
+            self._positions.clear()
+            self.bytes = 0
+            return freed
+
+    def _drop(self, key: bytes) -> None:
+        old = self._by_key.pop(key, None)
+        if old is None:
+            return
+        self.bytes -= old.nbytes
+        left = self._positions[old.pos] - 1
+        if left:
+            self._positions[old.pos] = left
+        else:
+            del self._positions[old.pos]
+
+    def stats(self) -> dict:
+        return {"entries": len(self._by_key), "bytes": self.bytes, "budget_bytes": self.budget_bytes,
+                "stored": self.stored, "hits": self.hits, "evictions": self.evictions, "declined": self.declined}
