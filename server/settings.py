@@ -226,6 +226,10 @@ class ServerSettings(BaseSettings):
     max_body_kib: int = Field(4096, ge=1, description="largest request body, KiB (413 beyond)",
                               json_schema_extra=_LIMITS)
     max_json_depth: int = Field(64, ge=2, le=512, description="deepest nesting of a JSON body",
+    responses_store: int = Field(1024, ge=0, description="responses the Responses API keeps for previous_response_id "
+                                 "and GET /v1/responses/{id} (oldest evicted first; 0: none is kept)")
+    responses_store_mb: int = Field(64, ge=1, description="MiB of JSON the kept responses may hold (their input and "
+                                    "output items; oldest evicted first)")
                                 json_schema_extra=_LIMITS)
     max_messages: int = Field(1024, ge=1, description="messages per chat request", json_schema_extra=_LIMITS)
     max_tools: int = Field(128, ge=0, description="tools per chat request", json_schema_extra=_LIMITS)

@@ -19,8 +19,9 @@ from server.api.cors import install_cors
 from server.api.errors import install_error_handlers
 from server.api.generation import LoopDelivery
 from server.api.host_check import HostCheck
+from server.api.messages_api.errors import AnthropicErrors
 from server.api.request_guard import RequestGuard
-from server.api.routes import cache, chat, completions, embeddings, info, native_completion, tokens
+from server.api.routes import cache, chat, completions, embeddings, info, messages, native_completion, responses, tokens
 from server.api.state import ServerState
 from server.api.vllm_metrics import VllmAliases
 from server.settings import ServerSettings
@@ -69,9 +70,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.state.arbor = state
     install_error_handlers(app)
     app.add_middleware(RequestGuard, settings=settings)
+    app.add_middleware(AnthropicErrors)  # around the guard: its refusals on /v1/messages in Anthropic's format
     app.include_router(info.public)
     app.include_router(info.router)
     app.include_router(chat.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
     app.include_router(completions.router)
     app.include_router(native_completion.router)
     app.include_router(embeddings.router)

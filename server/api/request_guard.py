@@ -19,7 +19,8 @@ request other than GET/HEAD/OPTIONS, in this order:
   (``"\\ud800"`` decodes to a Python str that cannot be encoded as UTF-8, so it would fail deep
   in tokenization or while writing the reply), and each request limit (`check_body`): messages,
   tools and their size, stop strings and their length, grammar length, JSON-schema size,
-  logit_bias entries;
+  logit_bias entries (a Responses request's ``text.format.schema`` is a schema too; its
+  ``input`` items count as messages where it is translated, server.api.responses_api);
 - then hands the app the same bytes, so FastAPI's own parsing and validation run as before.
 
 A body that is not JSON passes through: the routes answer it with their own 400. Errors use the
@@ -72,7 +73,8 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         try:
-            err = api_key_error(_latin1(headers.get(b"authorization")), self.api_key)
+            err = api_key_error(_latin1(headers.get(b"authorization")), self.api_key,
+                                x_api_key=_latin1(headers.get(b"x-api-key")))
             if err is not None:
                 raise err
             json_type = check_content_type(_latin1(headers.get(b"content-type")))
@@ -192,6 +194,9 @@ def _check_sizes(data: dict, limits: Limits) -> None:
     schemas = [("json_schema", data.get("json_schema"))]
     if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
         schemas.append(("response_format.json_schema", fmt["json_schema"].get("schema")))
+    text = data.get("text")  # the Responses API's text.format
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        schemas.append(("text.format.schema", text["format"].get("schema")))
     for param, schema in schemas:
         if schema is None:
             continue

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from server.api.errors import APIError
 from server.api.metrics import ServerMetrics
+from server.api.responses_api.store import ResponseStore
 from server.bootstrap import LoadedModel
 from server.settings import ServerSettings
 
@@ -19,6 +20,10 @@ class ServerState:
     loaded: LoadedModel | None = None
     load_error: str | None = None
     started_at: float = field(default_factory=time.time)
+    responses: ResponseStore = field(init=False)  # stored Responses-API responses (previous_response_id)
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseStore(self.settings.responses_store, self.settings.responses_store_mb * 1024 * 1024)
 
     def require_model(self) -> LoadedModel:
         if self.loaded is not None:

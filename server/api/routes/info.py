@@ -85,6 +85,8 @@ async def props(state: StateDep, model: ModelDep):
             },
             "devices": [asdict(d) for d in model.runtime.devices.devices],
             "offload": _offload(model.runtime.offload),
+            # the Responses API's stored responses: limits (--responses-store, --responses-store-mb) and occupancy
+            "responses_store": state.responses.stats(),
         },
     }
 
