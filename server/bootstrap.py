@@ -87,15 +87,16 @@ def unsupported_cache_reason(info) -> str | None:
 
 
 def checkpoint_tiers_note(info, settings: ServerSettings) -> str | None:
-    """What a model with sliding-window or recurrent layers gets of the requested tiers: A, H and D
-    with state checkpoints; not S (resident prefixes share cells by seq_cp, and a reader's window
-    cells or recurrent state cannot be shared that way) nor R (the shared store keeps no
-    checkpoints yet). None when nothing requested is left out."""
-    left_out = [t for t in ("S",) if settings.tier_enabled(t)] + (["R"] if settings.cache_shared else [])
+    """What a model with sliding-window or recurrent layers gets of the requested tiers: A, S, H
+    and D with state checkpoints, where S shares other slots' copies but keeps no resident owners
+    (an owner's window cells or recurrent state stay at its end), and no R (the shared store keeps
+    no checkpoints yet). None when nothing requested is left out."""
+    left_out = ((["S's resident owners"] if settings.tier_enabled("S") else [])
+                + (["R"] if settings.cache_shared else []))
     if not left_out:
         return None
-    return (f"{ModelMemory.of(info).describe()}: tier{'s' if len(left_out) > 1 else ''} {', '.join(left_out)} "
-            "off (no state checkpoints there yet, issue 32); A, H and D reuse prefixes with checkpoints")
+    return (f"{ModelMemory.of(info).describe()}: {' and '.join(left_out)} off (no state checkpoints there yet, "
+            "issue 32); slots, other slots' copies, H and D reuse prefixes with checkpoints")
 
 
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
@@ -108,8 +109,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
     states = None
-    if partial_state:  # window cells or a recurrent state: A, H and D with checkpoints
-        tiers.discard("S")
+    if partial_state:  # window cells or a recurrent state: A, S (other slots), H and D with checkpoints
         states = SlotStates(runtime, memory, per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every,
                             store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024))
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
@@ -136,7 +136,8 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids, partial_state=states is not None), slots=slots, running=running,
         tiers=tiers, tree=tree, host=host, disk=disk,
-        resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners else None, registry=registry,
+        resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners and states is None else None,
+        registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
         shared=shared, states=states,
@@ -193,12 +194,12 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         elif memory.needs_checkpoints:  # a slot cut back without its state would attend to missing cells
             prefix = CheckpointedSlotReuse(runtime, memory, reuse=settings.tier_enabled("A"),
                                            per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every)
-        scheduler = Scheduler(
-            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
         else:
             prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
             kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
             prefill_while_decoding=settings.prefill_while_decoding or None,
+        scheduler = Scheduler(
+            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
         )
         runner = LlamaRunner(runtime, prefix)
         engine = Engine(runner, scheduler, deliver)

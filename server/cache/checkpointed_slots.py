@@ -55,12 +55,15 @@ class SlotStates:
             found = self._slots[slot.index] = SlotCheckpoints(self.per_slot)
         return found
 
-    def resumable(self, slot: Slot, prompt: list[int], n: int) -> tuple[int, StateCheckpoint | None]:
-        """The longest k <= n the slot can resume prompt[:k] from (it holds prompt[:n] at least),
-        and the checkpoint that takes (None: a cut is enough). Changes nothing."""
+    def resumable(self, slot: Slot, prompt: list[int], n: int,
+                  held: int | None = None) -> tuple[int, StateCheckpoint | None]:
+        """The longest k <= n for which the state after prompt[:k] can be had from the slot's
+        sequence (which holds prompt[:n] at least, of its `held` tokens: by default its kept
+        ones), and the checkpoint that takes (None: a cut, or a copy cut back, is enough).
+        Changes nothing. Also what another slot can take from this one (tier S)."""
         if n <= 0:
             return 0, None
-        if self.memory.can_cut(self.runtime, slot.seq_id, n, len(slot.tokens)):
+        if self.memory.can_cut(self.runtime, slot.seq_id, n, len(slot.tokens) if held is None else held):
             return n, None
         own = self.of(slot).newest_at_or_below(n)
         kept = self.store.best(prompt, n) if self.store is not None else None  # same tokens, any slot
@@ -95,6 +98,12 @@ class SlotStates:
     def set_stops(self, seq: Sequence, reused: int) -> None:
         if self.per_slot > 0:
             seq.prefill_stops = stops(len(seq.prompt), reused, self.every)
+
+    def add_stop(self, seq: Sequence, pos: int) -> None:
+        """A request waits for `seq` to compute `pos` tokens it shares: `seq` stops there too,
+        so the state at `pos` is checkpointed for it (when a copy cut back will not do)."""
+        if self.per_slot > 0 and seq.n_past < pos < len(seq.prompt) and pos not in seq.prefill_stops:
+            seq.prefill_stops = tuple(sorted((*seq.prefill_stops, pos)))
 
     def capture(self, seq: Sequence, pos: int) -> None:
         """A prefill chunk ended at `pos` (one of the request's stops): checkpoint the slot there."""
@@ -151,7 +160,7 @@ class CheckpointedSlotReuse:
     def provide(self, admission: Admission) -> CacheReport:
         seq, slot = admission.seq, admission.slot
         n = min(admission.common_prefix, len(seq.prompt) - 1) if self.reuse else 0
-        k, ckpt = self.states.resumable(slot, seq.prompt, n)
+        k, ckpt = self.states.resumable(slot, seq.cache_prompt, n)
         if k == 0 or not self.states.resume(slot, k, ckpt):
             if n > 0:
                 self.states.recomputed += 1

@@ -155,14 +155,23 @@ class Planner:
 def defer_behind(seq: Any, running: Iterable[Any], min_tokens: int) -> bool:
     """Whether `seq` should wait for a running request that is computing a long prefix it shares
     (or, for choices of one request, any prefix: they share their prompt however short)."""
+    return deferring_to(seq, running, min_tokens) is not None
+
+
+def deferring_to(seq: Any, running: Iterable[Any], min_tokens: int) -> tuple[Any, int] | None:
+    """The running request `seq` should wait for (see `defer_behind`) and the prefix length it
+    waits for, or None. A request of another cache namespace shares nothing with `seq`
+    (server/engine/cache_namespace.py)."""
+    namespace = getattr(seq.request, "cache_namespace", None)
     for other in running:
-        if other.status is not SeqStatus.PREFILLING:
+        if other.status is not SeqStatus.PREFILLING or getattr(other.request, "cache_namespace", None) != namespace:
             continue
         shared = common_prefix_len(other.prompt, seq.prompt)
         grouped = seq.request.prefill_group is not None and other.request.prefill_group is seq.request.prefill_group
-        if (shared >= min_tokens or grouped) and other.n_past < min(shared, len(seq.prompt) - 1):
-            return True
-    return False
+        wanted = min(shared, len(seq.prompt) - 1)
+        if (shared >= min_tokens or grouped) and other.n_past < wanted:
+            return other, wanted
+    return None
 
 
 def _ms(x: float | None) -> float | None:

@@ -127,13 +127,26 @@ class Restorer:
 
     def _commit_with_state(self, c: Candidate, adm: Admission) -> CacheReport:
         """The plan on a model with sliding-window or recurrent layers: A resumes the slot (cut
-        back, or its checkpoint restored); H and D restore [0, length) with the checkpoint at
-        its end into the emptied slot (its partial state cannot be joined to the slot's own)."""
+        back, or its checkpoint restored); S shares another slot's cells and takes its state at
+        the length from a checkpoint; H and D restore [0, length) with the checkpoint at its end
+        into the emptied slot (a partial state cannot be joined to the slot's own)."""
         assert self.states is not None
         if c.source is Source.A:
             if not self.states.resume(adm.slot, c.length, c.checkpoint):
                 raise RestoreError("the slot's state could not be resumed")
             return CacheReport(Source.A.value, c.length)
+        if c.source is Source.S:
+            # the other slot's cells [0, length) shared, then its state there from the checkpoint
+            # (a copy cut back is exact when there is none: ModelMemory.can_cut)
+            assert c.src_seq is not None
+            self.states.forget(adm.slot)
+            slot_seq = adm.slot.seq_id
+            self.runtime.seq_cp(c.src_seq, slot_seq, 0, c.length)
+            if c.checkpoint is not None and not self.runtime.state_seq_set(c.checkpoint.blob, slot_seq, partial=True):
+                raise RestoreError("llama.cpp refused the shared prefix's checkpoint")
+            if self.runtime.seq_pos_max(slot_seq) != c.length - 1:
+                raise RestoreError("attaching the shared prefix did not give the expected cells")
+            return CacheReport(Source.S.value, c.length)
         if c.source not in (Source.H, Source.D) or c.checkpoint is None:
             raise RestoreError(f"source {c.source} cannot restore this model's state")
         self.states.forget(adm.slot)

@@ -42,7 +42,7 @@ from server.cache.host_tier import HostTier
 from server.cache.kv_ops import KVOps
 from server.cache.lease import CacheLease
 from server.cache.lifecycle import SessionRegistry
-from server.cache.planner import ROUTES, Candidate, Planner, defer_behind, kept_in_slot, length_of
+from server.cache.planner import ROUTES, Candidate, Planner, deferring_to, kept_in_slot, length_of
 from server.cache.radix_tree import RadixTree
 from server.cache.restore import Restorer
 from server.cache.shared_tier import SharedTier
@@ -51,7 +51,7 @@ from server.cache.write_back_policy import WriteBackPolicy
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
 from server.engine.sequence import CacheReport, Sequence
-from server.engine.slots import SlotPool
+from server.engine.slots import SlotPool, common_prefix_len
 
 __all__ = ["ROUTES", "CacheRouter", "Candidate"]
 
@@ -78,8 +78,8 @@ class CacheRouter:
         # a model with sliding-window or recurrent layers: its slots' states and checkpoints (tiers
         # A, H and D only: server/bootstrap.py), the host's checkpoints for H and D
         self.states = states
-        if states is not None:
-            assert Source.S not in tiers and shared is None and states.store is not None
+        if states is not None:  # S: other slots' copies only, no resident owners; no R
+            assert self.resident is None and shared is None and states.store is not None
             self.write.hand_over = states.hand_over
         self.planner = Planner(tiers=tiers, tree=tree, host=host, disk=disk, shared=shared, resident=self.resident,
                                route=route, checkpoints=states.store if states is not None else None)
@@ -124,12 +124,10 @@ class CacheRouter:
         prompt = adm.seq.prompt
         if self.parked is not None and Source.S not in self.tiers:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
-        common, a_ckpt = adm.common_prefix, None
-        if self.states is not None:  # how far the slot's state can go back (a checkpoint, or a cut)
-            common, a_ckpt = self.states.resumable(adm.slot, prompt, min(common, len(prompt) - 1))
-        cands = self.planner.candidates(prompt, common, self._live(adm))
-        if a_ckpt is not None:
-            cands = [replace(c, checkpoint=a_ckpt) if c.source is Source.A else c for c in cands]
+        if self.states is None:
+            cands = self.planner.candidates(prompt, adm.common_prefix, self._live(adm))
+        else:
+            cands = self._candidates_with_state(adm)
         best, plan = self.planner.plan(cands, len(prompt))
         lease = self.lease(adm.seq)
         lease.plan = plan
@@ -147,6 +145,27 @@ class CacheRouter:
 
     def _live(self, adm: Admission) -> Iterator[tuple[int, list[int]]]:
         """The device copies other sequences hold: another slot's kept idle KV or computed
+    def _candidates_with_state(self, adm: Admission) -> list[Candidate]:
+        """On a model with sliding-window or recurrent layers: A as far as the slot's state goes
+        back, S the other slot whose copy gives the longest state (cut back, or with a
+        checkpoint), H and D as the planner cuts them to a checkpoint."""
+        assert self.states is not None
+        prompt, limit = adm.seq.prompt, len(adm.seq.prompt) - 1
+        a_len, a_ckpt = self.states.resumable(adm.slot, prompt, min(adm.common_prefix, limit))
+        s_cand = Candidate(Source.S, 0)
+        if Source.S in self.tiers:
+            running = {s.slot.index: s for s in self.running() if s.slot is not None and s is not adm.seq}
+            for slot in self.slots.slots:
+                if slot is adm.slot or (slot.busy and slot.index not in running):
+                    continue
+                tokens = running[slot.index].kv_tokens() if slot.index in running else slot.tokens
+                k, ckpt = self.states.resumable(slot, prompt, min(common_prefix_len(tokens, prompt), limit),
+                                                held=len(tokens))
+                if k > s_cand.length:
+                    s_cand = Candidate(Source.S, k, src_seq=slot.seq_id, checkpoint=ckpt)
+        return [replace(c, checkpoint=a_ckpt) if c.source is Source.A else s_cand if c.source is Source.S else c
+                for c in self.planner.candidates(prompt, a_len, ())]
+
         tokens, then the slots' KV parked for write-back (read lazily, by the planner)."""
         running = {s.slot.index: s for s in self.running() if s.slot is not None and s is not adm.seq}
         for slot in self.slots.slots:
@@ -158,10 +177,15 @@ class CacheRouter:
 
     def should_defer(self, seq: Sequence) -> bool:
         """Wait for a running request that is computing a long prefix this one shares."""
-        if Source.S not in self.tiers or not defer_behind(seq, self.running(), self.min_tokens):
+        if Source.S not in self.tiers:
+            return False
+        waiting_for = deferring_to(seq, self.running(), self.min_tokens)
+        if waiting_for is None:
             return False
         lease = self.lease(seq)
         if not lease.deferred:
+        if self.states is not None:  # the state where this one will take over must be kept
+            self.states.add_stop(*waiting_for)
             lease.deferred = True
             self.deferrals += 1
         return True
@@ -173,19 +197,19 @@ class CacheRouter:
         if self.states is not None:
             self.states.capture(seq, pos)
 
-        t0 = time.perf_counter()
-        lease = self.lease(seq)
     # --------------------------------------------------------------- finishing
     def on_finished(self, seq: Sequence, reason: str) -> None:
         try:
             if seq.slot is not None and reason == "error":
+        t0 = time.perf_counter()
+        lease = self.lease(seq)
                 self.write.slot_hints.pop(seq.slot.index, None)
-            elif seq.slot is not None:
-                self._observe_prefill(seq, lease)
                 if self.states is not None:  # the runner cleared the slot's KV
                     self.states.of(seq.slot).clear()
                 self.write.finished(seq, lease.hint)
         finally:
+            elif seq.slot is not None:
+                self._observe_prefill(seq, lease)
             lease.release(self.tree)
             seq.cache_lease = None
             self.clock.add((time.perf_counter() - t0) * 1000.0, step=False)
@@ -260,6 +284,6 @@ class CacheRouter:
             freed["D"] = self.disk.flush()
         if self.resident is not None:
             freed["S_cells"] = self.resident.flush()
-        return freed
         if self.states is not None and self.states.store is not None:
             freed["checkpoints"] = self.states.store.clear()
+        return freed

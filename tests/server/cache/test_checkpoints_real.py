@@ -219,3 +219,33 @@ def test_host_and_disk_restore_a_prefix_with_its_checkpoint(model, tmp_path, sto
     finally:
         plain.close()
     assert [g.text for g in got] == [w.text for w in want]
+
+
+def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(model):
+    """Tier S on such a model: a request that arrives while another computes a prefix it shares
+    waits for it (in-flight sharing); the other request checkpoints the state there (a stop added
+    for it), and this one shares its cells and restores that state, on another slot."""
+    from server import bootstrap
+    from server.settings import ServerSettings
+    from tests.server.cache.engine_harness import generate, generate_many
+
+    kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=64, threads=model_threads(),
+              flash_attn="off", paged_attn="off", checkpoint_every=0, cache_min_tokens=16, cache_tiers=("A", "S"))
+    first = tokens(model.rt, 600, 11)
+    branch = first[:300] + tokens(model.rt, 30, 12)
+    cached = bootstrap.load(ServerSettings(**kw))
+    try:
+        assert cached.router is not None and cached.router.resident is None
+        got = generate_many(cached, [first, branch], max_tokens=6)
+        stats = cached.router.stats()
+    finally:
+        cached.close()
+    assert stats["deferrals"] == 1
+    # whichever was admitted first computed; the other took 300 tokens from it
+    assert sorted((g.final.cache.source, g.final.cached_tokens) for g in got) == [("S", 300), ("none", 0)], got
+    plain = bootstrap.load(ServerSettings(**kw, no_cache=True))
+    try:
+        want = [generate(plain, p, max_tokens=6) for p in (first, branch)]
+    finally:
+        plain.close()
+    assert [g.text for g in got] == [w.text for w in want]
