@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     types = ["f16"] + [t for t in a.types.split(",") if t and t != "f16"]
     work = workloads(a.quick)[WORKLOAD]
     index: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": str(a.model or embedded_model_path()),
-                   "command": "python -m bench.kv_types " + shlex.join(sys.argv[1:] if argv is None else argv),
+                   "command": ("python -m bench.kv_types " + shlex.join(sys.argv[1:] if argv is None else argv)).strip(),
                    "workload": WORKLOAD, "workload_params": work.describe()["params"], "runs": [],
                    "bytes_per_token": [], "agreement": {}}
     a.out.mkdir(parents=True, exist_ok=True)
