@@ -208,8 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     types = ["f16"] + [t for t in a.types.split(",") if t and t != "f16"]
     work = workloads(a.quick)[WORKLOAD]
+    command = ("python -m bench.kv_types " + shlex.join(sys.argv[1:] if argv is None else argv)).strip()
     index: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": str(a.model or embedded_model_path()),
-                   "command": ("python -m bench.kv_types " + shlex.join(sys.argv[1:] if argv is None else argv)).strip(),
+                   "command": command,
                    "workload": WORKLOAD, "workload_params": work.describe()["params"], "runs": [],
                    "bytes_per_token": [], "agreement": {}}
     a.out.mkdir(parents=True, exist_ok=True)
