@@ -120,7 +120,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         # D and R share one fingerprint: only replicas of the same model file, KV types and
         # layout ever read each other's KV (the shared store's keys start with it).
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
-                               kv_types=f"k=f16,v=f16,fa={settings.flash_attn}")
+                               kv_types=f"k={settings.cache_type_k},v={settings.cache_type_v},fa={settings.flash_attn}")
     if "D" in tiers:
         assert tree is not None and settings.cache_dir is not None  # D: the settings require --cache-dir
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
@@ -169,10 +169,12 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
             n_threads_batch=settings.threads,
             n_gpu_layers=settings.n_gpu_layers,
             flash_attn=flash,
+            cache_type_k=settings.cache_type_k,
+            cache_type_v=settings.cache_type_v,
             paged_attn=settings.paged_attn,
+            swa_full=settings.swa_full,
             page_size=settings.page_size,
         )
-            swa_full=settings.swa_full,
     )
     try:
         info = runtime.info
@@ -196,10 +198,10 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
                                            per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every)
         else:
             prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
-            kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
-            prefill_while_decoding=settings.prefill_while_decoding or None,
         scheduler = Scheduler(
             slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
+            kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
+            prefill_while_decoding=settings.prefill_while_decoding or None,
         )
         runner = LlamaRunner(runtime, prefix)
         engine = Engine(runner, scheduler, deliver)

@@ -13,6 +13,7 @@ from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from server.cache.store_url import redact_url
+from server.engine.kv_types import KVCacheType, is_quantized
 
 CACHE_TIERS = ("A", "S", "H", "D")
 MIN_SHARED_SECRET_BYTES = 16  # as server.cache.shared_tier.MIN_SECRET_BYTES
@@ -114,6 +115,12 @@ class ServerSettings(BaseSettings):
                                      "on purpose (a warning, /props says so) instead of refusing to start")
     flash_attn: Literal["auto", "on", "off"] = Field("auto", description="llama.cpp's flash attention; auto: where "
                                                      "the backend supports it")
+    cache_type_k: KVCacheType = Field(
+        "f16", description="element type of the KV cache's K (llama-server's -ctk); a quantized type holds more "
+        "tokens per MiB on the device and in the host and disk tiers", json_schema_extra={"short": "-ctk"})
+    cache_type_v: KVCacheType = Field(
+        "f16", description="element type of the KV cache's V (llama-server's -ctv); a quantized V needs flash "
+        "attention", json_schema_extra={"short": "-ctv"})
     paged_attn: Literal["auto", "on", "off"] = Field(
         "auto", description="paged attention over the unified KV: each sequence reads only the pages of cells it "
         "owns (our llama.cpp patch); auto: on where the backend has the kernel (the CPU); on (also a bare "
@@ -302,6 +309,10 @@ class ServerSettings(BaseSettings):
         if self.paged_attn == "on" and self.flash_attn == "off":
             raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
                              "drop --flash-attn off or use --paged-attn auto|off")
+        if is_quantized(self.cache_type_v) and self.flash_attn == "off":
+            raise ValueError(f"--cache-type-v {self.cache_type_v} needs flash attention: without it llama.cpp keeps V "
+                             "transposed, one element per cell, which a quantized type (blocks of 32) cannot be; drop "
+                             "--flash-attn off or use --cache-type-v f16, bf16 or f32")
         if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
             off = ", --no-cache" if self.no_cache else ""
             raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "

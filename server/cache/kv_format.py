@@ -9,6 +9,11 @@
     if not v_trans: n_layer x { i32 v_type, u64 v_row_bytes, cell_count rows }
     else:           n_layer x { i32 v_type, u32 v_el_bytes, u32 n_embd_v, n_embd_v x cell_count elements }
 
+Rows are bytes: a quantized K or V row (q8_0, q4_0, ... from `--cache-type-k/-v`) is whole
+blocks of one token's `n_embd` elements, so it splits and joins by token like an f16 row. A
+transposed V of a quantized type would not (a block spans cells); llama.cpp never writes one
+(a quantized V needs flash attention, which keeps V untransposed), and the parser refuses it.
+
 A `KVSegment` holds the K and V of consecutive positions [pos0, pos0 + n) as numpy views
 in that same layout (transposed V stays transposed), so parsing, splitting and slicing copy
 nothing; cells are reordered only when llama.cpp wrote them out of position order. A run
@@ -24,6 +29,8 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+
+from server.engine.kv_types import QUANTIZED_TYPE_IDS
 
 SEQ_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp's io_magic for sequence states
 
@@ -289,6 +296,11 @@ def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
     Cells are reordered (one copy) only when llama.cpp wrote them out of position order.
     Raises KVFormatError unless the state holds consecutive positions of one sequence in
     one stream and the whole blob is consumed (anything else is a layout we do not know).
+    `more_sections`: the state of a model with sliding-window or recurrent layers, whose first
+    section is the full-attention KV (iSWA's base cache, a hybrid's attention cache) and whose
+    next ones (the window cells, the recurrent state) are left out: the segment is the first
+    section alone, copied into a blob of its own (the header and that section; a restore
+    appends the rest from a state checkpoint: `with_partial_state`).
     """
     r = _Reader(blob)
     magic, _seq = r.take("<Ii")
@@ -296,11 +308,6 @@ def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
         raise KVFormatError(f"not a llama.cpp sequence state (magic {magic:#x})")
     (n_stream,) = r.take("<I")
     if n_stream != 1:
-    `more_sections`: the state of a model with sliding-window or recurrent layers, whose first
-    section is the full-attention KV (iSWA's base cache, a hybrid's attention cache) and whose
-    next ones (the window cells, the recurrent state) are left out: the segment is the first
-    section alone, copied into a blob of its own (the header and that section; a restore
-    appends the rest from a state checkpoint: `with_partial_state`).
         raise KVFormatError(f"{n_stream} KV streams: Direct KV needs a unified KV cache")
     (n,) = r.take("<I")
     if n == 0:
@@ -334,6 +341,9 @@ def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
             vs.append(r.array(n * row).reshape(n, row))
         else:
             t, el, n_embd_v = r.take("<iII")
+            if t in QUANTIZED_TYPE_IDS:
+                raise KVFormatError(f"a transposed V of quantized ggml type {t}: its elements are blocks over "
+                                    "several cells, not one token's (llama.cpp needs flash attention for it)")
             v_types.append(t)
             v_rows.append(el * n_embd_v)
             v_els.append(el)
@@ -352,14 +362,6 @@ def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
     return KVSegment(layout, pos0, ks, vs, blob=r.buf, memory=MemoryBlock(r.buf.nbytes))
 
 
-def count_state_cells(blob) -> int:
-    """Cells in a whole-context state dump (seq_id -1) of a unified (single-stream) KV."""
-    magic, _seq, n_stream, n = struct.unpack_from("<IiII", blob, 0)
-    if magic != SEQ_STATE_MAGIC:
-        raise KVFormatError("not a llama.cpp sequence state")
-    if n_stream != 1:
-        raise KVFormatError("count_state_cells expects a unified KV (one stream)")
-    return int(n)
 def with_partial_state(full_attention: memoryview | bytes, partial: bytes) -> bytes:
     """A whole sequence state of a model with sliding-window or recurrent layers: the header and
     full-attention section of `full_attention` (a segment's state blob) followed by the sections
@@ -370,3 +372,11 @@ def with_partial_state(full_attention: memoryview | bytes, partial: bytes) -> by
     return bytes(full_attention) + bytes(partial[8:])
 
 
+def count_state_cells(blob) -> int:
+    """Cells in a whole-context state dump (seq_id -1) of a unified (single-stream) KV."""
+    magic, _seq, n_stream, n = struct.unpack_from("<IiII", blob, 0)
+    if magic != SEQ_STATE_MAGIC:
+        raise KVFormatError("not a llama.cpp sequence state")
+    if n_stream != 1:
+        raise KVFormatError("count_state_cells expects a unified KV (one stream)")
+    return int(n)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import llama_cpp
 import numpy as np
 
-from server.engine import backend_devices, offload, paged_attention
+from server.engine import backend_devices, kv_types, offload, paged_attention
 from server.engine.kv_full import KVCacheFull
 from server.engine.llama_backend import init_once as _init_backend_once
 from server.engine.model_weights import matmul_weights, read_tensor_types
@@ -64,12 +64,14 @@ class RuntimeConfig:
     n_threads_batch: int
     n_gpu_layers: int = 0
     flash_attn: bool | None = None  # None: llama.cpp decides
+    cache_type_k: str = "f16"  # the KV cache's element types, llama-server's names (server/engine/kv_types.py)
+    cache_type_v: str = "f16"
     kv_unified: bool = True
-    # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
-    paged_attn: Literal["auto", "on", "off"] = "auto"
     # sliding-window layers keep every cell (llama.cpp's default, llama-server's --swa-full); off,
     # they keep their window and a slot goes back with state checkpoints (server/cache/checkpoints.py)
     swa_full: bool = False
+    # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
+    paged_attn: Literal["auto", "on", "off"] = "auto"
     page_size: int = 16  # cells per page
 
 
@@ -174,9 +176,11 @@ class LlamaRuntime:
         cparams.n_threads = config.n_threads
         cparams.n_threads_batch = config.n_threads_batch
         cparams.kv_unified = config.kv_unified
-        cparams.no_perf = True
-        if config.flash_attn is not None:
         cparams.swa_full = config.swa_full
+        cparams.no_perf = True
+        cparams.type_k = kv_types.GGML_TYPE_IDS[config.cache_type_k]
+        cparams.type_v = kv_types.GGML_TYPE_IDS[config.cache_type_v]
+        if config.flash_attn is not None:
             cparams.flash_attn_type = (
                 llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn
                 else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -184,12 +188,16 @@ class LlamaRuntime:
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
+            types = (f", K type {config.cache_type_k}, V type {config.cache_type_v} (llama.cpp needs the head size a "
+                     "multiple of a quantized type's block; a quantized V needs flash attention)"
+                     if (config.cache_type_k, config.cache_type_v) != ("f16", "f16") else "")
             raise ModelLoadError(
-                f"could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}"
+                f"could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}{types}"
             )
         try:
             self.paged_attn = paged_attention.configure(self.ctx, config.paged_attn, config.page_size,
-                                                        offloaded=self.offload.offloaded > 0)
+                                                        offloaded=self.offload.offloaded > 0,
+                                                        kv_types=(config.cache_type_k, config.cache_type_v))
         except paged_attention.PagedAttentionUnavailable:
             llama_cpp.llama_free(self.ctx)
             llama_cpp.llama_model_free(self.model)
@@ -352,7 +360,7 @@ class LlamaRuntime:
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, flags)
         buf = np.empty(size, dtype=np.uint8)
         n = llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
-                                                   size, seq_id, 0)
+                                                   size, seq_id, flags)
         return buf.data[:n]
 
     def state_seq_set(self, data, seq_id: int, *, partial: bool = False) -> bool:
