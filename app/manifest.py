@@ -2,16 +2,22 @@
 
 The format is shared with the replay tools (app/replay/), which import this module:
 
-    {"t": 12.5, "session_id": "...", "branch_id": "...", "body": {...}, "expected_output_tokens": 87}
+    {"t": 12.5, "session_id": "...", "branch_id": "...", "body": {...}, "expected_output_tokens": 87,
+     "api": "responses"}
 
 - ``t``: seconds since the session started when the request was sent (float, >= 0);
 - ``session_id`` / ``branch_id``: the workbench ids the request belongs to; the cache
   session of its hints is ``"<session_id>/<branch_id>"`` (`ManifestLine.cache_session`), the
   same key the workbench sends and replay uses;
-- ``body``: the exact OpenAI Chat Completions request body the workbench sent (model,
-  messages, tools, tool_choice, stream, stream_options, max_tokens, the ``cache`` hint ...);
+- ``body``: the exact request body as it was sent to the API named by ``api`` (for chat: the
+  model, messages, tools, tool_choice, stream, stream_options, max_tokens, the ``cache`` hint ...);
 - ``expected_output_tokens``: completion tokens the server produced for it (``None`` when
-  unknown), so a replay can ask for the same amount of output.
+  unknown), so a replay can ask for the same amount of output;
+- ``api``: which API the body was sent to, so a replay sends it to the same one: ``chat``
+  (``POST /v1/chat/completions``), ``responses`` (OpenAI's ``POST /v1/responses``) or
+  ``messages`` (Anthropic's ``POST /v1/messages``). A line without it is a chat line: every
+  manifest written before the field existed is one, and reads back unchanged; chat lines are
+  still written without it, so a chat manifest is the same file it always was.
 
 Lines are written in arrival order (``t`` ascending).
 """
@@ -26,6 +32,14 @@ from typing import IO, Any
 
 from app.agent.cache_hints import hint_key
 
+#: The APIs a manifest line may name, with the path each is served at.
+API_PATHS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+}
+CHAT = "chat"
+
 
 class ManifestError(ValueError):
     """A manifest line that is not valid JSON or lacks a field; the message names the line."""
@@ -38,6 +52,16 @@ class ManifestLine:
     branch_id: str
     body: dict[str, Any]
     expected_output_tokens: int | None = None
+    api: str = CHAT
+
+    def __post_init__(self) -> None:
+        if self.api not in API_PATHS:
+            raise ManifestError(f"api must be one of {', '.join(API_PATHS)}, got {self.api!r}")
+
+    @property
+    def path(self) -> str:
+        """The path the line's body is sent to (``/v1/chat/completions``, ``/v1/responses`` ...)."""
+        return API_PATHS[self.api]
 
     @property
     def cache_session(self) -> str:
@@ -45,15 +69,21 @@ class ManifestLine:
         return hint_key(self.session_id, self.branch_id)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+        data = asdict(self)
+        if self.api == CHAT:  # a chat line is written as before the field existed
+            del data["api"]
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ManifestLine:
         missing = [k for k in ("t", "session_id", "branch_id", "body") if k not in data]
         if missing:
             raise ManifestError(f"manifest line lacks {', '.join(missing)}")
-        if not isinstance(data["body"], dict) or not isinstance(data["body"].get("messages"), list):
-            raise ManifestError("manifest line body must be a chat request object with a messages list")
+        api = data.get("api")
+        api = CHAT if api is None else api
+        if api not in API_PATHS:
+            raise ManifestError(f"api must be one of {', '.join(API_PATHS)}, got {api!r}")
+        _check_body(api, data["body"])
         expected = data.get("expected_output_tokens")
         return cls(
             t=float(data["t"]),
@@ -61,7 +91,20 @@ class ManifestLine:
             branch_id=str(data["branch_id"]),
             body=data["body"],
             expected_output_tokens=None if expected is None else int(expected),
+            api=api,
         )
+
+
+def _check_body(api: str, body: Any) -> None:
+    """The least a body of `api` must have to be sent: chat and messages a messages list,
+    responses an input (a string or items) or the response it continues."""
+    if api == "responses":
+        if not isinstance(body, dict) or not (isinstance(body.get("input"), (str, list))
+                                              or isinstance(body.get("previous_response_id"), str)):
+            raise ManifestError("manifest line body must be a responses request object with an input "
+                                "(a string or a list of items)")
+    elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise ManifestError(f"manifest line body must be a {api} request object with a messages list")
 
 
 def dumps_manifest(lines: Iterable[ManifestLine]) -> str:

@@ -3,9 +3,15 @@
 Forms::
 
     arbor replay MANIFEST --base-url URL [--concurrency N | --schedule] [--out results.json] ...
-    arbor replay generate {shared-prefix,agent-sessions,branch-fanout,unique} --out MANIFEST [options]
+    arbor replay generate {shared-prefix,agent-sessions,branch-fanout,unique} --out MANIFEST [--api API] [options]
+    arbor replay convert MANIFEST --api {chat,responses,messages} --out MANIFEST
+    arbor replay record --upstream URL --out MANIFEST [--host H] [--port P]
     arbor replay import-aiperf INPUTS_JSON --out MANIFEST [--session-interval S]
     arbor replay compare A.json B.json ... [--out-dir DIR]
+
+A manifest line names its API (chat completions, responses, messages; none: chat) and the
+replay sends it there; ``generate --api`` and ``convert`` turn chat lines into the same
+requests through another API.
 
 The workbench CLI calls :func:`register`; ``python -m app.replay`` runs :func:`main` alone.
 Exit status: 0 on success (a replay with some failed requests still succeeds; they are in
@@ -23,9 +29,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.manifest import ManifestError, read_manifest, write_manifest
+from app.manifest import API_PATHS, CHAT, ManifestError, read_manifest, write_manifest
 
-ACTIONS = ("generate", "import-aiperf", "compare")
+ACTIONS = ("generate", "convert", "record", "import-aiperf", "compare")
 FORMS = __doc__.split("Forms::")[1].split("\n\n")[1]
 
 
@@ -42,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    handlers = {"generate": _generate, "import-aiperf": _import_aiperf, "compare": _compare}
+    handlers = {"generate": _generate, "convert": _convert, "record": _record, "import-aiperf": _import_aiperf,
+                "compare": _compare}
     handler = handlers.get(args.target)
     try:
         if handler is not None:
@@ -57,7 +64,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arbor replay", description="Replay MANIFEST against an "
-                                     "OpenAI-compatible server and record TTFT, latency, tokens and cache use.")
+                                     "OpenAI-compatible server (each line to its API: chat completions, responses "
+                                     "or messages) and record TTFT, latency, tokens and cache use.")
     parser.add_argument("manifest", type=Path, metavar="MANIFEST")
     parser.add_argument("--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8080 (or .../v1)")
     mode = parser.add_mutually_exclusive_group()
@@ -145,6 +153,8 @@ def generate_parser() -> argparse.ArgumentParser:
         sub = kinds.add_parser(kind, help=(function.__doc__ or "").strip().splitlines()[0],
                                description=function.__doc__)
         sub.add_argument("--out", type=Path, required=True, help="manifest file to write (JSONL)")
+        sub.add_argument("--api", choices=tuple(API_PATHS), default=CHAT,
+                         help="the API the requests are written for (default: chat)")
         # Options mirror the generator's keyword arguments, so they cannot drift apart.
         for name, param in inspect.signature(function).parameters.items():
             if name == "tokenize":
@@ -156,14 +166,50 @@ def generate_parser() -> argparse.ArgumentParser:
 
 
 def _generate(argv: Sequence[str]) -> int:
+    from app.replay.api_shapes import lines_as
     from app.replay.generators import GENERATORS
 
     args = vars(generate_parser().parse_args(argv))
-    kind, out = args.pop("kind"), args.pop("out")
+    kind, out, api = args.pop("kind"), args.pop("out"), args.pop("api")
     workload = GENERATORS[kind](**args)
-    write_manifest(workload.lines, out)
+    write_manifest(lines_as(workload.lines, api), out)
     print(json.dumps(workload.describe(), indent=2))
     print(f"manifest: {out}")
+    return 0
+
+
+# -- convert -------------------------------------------------------------------------------
+
+def _convert(argv: Sequence[str]) -> int:
+    from app.replay.api_shapes import lines_as
+
+    parser = argparse.ArgumentParser(prog="arbor replay convert",
+                                     description="Write a chat manifest's requests as the same requests through "
+                                                 "another API (same messages, tools, output length).")
+    parser.add_argument("manifest", type=Path, metavar="MANIFEST")
+    parser.add_argument("--api", choices=tuple(API_PATHS), required=True, help="the API to write the lines for")
+    parser.add_argument("--out", type=Path, required=True, help="manifest file to write (JSONL)")
+    args = parser.parse_args(argv)
+    lines = lines_as(read_manifest(args.manifest), args.api)
+    write_manifest(lines, args.out)
+    print(f"{len(lines)} requests for {API_PATHS[args.api]} -> {args.out}")
+    return 0
+
+
+# -- record --------------------------------------------------------------------------------
+
+def _record(argv: Sequence[str]) -> int:
+    from app.replay.record import __doc__ as doc
+    from app.replay.record import serve
+
+    parser = argparse.ArgumentParser(prog="arbor replay record", description=(doc or "").split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--upstream", required=True, help="the server requests go to, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--out", type=Path, required=True, help="manifest file to write (JSONL)")
+    parser.add_argument("--host", default="127.0.0.1", help="address the proxy listens on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8089, help="port the proxy listens on (default 8089)")
+    args = parser.parse_args(argv)
+    serve(args.upstream, args.out, args.host, args.port)
     return 0
 
 

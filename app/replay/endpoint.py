@@ -20,11 +20,3 @@ def server_root(base_url: str) -> str:
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-
-def completion_path(body: dict) -> str:
-    """``/v1/chat/completions`` for bodies with messages, ``/v1/completions`` for prompts."""
-    if "messages" in body:
-        return "/v1/chat/completions"
-    if "prompt" in body:
-        return "/v1/completions"
-    raise ValueError("request body has neither messages nor prompt")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.manifest import ManifestLine
+from app.replay.api_shapes import to_chat
 from app.replay.ideal import IdealResult, ideal_computed, word_tokens
 from app.replay.request_text import render_request_text
 from app.replay.synthetic_text import SyntheticText
@@ -51,7 +52,7 @@ def workload_ideal(lines: Sequence[ManifestLine], tokenize: BodyTokenizer | None
     """Ideal computed prompt tokens of ``lines`` in manifest (arrival) order."""
     tokenizer = tokenize or words_of_body
     unit = "words" if tokenize is None else "tokens"
-    return ideal_computed((tokenizer(line.body) for line in lines), unit=unit)
+    return ideal_computed((tokenizer(to_chat(line.api, line.body)) for line in lines), unit=unit)
 
 
 @dataclass

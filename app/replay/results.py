@@ -35,6 +35,8 @@ class RequestResult:
     finish_reason: str | None = None
     status: int | None = None
     error: str | None = None
+    #: the API the request went to (chat, responses, messages; app/manifest.py)
+    api: str = "chat"
 
     @property
     def ok(self) -> bool:

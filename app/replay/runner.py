@@ -6,10 +6,13 @@ Two modes:
 In both, a request first waits for the request it depends on (``ordering.py``: the previous
 turn of its session/branch), so a later turn never overtakes an earlier one.
 
-Requests are always streamed (TTFT needs it) with ``stream_options.include_usage``; the
-body is otherwise sent as recorded, less its recorded ``cache`` hint: hints are the replay's
-own (`hint_states`, sent as headers unless ``session_hints`` is off). Errors are recorded per
-request and the run goes on.
+Each line goes to the API it names (``ManifestLine.api``: chat completions, responses or
+messages; a line without one is chat). Requests are always streamed (TTFT needs it), chat
+ones with ``stream_options.include_usage``; the body is otherwise sent as recorded, less its
+recorded ``cache`` hint: hints are the replay's own (`hint_states`, sent as headers unless
+``session_hints`` is off). A Responses body is sent with ``store: false`` (a replay never
+reads a stored response back; on arbor-server a stored response would also become its own
+cache session, over the replay's hints). Errors are recorded per request and the run goes on.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from app.manifest import ManifestLine
-from app.replay.endpoint import auth_headers, completion_path, server_root
+from app.manifest import CHAT, ManifestLine
+from app.replay.api_shapes import continues_with_tool_result, to_chat
+from app.replay.endpoint import auth_headers, server_root
 from app.replay.generators import workload_ideal
 from app.replay.ideal import IdealResult, ideal_computed
 from app.replay.ordering import predecessors
@@ -65,27 +69,40 @@ class ReplaySettings:
         server_root(self.base_url)  # validates the URL early
 
 
+#: Messages requires max_tokens; a recorded body always has it, this is for hand-made ones.
+MESSAGES_DEFAULT_MAX_TOKENS = 1024
+
+
 def prepare_body(line: ManifestLine, settings: ReplaySettings, default_model: str | None) -> dict[str, Any]:
-    """The body actually sent: streaming with usage, a model name, an output length."""
+    """The body actually sent: streaming (chat: with usage), a model name, an output length."""
     body = copy.deepcopy(line.body)
     # A recorded hint would win over the replay's headers (the body beats headers field by
     # field) and over --no-session-hints; the replay's hints come from hint_states instead.
     body.pop("cache", None)
     body["stream"] = True
-    body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    if line.api == CHAT:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    if line.api == "responses":
+        body["store"] = False
     if settings.model:
         body["model"] = settings.model
     elif not body.get("model") and default_model:
         body["model"] = default_model
+    # the output length's field in each API
+    limit = {"responses": ("max_output_tokens",), "messages": ("max_tokens",)}.get(
+        line.api, ("max_tokens", "max_completion_tokens"))
     expected = line.expected_output_tokens
     if expected:
         if settings.force_output_length:
             # Same output length on every server: ask for exactly ``expected`` tokens.
-            body.pop("max_completion_tokens", None)
-            body["max_tokens"] = expected
+            for name in limit[1:]:
+                body.pop(name, None)
+            body[limit[0]] = expected
             body["ignore_eos"] = True
-        elif "max_tokens" not in body and "max_completion_tokens" not in body:
-            body["max_tokens"] = expected
+        elif not any(name in body for name in limit):
+            body[limit[0]] = expected
+    if line.api == "messages" and "max_tokens" not in body:
+        body["max_tokens"] = MESSAGES_DEFAULT_MAX_TOKENS
     return body
 
 
@@ -102,8 +119,7 @@ def hint_states(lines: Sequence[ManifestLine]) -> list[str]:
     for index, line in enumerate(lines):
         key = line.cache_session
         if key in last_of:
-            messages = line.body.get("messages") or []
-            continues = bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
+            continues = continues_with_tool_result(line.api, line.body)
             states[last_of[key]] = "tool_wait" if continues else "done"
         last_of[key] = index
     return states
@@ -122,7 +138,7 @@ async def _compute_ideal(lines: Sequence[ManifestLine], settings: ReplaySettings
     if settings.ideal in ("auto", "server"):
         tokenizer = ServerTokenizer(client, root, headers)
         try:
-            prompts = [await tokenizer.tokens(line.body) for line in lines]
+            prompts = [await tokenizer.tokens(to_chat(line.api, line.body)) for line in lines]
             return ideal_computed(prompts, unit="tokens"), None
         except ServerTokenizerUnavailable as exc:
             if settings.ideal == "server":
@@ -155,7 +171,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
         async def one(index: int) -> None:
             line = lines[index]
             result = RequestResult(index=index, session_id=line.session_id, branch_id=line.branch_id,
-                                   scheduled_t=line.t)
+                                   scheduled_t=line.t, api=line.api)
             try:
                 wait = waits[index]
                 if wait is not None:
@@ -169,7 +185,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
                 if settings.session_hints:
                     request_headers.update(_hint_headers(line, states[index]))
                 async with gate:
-                    m = await send_streaming(client, root + completion_path(body), body, request_headers)
+                    m = await send_streaming(client, root + line.path, body, request_headers, line.api)
                 result.start_s = m.started - run_start
                 result.latency_s = m.finished - m.started if m.finished is not None else None
                 result.ttft_s = m.first_token - m.started if m.first_token is not None else None

@@ -1,9 +1,23 @@
-"""Send one streaming completion request and measure it (TTFT, latency, tokens, cache).
+"""Send one streaming request and measure it (TTFT, latency, tokens, cache), in any of the
+three APIs a manifest line may name.
 
-Works with any OpenAI-compatible server: usage comes from the final usage chunk
-(``stream_options.include_usage``), cached tokens from ``usage.prompt_tokens_details``,
-falling back to llama-server's ``timings.cache_n``; the cache source from Arbor's
-``arbor.cache.source`` extension when present. Failures are recorded, never raised.
+- Chat Completions (any OpenAI-compatible server): TTFT at the first chunk with content,
+  reasoning or a tool call; usage from the final usage chunk (``stream_options.include_usage``),
+  cached tokens from ``usage.prompt_tokens_details.cached_tokens``, falling back to
+  llama-server's ``timings.cache_n``.
+- Responses: TTFT at the first text, reasoning or arguments delta, or the
+  ``response.output_item.added`` of a function call (where chat streams the call's name);
+  usage from the Response of ``response.completed`` / ``response.incomplete``: ``input_tokens``,
+  ``input_tokens_details.cached_tokens``, ``output_tokens``.
+- Messages: TTFT at the first ``content_block_delta`` or the ``content_block_start`` of a
+  ``tool_use`` block; usage from ``message_start`` overwritten by ``message_delta``'s
+  cumulative totals: prompt tokens are ``input_tokens + cache_read_input_tokens +
+  cache_creation_input_tokens`` (Anthropic's ``input_tokens`` counts only what was neither
+  read nor written), cached tokens ``cache_read_input_tokens``.
+
+``finish_reason`` is given in chat's words for all three (stop, length, tool_calls); the cache
+source from Arbor's ``arbor.cache.source`` extension when present. Failures are recorded,
+never raised.
 """
 
 from __future__ import annotations
@@ -53,7 +67,7 @@ def _error_message(status: int, raw: bytes) -> str:
 
 
 class _Accumulator:
-    """Folds the stream's chunks into usage, timings and cache fields."""
+    """Folds a chat stream's chunks into usage, timings and cache fields."""
 
     def __init__(self, measurement: Measurement) -> None:
         self.m = measurement
@@ -95,11 +109,114 @@ class _Accumulator:
             self.m.completion_tokens = int(timings["predicted_n"])
 
 
+def _source(extension: Any) -> str | None:
+    source = ((extension or {}).get("cache") or {}).get("source") if isinstance(extension, dict) else None
+    return None if source is None else str(source)
+
+
+#: Responses events whose arrival is the first generated output (chat's first content delta)
+_RESPONSES_OUTPUT = {"response.output_text.delta", "response.reasoning_text.delta",
+                     "response.reasoning_summary_text.delta", "response.refusal.delta",
+                     "response.function_call_arguments.delta"}
+_RESPONSES_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+class _ResponsesAccumulator:
+    """Folds a Responses stream's events (each JSON object names its ``type``)."""
+
+    def __init__(self, measurement: Measurement) -> None:
+        self.m = measurement
+        self.response: dict | None = None
+
+    def feed(self, event: dict, now: float) -> None:
+        kind = event.get("type")
+        if kind == "error":
+            self.m.error = f"stream error: {event.get('message') or event.get('error')}"
+            return
+        if kind == "response.failed":
+            error = (event.get("response") or {}).get("error") or {}
+            self.m.error = f"stream error: {error.get('message') if isinstance(error, dict) else error}"
+            return
+        if self.m.first_token is None and (kind in _RESPONSES_OUTPUT or (
+                kind == "response.output_item.added" and (event.get("item") or {}).get("type") == "function_call")):
+            self.m.first_token = now
+        if kind in ("response.completed", "response.incomplete") and isinstance(event.get("response"), dict):
+            self.response = event["response"]
+
+    def finish(self) -> None:
+        response = self.response or {}
+        usage = response.get("usage") or {}
+        if usage.get("input_tokens") is not None:
+            self.m.prompt_tokens = int(usage["input_tokens"])
+        if usage.get("output_tokens") is not None:
+            self.m.completion_tokens = int(usage["output_tokens"])
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+        if cached is not None:
+            self.m.cached_tokens, self.m.cached_tokens_from = int(cached), "usage"
+        if response.get("status") == "incomplete":
+            reason = str((response.get("incomplete_details") or {}).get("reason"))
+            self.m.finish_reason = _RESPONSES_REASONS.get(reason, reason)
+        elif response.get("status") == "completed":
+            calls = any(isinstance(i, dict) and i.get("type") == "function_call" for i in response.get("output") or [])
+            self.m.finish_reason = "tool_calls" if calls else "stop"
+        self.m.cache_source = _source(response.get("arbor")) or self.m.cache_source
+
+
+_MESSAGES_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
+                     "refusal": "content_filter"}
+
+
+class _MessagesAccumulator:
+    """Folds an Anthropic Messages stream's events (each JSON object names its ``type``)."""
+
+    def __init__(self, measurement: Measurement) -> None:
+        self.m = measurement
+        self.usage: dict = {}
+
+    def feed(self, event: dict, now: float) -> None:
+        kind = event.get("type")
+        if kind == "error":
+            error = event.get("error")
+            self.m.error = f"stream error: {error.get('message') if isinstance(error, dict) else error}"
+            return
+        if kind == "message_start":
+            self.usage.update((event.get("message") or {}).get("usage") or {})
+        elif kind == "content_block_delta" or (
+                kind == "content_block_start" and (event.get("content_block") or {}).get("type") == "tool_use"):
+            if self.m.first_token is None:
+                self.m.first_token = now
+        elif kind == "message_delta":
+            self.usage.update(event.get("usage") or {})  # cumulative totals
+            reason = (event.get("delta") or {}).get("stop_reason")
+            if reason is not None:
+                self.m.finish_reason = _MESSAGES_REASONS.get(reason, reason)
+            self.m.cache_source = _source(event.get("arbor")) or self.m.cache_source
+
+    def finish(self) -> None:
+        usage = self.usage
+        if usage.get("input_tokens") is not None:
+            read = int(usage.get("cache_read_input_tokens") or 0)
+            written = int(usage.get("cache_creation_input_tokens") or 0)
+            self.m.prompt_tokens = int(usage["input_tokens"]) + read + written
+            self.m.cached_tokens, self.m.cached_tokens_from = read, "usage"
+        if usage.get("output_tokens") is not None:
+            self.m.completion_tokens = int(usage["output_tokens"])
+
+
+def _accumulator(api: str, m: Measurement) -> _Accumulator | _ResponsesAccumulator | _MessagesAccumulator:
+    if api == "responses":
+        return _ResponsesAccumulator(m)
+    if api == "messages":
+        return _MessagesAccumulator(m)
+    return _Accumulator(m)
+
+
 async def send_streaming(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                         headers: dict[str, str]) -> Measurement:
-    """POST ``body`` (already prepared for streaming) to ``url`` and measure the answer."""
+                         headers: dict[str, str], api: str = "chat") -> Measurement:
+    """POST ``body`` (already prepared for streaming) to ``url`` and measure the answer, read as
+    a stream of ``api`` (chat, responses or messages)."""
     m = Measurement(started=time.perf_counter())
-    accumulator = _Accumulator(m)
+    accumulator = _accumulator(api, m)
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             m.status = response.status_code
