@@ -1,7 +1,8 @@
-"""FastAPI dependencies: the shared state, the loaded model, and the optional API key."""
+"""FastAPI dependencies: the shared state, the loaded model, and the optional API key(s)."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import Annotated
 
@@ -41,15 +42,37 @@ def _same_key(sent: str, expected: str) -> bool:
     return secrets.compare_digest(sent.strip().encode("latin-1", "replace"), expected.encode("utf-8"))
 
 
-def api_key_error(authorization: str | None, expected: str | None, x_api_key: str | None = None) -> APIError | None:
-    """The 401 for a request whose `Authorization` header (as received: latin-1 text) does not
-    carry `Bearer <expected>` and whose `x-api-key` header (Anthropic's clients send that one)
-    is not `<expected>`; None when either carries it, or when no key is configured."""
-    if not expected:
-        return None
+def api_keys(expected: str | None) -> list[str]:
+    """The keys --api-key configures: several are separated by commas (as llama-server's)."""
+    return [k.strip() for k in (expected or "").split(",") if k.strip()]
+
+
+def authenticated_key(authorization: str | None, expected: str | None, x_api_key: str | None = None) -> str | None:
+    """The configured key that the request's `Authorization: Bearer` (as received: latin-1 text)
+    or `x-api-key` header (Anthropic's clients send that one) carries, or None. Every key is
+    compared, in constant time each, whichever matches."""
     scheme, _, token = (authorization or "").partition(" ")
-    bearer = scheme.lower() == "bearer" and _same_key(token, expected)
-    if not bearer and not (x_api_key is not None and _same_key(x_api_key, expected)):
+    bearer = token if scheme.lower() == "bearer" else None
+    found = None
+    for key in api_keys(expected):
+        hit = (bearer is not None and _same_key(bearer, key)) | (x_api_key is not None and _same_key(x_api_key, key))
+        if hit and found is None:
+            found = key
+    return found
+
+
+def api_key_id(key: str) -> str:
+    """A key's name in the cache (--cache-salt-per-key): a hash, never the key itself."""
+    return hashlib.sha256(b"arbor api key|" + key.encode("utf-8")).hexdigest()[:32]
+
+
+def api_key_error(authorization: str | None, expected: str | None, x_api_key: str | None = None) -> APIError | None:
+    """The 401 for a request whose `Authorization` header does not carry `Bearer <key>` and
+    whose `x-api-key` header is not `<key>`, for any configured key; None when one carries
+    one, or when no key is configured."""
+    if not api_keys(expected):
+        return None
+    if authenticated_key(authorization, expected, x_api_key) is None:
         return APIError("invalid or missing API key", status=401, type="authentication_error",
                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return None

@@ -12,6 +12,7 @@ from fastapi import Request
 
 from server.api.chat_layer import ChatTemplates, ReplyParser
 from server.api.conversation import ChatOptions, Conversation, plan_conversation
+from server.api.deps import api_key_id, authenticated_key
 from server.api.errors import APIError, invalid
 from server.api.grammars import (
     forced_call_grammar,
@@ -24,6 +25,7 @@ from server.api.reply_stream import ReplyStream
 from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.bootstrap import LoadedModel
 from server.cache.lifecycle import CacheHint, CacheHintError, parse_cache_hint
+from server.engine.cache_namespace import request_namespace
 from server.engine.sampling_params import Constraint, ReasoningBudget, SamplingParams
 from server.engine.sequence import GenerationRequest
 from server.settings import ServerSettings
@@ -124,6 +126,18 @@ def _cache_hint(body: SamplingFields, http: Request | None) -> CacheHint | None:
     return None if hint.is_empty else hint
 
 
+def cache_namespace(body: SamplingFields, http: Request | None, settings: ServerSettings) -> bytes | None:
+    """The request's cache namespace (cache isolation, docs/server.md): its `cache_salt`, and
+    under --cache-salt-per-key the key it authenticated with (a hash of it); None without either,
+    and the request shares the prefix cache with every other such request."""
+    key_id = None
+    if settings.cache_salt_per_key and http is not None:
+        key = authenticated_key(http.headers.get("authorization"), settings.api_key,
+                                x_api_key=http.headers.get("x-api-key"))
+        key_id = api_key_id(key) if key is not None else None
+    return request_namespace(salt=body.cache_salt, key_id=key_id)
+
+
 def _tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
     info = model.runtime.info
     add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
@@ -215,6 +229,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         cache_hint=_cache_hint(body, http),
         logprobs=body.logprobs_k,
         preserved_tokens=plan.preserved_tokens,
+        cache_namespace=cache_namespace(body, http, settings),
     )
     return PreparedRequest(generation, conv, conv.prompt)
 
@@ -243,5 +258,6 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         ignore_eos=body.ignore_eos,
         cache_hint=_cache_hint(body, http),
         logprobs=body.logprobs_k,
+        cache_namespace=cache_namespace(body, http, settings),
     )
     return PreparedRequest(generation, None, text)

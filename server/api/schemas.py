@@ -6,12 +6,17 @@ range-checked here, so the engine only ever sees valid values.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from server.cache.lifecycle import MAX_SESSION_LEN
 from server.engine.logprobs import MAX_TOP_LOGPROBS
+
+MAX_CACHE_SALT = 1024  # characters of a cache_salt (vLLM's field: cache isolation, docs/server.md)
+
+# vLLM's `cache_salt`: requests with different salts (or one without) never share KV
+CacheSalt = Annotated[str | None, Field(min_length=1, max_length=MAX_CACHE_SALT)]
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -145,6 +150,7 @@ class SamplingFields(_Lenient):
     cache: Any = None  # Arbor's lifecycle hint; validated by server.cache.lifecycle
     # OpenAI's cache hint: the request's cache session, as cache.session (which wins when both are given)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=MAX_SESSION_LEN)
+    cache_salt: CacheSalt = None  # cache isolation: requests with another salt (or none) share no KV
     grammar: str | None = None  # llama-server's GBNF constraint (root rule "root"); checked by api.grammars
     json_schema: dict[str, Any] | None = None  # llama-server's shorthand for a JSON-schema constraint
 

@@ -7,9 +7,10 @@ needs the state the full-attention KV cannot give at the end of what is restored
 a stored tier can serve is the longest prompt[:p], p <= m, for which a checkpoint is kept here,
 and it is restored as that tier's segments of [0, p) plus this checkpoint.
 
-Keys are a digest of the prefix's tokens (BLAKE2b of their int32 bytes), so a checkpoint is
-only ever found for exactly the tokens it followed, whichever slot took it. Lookup digests the
-prompt at the few positions checkpoints exist at, longest first.
+Keys are a digest of the prefix's tokens (BLAKE2b of their int32 bytes, and of the cache namespace
+when the tokens are a namespace's cache key: server/engine/cache_namespace.py), so a checkpoint is
+only ever found for exactly the tokens it followed, in the namespace it followed them in, whichever
+slot took it. Lookup digests the prompt at the few positions checkpoints exist at, longest first.
 
 Contracts: `put(tokens, ckpt)` keeps ckpt for tokens[:ckpt.pos] (a newer one for the same prefix
 replaces it), evicting the least recently used beyond `budget_bytes` (a checkpoint larger than
@@ -28,10 +29,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from server.cache.checkpoints import StateCheckpoint
+from server.engine.cache_namespace import split
 
 
 def prefix_digest(tokens: Sequence[int], n: int) -> bytes:
-    return hashlib.blake2b(np.asarray(tokens[:n], dtype=np.int32).tobytes(), digest_size=16).digest()
+    namespace, ids = split(tokens[:n])
+    h = hashlib.blake2b(np.asarray(ids, dtype=np.int32).tobytes(), digest_size=16)
+    if namespace is not None:
+        h.update(b"|namespace|" + namespace)
+    return h.digest()
 
 
 class CheckpointStore:

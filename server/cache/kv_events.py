@@ -14,7 +14,8 @@ Arbor's radix tree holds token segments of any length, not fixed blocks, so the 
 describe it in fixed blocks of ``block_size`` tokens: a full block on a root path is *stored*
 when every node from the root through the block holds its KV somewhere (a value in S, H or
 D, or a resident owner's cells); a block's hash chains its parent's hash and its tokens, so
-equal prefixes have equal hashes on every replica. Slots' own kept KV (tier A) is not in the
+equal prefixes have equal hashes on every replica (a cache namespace's, `cache_salt`, only
+within the namespace: its first block hashes it). Slots' own kept KV (tier A) is not in the
 tree and is not announced.
 
 Publishing never runs on the engine thread: a publisher thread notices changes from the
@@ -40,6 +41,7 @@ import msgspec
 import zmq
 
 from server.cache.radix_tree import RadixNode, RadixTree
+from server.engine.cache_namespace import split
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +81,16 @@ class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
-def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+def block_hash(parent: int | None, tokens: tuple[int, ...], namespace: bytes | None = None) -> int:
     """The block's hash: a signed 64-bit int (msgpack int64, as SGLang's) of blake2b over the
-    parent's hash and the block's tokens, so it names the whole prefix up to the block's end."""
+    parent's hash and the block's tokens, so it names the whole prefix up to the block's end.
+    A first block in a cache namespace (`cache_salt`) hashes the namespace too, as vLLM's
+    first block hashes the salt: its chain names no prefix of another namespace or of none."""
     h = hashlib.blake2b(digest_size=8)
     h.update((parent if parent is not None else 0).to_bytes(8, "little", signed=True))
     h.update(array("q", tokens).tobytes())
+    if namespace is not None:
+        h.update(b"|namespace|" + namespace)
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
@@ -102,11 +108,14 @@ def stored_blocks(tree: RadixTree, block_size: int) -> dict[int, Block]:
         paths = _held_paths(tree.root)
     out: dict[int, Block] = {}
     for keys in paths:
-        tokens = tuple(t for key in keys for t in key)
+        # a namespace's path starts with its marker: the real tokens are announced, the
+        # namespace goes into the hashes (server/engine/cache_namespace.py)
+        namespace, ids = split(tuple(t for key in keys for t in key))
+        tokens = tuple(ids)
         parent: int | None = None
         for end in range(block_size, len(tokens) + 1, block_size):
             chunk = tokens[end - block_size:end]
-            h = block_hash(parent, chunk)
+            h = block_hash(parent, chunk, namespace if parent is None else None)
             out.setdefault(h, Block(h, parent, chunk))
             parent = h
     return out

@@ -65,6 +65,7 @@ from server.cache.kv_format import KVSegment, cut, segment_from_arrays
 from server.cache.segment_format import DiskSegmentError, check_header, encode_segment, parse_segment
 from server.cache.store_url import password_of, redact_url
 from server.cache.tiers import Source
+from server.engine.cache_namespace import split
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,13 @@ class SharedSecret:
         return hmac.digest(self._names, b"ns|" + fingerprint.encode(), "sha256")[:16].hex()
 
     def chunk_hashes(self, fingerprint: str, tokens: list[int], chunk: int) -> list[str]:
-        """The chained keyed hashes of the whole chunks of `tokens` (the partial tail has none)."""
+        """The chained keyed hashes of the whole chunks of `tokens` (the partial tail has none).
+        A cache namespace's tokens (server/engine/cache_namespace.py) chain from the fingerprint
+        and the namespace, so its keys name no prefix of another namespace or of none."""
         out, parent = [], fingerprint.encode()
+        namespace, tokens = split(tokens)
+        if namespace is not None:
+            parent += b"|namespace|" + namespace
         ids = np.asarray(tokens[:(len(tokens) // chunk) * chunk], dtype="<i4").tobytes()
         step = 4 * chunk
         for i in range(len(tokens) // chunk):

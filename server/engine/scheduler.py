@@ -101,7 +101,7 @@ class Scheduler:
                 continue
             if not self.fits(seq):
                 return None  # first come, first served: later requests do not overtake it
-            got = self.slots.acquire(seq.prompt, reuse=self.reuse)
+            got = self.slots.acquire(seq.cache_prompt, reuse=self.reuse)  # another namespace's slot shares 0
             if got is None:
                 return None
             slot, lcp = got

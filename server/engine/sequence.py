@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from server.engine.cache_namespace import keyed
 from server.engine.detokenizer import IncrementalDetokenizer
 from server.engine.logprobs import TokenLogprob
 from server.engine.sampling_params import SamplingParams
@@ -64,6 +65,10 @@ class GenerationRequest:
     # Special tokens a chat format writes as text (a family's <|channel|> or [TOOL_CALLS]):
     # their pieces are rendered, so the family's parser sees them (llama-server's preserved_tokens).
     preserved_tokens: frozenset[int] = frozenset()
+    # Cache isolation (`cache_salt`, --cache-salt-per-key; server/engine/cache_namespace.py): an
+    # opaque namespace set by the API layer. Requests in different namespaces (or one without)
+    # never share KV: the cache sees this request's tokens under their namespaced cache key.
+    cache_namespace: bytes | None = None
 
     @property
     def reserved_cells(self) -> int:
@@ -125,6 +130,9 @@ class Sequence:
         self.id = next(_ids)
         self.request = request
         self.prompt = list(request.prompt_tokens)
+        # the prompt as the cache names it (server/engine/cache_namespace.py): `prompt` itself
+        # without a namespace; with one, its first token is the namespace's marker
+        self.cache_prompt = keyed(self.prompt, request.cache_namespace)
         self.sink = sink
         self.status = SeqStatus.WAITING
         self.slot: Any = None  # the Slot it runs on, once admitted
@@ -167,9 +175,11 @@ class Sequence:
         return len(self.prompt) - self.n_past if self.status is SeqStatus.PREFILLING else 0
 
     def kv_tokens(self) -> list[int]:
-        """The tokens whose KV the slot holds right now (prompt, then fed outputs)."""
+        """The tokens whose KV the slot holds right now (prompt, then fed outputs), as the cache
+        names them (their cache key: the first is the namespace's marker when the request has
+        one). Only the cache and the slots read it; the runner computes `prompt` and `output`."""
         all_tokens = self.prompt + self.output
-        return all_tokens[: self.n_past]
+        return keyed(all_tokens[: self.n_past], self.request.cache_namespace)
 
     def cancel(self) -> None:
         """Thread-safe: ask the engine to stop this request at its next step."""

@@ -36,7 +36,9 @@ _clock = itertools.count()
 class Slot:
     index: int
     seq_id: int  # llama.cpp sequence id (from the sequence-id pool)
-    tokens: list[int] = field(default_factory=list)  # tokens whose KV this slot's sequence holds
+    # tokens whose KV this slot's sequence holds, as the cache names them (Sequence.kv_tokens: in a
+    # cache namespace the first is its marker, so a prompt of another namespace shares none)
+    tokens: list[int] = field(default_factory=list)
     busy: bool = False
     last_used: int = 0
     n_requests: int = 0

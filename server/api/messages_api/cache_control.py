@@ -123,10 +123,14 @@ def has_arbor_hint(body_cache: object, http: Request | None) -> bool:
     return any(name in headers for name in (SESSION_HEADER, STATE_HEADER, PIN_HEADER))
 
 
-def keep_hint(prefix: list[int]) -> CacheHint:
-    """The pin that keeps `prefix` (the tokens up to the last breakpoint), named by its tokens."""
-    digest = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in prefix)).hexdigest()[:32]
-    return CacheHint(session=SESSION_PREFIX + digest, pin=True)
+def keep_hint(prefix: list[int], namespace: bytes | None = None) -> CacheHint:
+    """The pin that keeps `prefix` (the tokens up to the last breakpoint), named by its tokens and,
+    for a request with a cache namespace (`cache_salt`), by the namespace: another namespace's
+    request with the same prefix neither renews its pin nor learns of it (`POST /cache/hint`)."""
+    h = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in prefix))
+    if namespace is not None:
+        h.update(b"|namespace|" + namespace)
+    return CacheHint(session=SESSION_PREFIX + h.hexdigest()[:32], pin=True)
 
 
 @dataclass(frozen=True)

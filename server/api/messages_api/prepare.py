@@ -35,7 +35,8 @@ def prepare_messages(body: MessagesRequest, model: LoadedModel, settings: Server
     tokens = prepared.generation.prompt_tokens
     covered = prefix_length(body, bp, tokens, model, settings)
     if covered and not has_arbor_hint(body.cache, http):
-        prepared = replace(prepared, generation=replace(prepared.generation, cache_hint=keep_hint(tokens[:covered])))
+        hint = keep_hint(tokens[:covered], prepared.generation.cache_namespace)
+        prepared = replace(prepared, generation=replace(prepared.generation, cache_hint=hint))
     return prepared, PromptCache(covered)
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from server.api.errors import invalid
-from server.api.schemas import FunctionDef
+from server.api.schemas import CacheSalt, FunctionDef
 
 
 class _Lenient(BaseModel):
@@ -232,6 +232,7 @@ class MessagesRequest(PromptFields):
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     cache: Any = None  # Arbor's lifecycle hint (docs/server.md); wins over cache_control breakpoints
+    cache_salt: CacheSalt = None  # Arbor's extension (vLLM's field): cache isolation, docs/server.md
 
     @field_validator("stop_sequences")
     @classmethod

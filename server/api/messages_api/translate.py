@@ -207,6 +207,8 @@ def chat_request(body: PromptFields, settings: ServerSettings) -> ChatCompletion
                 fields[name] = value
         if body.cache is not None:
             fields["cache"] = body.cache
+        if body.cache_salt is not None:
+            fields["cache_salt"] = body.cache_salt
         fmt = body.output_config.format if body.output_config is not None else None
         if fmt is not None:
             _check_schema(fmt.schema_, settings)

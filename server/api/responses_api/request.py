@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from server.api.schemas import FunctionDef
+from server.api.schemas import CacheSalt, FunctionDef
 from server.cache.lifecycle import MAX_SESSION_LEN
 
 
@@ -194,6 +194,7 @@ class ResponsesRequest(_Lenient):
     stream: bool = False
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=MAX_SESSION_LEN)
+    cache_salt: CacheSalt = None  # vLLM's cache isolation, as on chat completions
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None

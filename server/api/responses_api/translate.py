@@ -162,6 +162,7 @@ def plan_response(body: ResponsesRequest, response_id: str, chain: list[StoredRe
         "stream": body.stream,
         "cache": body.cache,
         "prompt_cache_key": session,
+        "cache_salt": body.cache_salt,
         "seed": body.seed,
         "chat_template_kwargs": body.chat_template_kwargs,
     }
