@@ -43,6 +43,7 @@ ROW_CHUNK = 4096  # rows generated and quantized at once
 TYPES = {
     "q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
     "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16),
+    "f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),  # no weight rounding: exactness tests
 }
 
 
@@ -143,7 +144,7 @@ def _stored(plan: TensorPlan, qtype: GGMLQuantizationType) -> tuple[GGMLQuantiza
 
     F32/F16 arrays have the tensor's own shape; quantized ones are uint8 rows of blocks.
     """
-    if plan.is_norm:
+    if plan.is_norm or qtype == GGMLQuantizationType.F32:
         return GGMLQuantizationType.F32, plan.shape, 4 * int(np.prod(plan.shape))
     if qtype == GGMLQuantizationType.F16:
         return qtype, plan.shape, 2 * int(np.prod(plan.shape))
@@ -158,7 +159,8 @@ def _tensor_data(plan: TensorPlan, qtype: GGMLQuantizationType, seed: int) -> np
     rng = np.random.default_rng([seed, zlib.crc32(plan.name.encode())])
     rows, cols = plan.shape
     _, array_shape, _ = _stored(plan, qtype)
-    out = np.empty(array_shape, dtype=np.float16 if qtype == GGMLQuantizationType.F16 else np.uint8)
+    dtype = {GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32}.get(qtype, np.uint8)
+    out = np.empty(array_shape, dtype=dtype)
     for start in range(0, rows, ROW_CHUNK):
         stop = min(rows, start + ROW_CHUNK)
         block = rng.standard_normal((stop - start, cols), dtype=np.float32) * np.float32(WEIGHT_SCALE)

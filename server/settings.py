@@ -94,7 +94,12 @@ class ServerSettings(BaseSettings):
     strict_model_name: bool = Field(False, description="answer 404 to a request naming another model (without it: "
                                     "serve the one model whatever the name, as llama-server does)")
     api_key: str | None = Field(None, repr=False,
-                                description="require 'Authorization: Bearer KEY' on every route but /health")
+                                description="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every "
+                                "route but /health; several keys separated by commas (as llama-server's)")
+    cache_salt_per_key: bool = Field(
+        False, description="cache isolation per API key: each request's prefix cache is that of the --api-key "
+        "key it authenticated with (a hash of the key salts it, with its cache_salt if any): requests under "
+        "different keys never share KV (docs/server.md, Cache isolation)", json_schema_extra=_CACHE)
     chat_template_file: Path | None = Field(None, description="a Jinja chat template to use instead of the model's")
     reasoning_format: ReasoningFormat = Field(
         "auto", description="how a thinking model's reasoning comes back (llama-server's --reasoning-format): "
@@ -158,13 +163,6 @@ class ServerSettings(BaseSettings):
         "longest: the longest match", json_schema_extra=_CACHE)
     cache_min_tokens: int = Field(32, ge=1, description="shortest prefix worth storing or publishing",
                                   json_schema_extra=_CACHE)
-    cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
-                                       "engine step; 0: write a slot back at once when it is reused (stalls "
-                                       "decoding for the whole copy)", json_schema_extra=_CACHE)
-    cache_idle_cells: int | None = Field(
-        None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
-        "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
-        "kept cell slows every running request's steps: bench/idle_cells.py); default: no limit",
     ctx_checkpoints: int = Field(
         8, ge=0, description="state checkpoints kept per slot on models with sliding-window or recurrent layers "
         "(llama-server's --ctx-checkpoints): a slot resumes from the newest one at or below a shared prefix; "
@@ -180,6 +178,13 @@ class ServerSettings(BaseSettings):
     checkpoint_every: int = Field(
         1024, ge=0, description="tokens between the state checkpoints taken while a long prompt is computed "
         "(one more is always taken before the prompt's last token); 0: only that one", json_schema_extra=_CACHE)
+    cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
+                                       "engine step; 0: write a slot back at once when it is reused (stalls "
+                                       "decoding for the whole copy)", json_schema_extra=_CACHE)
+    cache_idle_cells: int | None = Field(
+        None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
+        "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "
+        "kept cell slows every running request's steps: bench/idle_cells.py); default: no limit",
         json_schema_extra=_CACHE)
     # the shared store, tier R (server/cache/shared_tier.py)
     cache_shared: str | None = Field(
@@ -226,6 +231,10 @@ class ServerSettings(BaseSettings):
     pooling: Literal["model", "mean", "cls", "last"] = Field("model", description="embedding pooling; model: as "
                                                              "the GGUF says (generative models say none)")
     embeddings_ctx: int = Field(512, ge=8, description="most tokens of one embeddings input")
+    responses_store: int = Field(1024, ge=0, description="responses the Responses API keeps for previous_response_id "
+                                 "and GET /v1/responses/{id} (oldest evicted first; 0: none is kept)")
+    responses_store_mb: int = Field(64, ge=1, description="MiB of JSON the kept responses may hold (their input and "
+                                    "output items; oldest evicted first)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="the server's log level "
                                                                     "(uvicorn's too)")
     # request limits (server/api/request_guard.py): hostile or broken clients get a 4xx, not a
@@ -233,10 +242,6 @@ class ServerSettings(BaseSettings):
     max_body_kib: int = Field(4096, ge=1, description="largest request body, KiB (413 beyond)",
                               json_schema_extra=_LIMITS)
     max_json_depth: int = Field(64, ge=2, le=512, description="deepest nesting of a JSON body",
-    responses_store: int = Field(1024, ge=0, description="responses the Responses API keeps for previous_response_id "
-                                 "and GET /v1/responses/{id} (oldest evicted first; 0: none is kept)")
-    responses_store_mb: int = Field(64, ge=1, description="MiB of JSON the kept responses may hold (their input and "
-                                    "output items; oldest evicted first)")
                                 json_schema_extra=_LIMITS)
     max_messages: int = Field(1024, ge=1, description="messages per chat request", json_schema_extra=_LIMITS)
     max_tools: int = Field(128, ge=0, description="tools per chat request", json_schema_extra=_LIMITS)
@@ -313,6 +318,10 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"--cache-type-v {self.cache_type_v} needs flash attention: without it llama.cpp keeps V "
                              "transposed, one element per cell, which a quantized type (blocks of 32) cannot be; drop "
                              "--flash-attn off or use --cache-type-v f16, bf16 or f32")
+        if self.api_key and not any(k.strip() for k in self.api_key.split(",")):
+            raise ValueError("--api-key names no key (several are separated by commas)")
+        if self.cache_salt_per_key and not self.api_key:
+            raise ValueError("--cache-salt-per-key isolates the cache of each --api-key key: it needs --api-key")
         if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
             off = ", --no-cache" if self.no_cache else ""
             raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "

@@ -121,7 +121,7 @@ class CacheRouter:
             self.clock.add(dt * 1000.0)
 
     def _provide(self, adm: Admission) -> CacheReport:
-        prompt = adm.seq.prompt
+        prompt = adm.seq.cache_prompt  # its cache key: a namespace's prompt matches only its own KV
         if self.parked is not None and Source.S not in self.tiers:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
         if self.states is None:
