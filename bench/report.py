@@ -239,9 +239,24 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
     if index is None:
         return out + ["Not measured in this revision.", ""]
     out += [f"Started {index['started']}, model `{Path(index['model']).name}`.", ""]
+    checks = {(c["workload"], c["config"]): c for c in index.get("checks", [])}
+    rounds = max((r.get("round", 1) for r in index["runs"]), default=1)
+    if checks:
+        out += [f"The check against `--no-cache` ({rounds} round{'s' if rounds > 1 else ''}, all configurations in "
+                "each): `wall (x no-cache)` is the median over the rounds of each run's wall over the `--no-cache` "
+                "wall of its round (the rounds' ratios in brackets); **slower** marks a median above 1 + noise, the "
+                "noise being the spread of the `--no-cache` walls over the rounds (at least 0.05). The other "
+                "columns are the first round's.", ""]
+        slower = [f"{c['workload']} / {c['config']} ({c['median']:.2f}, noise {c['noise']:.2f})"
+                  for c in checks.values() if c["slower"]]
+        noisiest = max(c["noise"] for c in checks.values())
+        out += ["Slower than `--no-cache` beyond noise: " + ("; ".join(slower) if slower else "none") + "."
+                + (f" The noise reached {noisiest:.2f} in this run (the `--no-cache` walls alone varied that much): "
+                   "a difference smaller than that is not seen." if noisiest > 0.2 else ""), ""]
     by_load: dict[str, list[dict]] = {}
     for run in index["runs"]:
-        by_load.setdefault(run["workload"], []).append(run)
+        if run.get("round", 1) == 1:
+            by_load.setdefault(run["workload"], []).append(run)
     for wname, runs in by_load.items():
         out += [f"### {wname}", "", "| configuration | computed prompt tokens | computed/ideal | wall (x no-cache) "
                 "| TTFT p50 (x no-cache) | TTFT mean (x no-cache) | cache/decode | sources |",
@@ -261,8 +276,12 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
                 b = None if base is None else (base[key] if sub is None else base[key].get(sub))
                 return _f(a / b) if a and b else "–"
 
+            check = checks.get((wname, name))
+            wall = rel("wall_s") if check is None else (
+                f"{check['median']:.2f} [{', '.join(f'{x:.2f}' for x in check['wall_ratios'])}]"
+                + (" **slower**" if check["slower"] else ""))
             out.append(f"| {name} | {s['tokens']['computed']} | {_f(ideal.get('computed_over_ideal'))} | "
-                       f"{_f(s['wall_s'], 1)} s ({rel('wall_s')}) | {rel('ttft_s', 'p50')} | {rel('ttft_s', 'mean')} "
+                       f"{_f(s['wall_s'], 1)} s ({wall}) | {rel('ttft_s', 'p50')} | {rel('ttft_s', 'mean')} "
                        f"| {_share(eng)} "
                        f"| {', '.join(f'{k}:{v}' for k, v in sorted(s.get('cache_sources', {}).items()))} |")
         out.append("")

@@ -1,6 +1,6 @@
 """Every cache configuration on the same model and workloads, side by side in one run.
 
-    python -m bench.run_all [--quick] [--concurrency 4] [--out bench/results/run_all]
+    python -m bench.run_all [--quick] [--concurrency 4] [--repeat 1] [--out bench/results/run_all]
         [--model PATH] [--configs NAME ...] [--parallel 4] [--ctx-size 8192] [--threads 2] [--n-gpu-layers 0]
 
 Configurations: arbor-server --no-cache, slot reuse only (A), + resident sharing (A,S), +
@@ -16,6 +16,14 @@ each arbor run, /cache/stats gives the engine-thread time spent on cache work ag
 decode time. Raw results go to --out (the index is rewritten after every run, so a cut run
 still counts); bench/report.py writes docs/benchmarks.md from them.
 
+The check against `--no-cache` (issue 36: no cache configuration may cost time): `--repeat N`
+runs every configuration of a workload N times, round after round (each round all configurations
+in turn, so a busy spell on the machine hits them alike); each run's wall is divided by the
+`arbor --no-cache` wall of its round, and a configuration whose median ratio is above 1 + noise
+is flagged `slower`. The noise is the spread of the `--no-cache` walls over the rounds (max / min
+- 1), at least `--noise` (default 0.05). The index's `checks` hold the ratios; the report shows
+them and the flag.
+
 `--same-prompts` sends every server the same text: each chat request is rendered once by
 arbor-server's template (/apply-template) and replayed as a /v1/completions prompt. Without
 it, servers render chat requests with their own templates, and stock llama-server drops the
@@ -29,6 +37,7 @@ import argparse
 import asyncio
 import json
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -131,6 +140,35 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
+BASELINE = "arbor --no-cache"
+
+
+def no_cache_checks(runs: list[dict], noise_floor: float = 0.05) -> list[dict]:
+    """Per workload and configuration: its wall over the `--no-cache` wall of the same round,
+    the median over rounds, the noise (the spread of the `--no-cache` walls over the rounds, at
+    least `noise_floor`) and whether the median is above 1 + noise (`slower`). `runs` are the
+    index's runs with their `wall_s` and `round`; a workload without a `--no-cache` run has none."""
+    out = []
+    by_load: dict[str, list[dict]] = {}
+    for run in runs:
+        by_load.setdefault(run["workload"], []).append(run)
+    for wname, wruns in by_load.items():
+        base = {r.get("round", 1): r["wall_s"] for r in wruns if r["config"] == BASELINE and r.get("wall_s")}
+        if not base:
+            continue
+        noise = max(noise_floor, max(base.values()) / min(base.values()) - 1.0)
+        configs: dict[str, list[float]] = {}
+        for r in wruns:
+            b = base.get(r.get("round", 1))
+            if r["config"] != BASELINE and b and r.get("wall_s"):
+                configs.setdefault(r["config"], []).append(r["wall_s"] / b)
+        for cname, ratios in configs.items():
+            med = statistics.median(ratios)
+            out.append({"workload": wname, "config": cname, "wall_ratios": [round(x, 3) for x in ratios],
+                        "median": round(med, 3), "noise": round(noise, 3), "slower": med > 1.0 + noise})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = p.add_mutually_exclusive_group()
@@ -144,6 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--same-prompts", action="store_true",
                    help="send every server arbor's rendering of each chat request as a completions prompt")
     p.add_argument("--append", action="store_true", help="add to an existing index.json instead of replacing it")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="rounds per workload, every configuration in each (the check against --no-cache uses them)")
+    p.add_argument("--noise", type=float, default=0.05,
+                   help="least wall-ratio noise of the check against --no-cache (default 0.05)")
     p.add_argument("--out", type=Path, default=Path("bench/results/run_all"))
     p.add_argument("--parallel", type=int, default=4, help="slots of every server")
     p.add_argument("--ctx-size", type=int, default=8192, help="total KV cells of every server")
@@ -166,34 +208,55 @@ def main(argv: list[str] | None = None) -> None:
         index["runs"] = json.loads((a.out / "index.json").read_text())["runs"]
     for wname, work in loads.items():
         lines = as_prompt_lines(work.lines, a.model, arbor_common, a.out / "logs") if a.same_prompts else work.lines
-        with tempfile.TemporaryDirectory() as tmp:
-            for cname, args in configs(Path(tmp) / "kv", arbor_common, llama_common):
-                if a.configs and cname not in a.configs:
-                    continue
-                port = free_port()
-                if cname.startswith("llama-server"):
-                    cmd = llama_server_command(args[0], port, model, args[1:])
-                else:
-                    cmd = arbor_command(port, a.model, args)
-                with running(slug(cname), cmd, port, a.out / "logs") as srv:
-                    settings = ReplaySettings(base_url=srv.v1, concurrency=a.concurrency, force_output_length=True,
-                                              progress=False, label=cname)
-                    result = asyncio.run(replay(lines, settings))
-                    engine = None if cname.startswith("llama-server") else \
-                        httpx.get(srv.base_url + "/cache/stats", timeout=60).json().get("engine_thread")
-                path = result.save(a.out / wname / f"{slug(cname)}.json")
-                summ = result.summary
-                ideal = summ.get("ideal", {})
-                print(f"{wname:15s} {cname:34s} computed={summ['tokens']['computed']:6d} "
-                      f"ideal={ideal.get('ideal_computed_tokens')} ratio={ideal.get('computed_over_ideal')} "
-                      f"wall={summ['wall_s']:.1f}s ttft_p50={summ['ttft_s'].get('p50')}", flush=True)
-                index["runs"].append({"workload": wname, "config": cname, "command": " ".join(cmd),
-                                      "result": str(path), "workload_params": work.describe()["params"],
-                                      "same_prompts": a.same_prompts,
-                                      "engine_thread": engine})
-                a.out.mkdir(parents=True, exist_ok=True)
-                (a.out / "index.json").write_text(json.dumps(index, indent=2))  # after every run: partial runs count
+        for rnd in range(1, a.repeat + 1):
+            run_workload(a, wname, work, lines, rnd, model, arbor_common, llama_common, index)
+        index["checks"] = no_cache_checks(index["runs"], a.noise)
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "index.json").write_text(json.dumps(index, indent=2))
+    print_checks(index["checks"] if "checks" in index else [])
     print("wrote", a.out / "index.json")
+
+
+def print_checks(checks: list[dict]) -> None:
+    if not checks:
+        return
+    print("\nwall against arbor --no-cache (each round's ratio; median; flagged when above 1 + noise):")
+    for c in checks:
+        flag = "  SLOWER than --no-cache" if c["slower"] else ""
+        print(f"  {c['workload']:15s} {c['config']:34s} {c['median']:.3f}  rounds {c['wall_ratios']}  "
+              f"noise {c['noise']:.3f}{flag}")
+
+
+def run_workload(a: argparse.Namespace, wname: str, work, lines: list[ManifestLine], rnd: int, model: Path,
+                 arbor_common: list[str], llama_common: list[str], index: dict) -> None:
+    """One round of a workload: every configuration once, each on a fresh server."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for cname, args in configs(Path(tmp) / "kv", arbor_common, llama_common):
+            if a.configs and cname not in a.configs:
+                continue
+            port = free_port()
+            if cname.startswith("llama-server"):
+                cmd = llama_server_command(args[0], port, model, args[1:])
+            else:
+                cmd = arbor_command(port, a.model, args)
+            with running(slug(cname), cmd, port, a.out / "logs") as srv:
+                settings = ReplaySettings(base_url=srv.v1, concurrency=a.concurrency, force_output_length=True,
+                                          progress=False, label=cname)
+                result = asyncio.run(replay(lines, settings))
+                engine = None if cname.startswith("llama-server") else \
+                    httpx.get(srv.base_url + "/cache/stats", timeout=60).json().get("engine_thread")
+            path = result.save(a.out / wname / f"{slug(cname)}{'' if rnd == 1 else f'.r{rnd}'}.json")
+            summ = result.summary
+            ideal = summ.get("ideal", {})
+            print(f"{wname:15s} {cname:34s} round={rnd} computed={summ['tokens']['computed']:6d} "
+                  f"ideal={ideal.get('ideal_computed_tokens')} ratio={ideal.get('computed_over_ideal')} "
+                  f"wall={summ['wall_s']:.1f}s ttft_p50={summ['ttft_s'].get('p50')}", flush=True)
+            index["runs"].append({"workload": wname, "config": cname, "command": " ".join(cmd),
+                                  "result": str(path), "workload_params": work.describe()["params"],
+                                  "same_prompts": a.same_prompts, "round": rnd, "wall_s": summ["wall_s"],
+                                  "engine_thread": engine})
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "index.json").write_text(json.dumps(index, indent=2))  # after every run: partial runs count
 
 
 if __name__ == "__main__":

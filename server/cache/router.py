@@ -105,6 +105,7 @@ class CacheRouter:
     # counters the tests and benchmarks read where they always did
     fallbacks = property(lambda self: self.restorer.fallbacks)
     write_backs = property(lambda self: self.write.write_backs)
+    write_backs_skipped = property(lambda self: self.write.write_backs_skipped)
     idle_offloads = property(lambda self: self.write.idle_offloads)
     recent_plans = property(lambda self: self.planner.recent_plans)
     shorter_than_longest = property(lambda self: self.planner.shorter_than_longest)
@@ -122,6 +123,7 @@ class CacheRouter:
 
     def _provide(self, adm: Admission) -> CacheReport:
         prompt = adm.seq.cache_prompt  # its cache key: a namespace's prompt matches only its own KV
+        self.write.admitted(prompt)  # the write-back gate learns whether lost copies come back
         if self.parked is not None and Source.S not in self.tiers:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
         if self.states is None:
@@ -143,8 +145,6 @@ class CacheRouter:
             self.states.set_stops(adm.seq, report.reused_tokens)
         return report
 
-    def _live(self, adm: Admission) -> Iterator[tuple[int, list[int]]]:
-        """The device copies other sequences hold: another slot's kept idle KV or computed
     def _candidates_with_state(self, adm: Admission) -> list[Candidate]:
         """On a model with sliding-window or recurrent layers: A as far as the slot's state goes
         back, S the other slot whose copy gives the longest state (cut back, or with a
@@ -166,6 +166,8 @@ class CacheRouter:
         return [replace(c, checkpoint=a_ckpt) if c.source is Source.A else s_cand if c.source is Source.S else c
                 for c in self.planner.candidates(prompt, a_len, ())]
 
+    def _live(self, adm: Admission) -> Iterator[tuple[int, list[int]]]:
+        """The device copies other sequences hold: another slot's kept idle KV or computed
         tokens, then the slots' KV parked for write-back (read lazily, by the planner)."""
         running = {s.slot.index: s for s in self.running() if s.slot is not None and s is not adm.seq}
         for slot in self.slots.slots:
@@ -182,10 +184,10 @@ class CacheRouter:
         waiting_for = deferring_to(seq, self.running(), self.min_tokens)
         if waiting_for is None:
             return False
-        lease = self.lease(seq)
-        if not lease.deferred:
         if self.states is not None:  # the state where this one will take over must be kept
             self.states.add_stop(*waiting_for)
+        lease = self.lease(seq)
+        if not lease.deferred:
             lease.deferred = True
             self.deferrals += 1
         return True
@@ -199,17 +201,17 @@ class CacheRouter:
 
     # --------------------------------------------------------------- finishing
     def on_finished(self, seq: Sequence, reason: str) -> None:
-        try:
-            if seq.slot is not None and reason == "error":
         t0 = time.perf_counter()
         lease = self.lease(seq)
+        try:
+            if seq.slot is not None and reason == "error":
                 self.write.slot_hints.pop(seq.slot.index, None)
                 if self.states is not None:  # the runner cleared the slot's KV
                     self.states.of(seq.slot).clear()
-                self.write.finished(seq, lease.hint)
-        finally:
             elif seq.slot is not None:
                 self._observe_prefill(seq, lease)
+                self.write.finished(seq, lease.hint)
+        finally:
             lease.release(self.tree)
             seq.cache_lease = None
             self.clock.add((time.perf_counter() - t0) * 1000.0, step=False)
@@ -260,8 +262,10 @@ class CacheRouter:
                                                "held_tokens": tree.held_tokens},
             "parked_cells": self.parked.cells() if self.parked else 0,
             "write_back": self.parked.stats() if self.parked else {"enabled": False},
+            "write_back_gate": w.gate.stats(),
             "lifecycle": self.registry.summary(),
             "engine_thread": {"cache_ms": round(self.clock.cache_ms, 3), "write_backs": w.write_backs,
+                              "write_backs_skipped": w.write_backs_skipped,
                               "write_back_ms": round(w.write_back_ms, 3),
                               "max_step_cache_ms": round(self.clock.max_step_ms, 3)},
         }

@@ -8,6 +8,31 @@ Contracts:
   idle slot dropped for room or beyond the idle-cell limit), only what the host (and below
   it, disk and shared store) lacks, and not at all when another slot or owner still holds all
   its tokens, or when it is shorter than `min_tokens`.
+- Only KV that is likely to be reused is written back (`ReuseGate`, issue 36: prompts that
+  share nothing made every cache configuration slower than `--no-cache`). A resident owner's
+  KV is always stored (it is resident because requests reused it). A slot's kept KV whose
+  *novel* part (beyond what the tree or another device copy holds) is at least `min_tokens`
+  long is stored when one of these holds, the first one naming the reason:
+    `pinned`      its last request's session is pinned;
+    `continues`   that session's latest state is `active` or `tool_wait` (the client says the
+                  conversation goes on: a hint without a state is `active`);
+    `recent_reuse` fewer than `streak` (default 4) slot copies were lost since the last
+                  *comeback*: a prompt that extended a lost copy by `min_tokens` or more
+                  beyond what was held when it was lost, whether that copy was stored or not;
+    `cold_start`  no comeback yet and fewer than `streak` copies lost since start: a fresh
+                  server stores its first losses as before the gate. (Not even a session of
+                  one request that said `done` is skipped then: requests of other sessions
+                  may share its prefix, as the shared_prefix workload's groups do, and the
+                  benchmark replay's `--same-prompts` hints say `done` on every request.)
+  Otherwise it is skipped: counted in `write_backs_skipped`, and its key kept (the novel
+  part's first `min_tokens` tokens and a hash of what precedes them, at most 64 keys) so a
+  later comeback is seen (`missed`: comebacks of skipped copies, reuse the gate cost). So
+  a workload that never comes back to what it loses stops paying for stores after `streak`
+  losses, and one that does keeps every store, learning again at its first comeback. Like
+  SGLang's hierarchical cache (which writes through only after `write_through_threshold`
+  hits), it stores on evidence of reuse; the evidence here is the workload's, since a lost
+  slot copy has not been hit yet.
+  `drop_device_copies` is not gated (its callers ask for all of it).
 - A slot taken while other requests decode is parked (`park=True`, when parking is on) and
   stored a bounded piece per engine step (`background`); otherwise it is stored at once.
   A stored slot's path is tagged with the session of the hint its last request carried
@@ -17,15 +42,21 @@ Contracts:
   recorded on the deepest tree node it reached.
 - `background(idle)`, once per engine step: the pinned-bytes quota (walked only when a pin
   or the tree's H/D contents changed), the idle-cell limit, the next parked pieces.
-- Counters: `write_backs`, `write_back_ms`, `idle_offloads`, `store_errors`; cache time on
-  the engine thread goes to the shared EngineTime.
+- `background(idle)` costs a few attribute reads when there is nothing to do (no pin, no
+  idle-cell limit, nothing parked): it runs after every engine step.
+- Counters: `write_backs`, `write_backs_skipped`, `write_back_ms`, `idle_offloads`,
+  `store_errors`, the gate's (`ReuseGate.stats`); cache time on the engine thread goes to the
+  shared EngineTime.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
+from collections.abc import Sequence as Tokens
+from dataclasses import dataclass
 from typing import cast
 
 from server.cache.disk_tier import DiskTier
@@ -40,9 +71,95 @@ from server.cache.shared_tier import SharedTier
 from server.cache.write_back import WriteBackQueue
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.sequence import Sequence
-from server.engine.slots import SlotPool, common_prefix_len
+from server.engine.slots import Slot, SlotPool, common_prefix_len
 
 log = logging.getLogger(__name__)
+
+STORE_REASONS = ("pinned", "continues", "recent_reuse", "cold_start")
+
+
+@dataclass
+class _Lost:
+    """A slot copy lost (stored or skipped), by the key a comeback would show."""
+
+    prefix_hash: int  # hash of the tokens before the novel part
+    stored: bool
+
+
+class ReuseGate:
+    """Whether a slot's kept KV about to be lost is likely to be reused (the rule is in the
+    module docstring). Pure: tokens and hints in, a reason (or None: skip) out; no llama.cpp."""
+
+    def __init__(self, min_tokens: int, streak: int = 4, max_keys: int = 64):
+        self.min_tokens = max(1, min_tokens)  # tokens of the novel part a key holds
+        self.streak = streak
+        self.max_keys = max_keys
+        self._lost: OrderedDict[tuple[int, tuple[int, ...]], _Lost] = OrderedDict()  # oldest first
+        self._starts: Counter[int] = Counter()  # where the keys' novel parts start
+        self.losses = 0  # slot copies lost with a novel part (gated)
+        self.since_comeback = 0  # losses since the last comeback
+        self.comebacks = 0  # prompts that extended a lost copy beyond what was held when it was lost
+        self.missed = 0  # of which the copy had been skipped: reuse the gate cost
+        self.skipped = 0
+        self.reasons: Counter[str] = Counter({r: 0 for r in STORE_REASONS})
+
+    def decide(self, tokens: Tokens[int], known: int, *, pinned: bool = False, continues: bool = False) -> str | None:
+        """A slot copy of `tokens` is about to be lost; `known` leading tokens are held elsewhere
+        (the tree, another device copy); `pinned`, `continues`: what its session's hints say.
+        The reason to store it, or None to skip it."""
+        if len(tokens) - known < self.min_tokens:
+            return "small"  # no novel part worth a key: stored as before (host lacks what S holds)
+        reason: str | None = None
+        if pinned:
+            reason = "pinned"
+        elif continues:
+            reason = "continues"
+        elif self.since_comeback < self.streak:
+            reason = "recent_reuse" if self.comebacks else "cold_start"
+        self.losses += 1
+        self.since_comeback += 1
+        if reason is None:
+            self.skipped += 1
+        else:
+            self.reasons[reason] += 1
+        key = (known, tuple(tokens[known:known + self.min_tokens]))
+        if key in self._lost:
+            self._forget(key)
+        self._lost[key] = _Lost(hash(tuple(tokens[:known])), reason is not None)
+        self._starts[known] += 1
+        while len(self._lost) > self.max_keys:
+            self._forget(next(iter(self._lost)))
+        return reason
+
+    def admitted(self, prompt: Tokens[int]) -> None:
+        """A prompt is admitted: a lost copy it extends by `min_tokens` beyond what was held
+        when it was lost is a comeback (one key look-up per distinct start, a hash on a hit)."""
+        if not self._lost:
+            return
+        for start in tuple(self._starts):
+            end = start + self.min_tokens
+            if end > len(prompt):
+                continue
+            key = (start, tuple(prompt[start:end]))
+            lost = self._lost.get(key)
+            if lost is None or lost.prefix_hash != hash(tuple(prompt[:start])):
+                continue
+            self._forget(key)
+            self.comebacks += 1
+            self.since_comeback = 0
+            if not lost.stored:
+                self.missed += 1
+
+    def _forget(self, key: tuple[int, tuple[int, ...]]) -> None:
+        del self._lost[key]
+        self._starts[key[0]] -= 1
+        if not self._starts[key[0]]:
+            del self._starts[key[0]]
+
+    def stats(self) -> dict:
+        return {"losses": self.losses, "stored_by_reason": dict(self.reasons), "skipped": self.skipped,
+                "comebacks": self.comebacks, "missed": self.missed, "since_comeback": self.since_comeback,
+                "streak": self.streak}
 
 
 class WriteBackPolicy:
@@ -67,19 +184,36 @@ class WriteBackPolicy:
         self.slot_hints: dict[int, CacheHint] = {}
         self.idle_cells = idle_cells  # cells idle slots may keep while requests run (None: no limit)
         self.idle_offloads = 0  # idle slots written back and freed for that limit
+        self.gate = ReuseGate(min_tokens)
         self.write_backs = 0
+        self.write_backs_skipped = 0  # slot copies lost unstored: nothing was likely to reuse them
         self.write_back_ms = 0.0
         self.store_errors = 0
         self._pin_signature: tuple | None = None  # what the pinned-bytes quota last looked at
+        # a model with sliding-window or recurrent layers: called with a slot whose KV is being
+        # written back, to keep its state checkpoints (server/cache/checkpointed_slots.py)
+        self.hand_over: Callable[[Slot], None] | None = None
 
     # ------------------------------------------------------------ device copies lost
-    def write_back(self, slot, exclude=None, park: bool = False) -> None:
+    def write_back(self, slot, exclude=None, park: bool = False, gated: bool = True) -> None:
         """The slot's kept KV is about to be lost: store what host/disk lack of it, now or
-        (`park`, when parking is on) piece by piece over the next engine steps."""
+        (`park`, when parking is on) piece by piece over the next engine steps, if the gate
+        finds it likely to be reused (`gated`)."""
         tokens = list(slot.tokens)
-        if len(tokens) < self.min_tokens or self.held_on_device(tokens, exclude):
+        if len(tokens) < self.min_tokens:
+            return
+        held = self.device_depth(tokens, exclude)
+        if held == len(tokens):
             return
         hint = self.slot_hints.pop(slot.index, None)
+        if gated and (self.host is not None or self.disk is not None) and self.gate.decide(
+                tokens, max(held, self._tree_depth(tokens)), pinned=self._pinned(hint),
+                continues=self._state(hint) in ("active", "tool_wait")) is None:
+            self.write_backs_skipped += 1
+            return
+
+        if self.hand_over is not None:  # the slot's state checkpoints go with its KV
+            self.hand_over(slot)
 
         def tag(tip) -> None:
             if hint is not None and hint.session and tip is not None:
@@ -92,12 +226,12 @@ class WriteBackPolicy:
             return
         tag(self._timed_store(slot.seq_id, tokens))
 
-    def drop_idle_slot(self, slot) -> None:
+    def drop_idle_slot(self, slot, gated: bool = True) -> None:
         """Free an idle slot's KV (e.g. for room), copying it to host/disk first if no
-        other device copy holds it."""
+        other device copy holds it (and, `gated`, the gate finds it likely to be reused)."""
         if slot.busy:
             raise ValueError(f"slot {slot.index} is running a request")
-        self.write_back(slot, exclude=slot)
+        self.write_back(slot, exclude=slot, gated=gated)
         self.runtime.seq_rm(slot.seq_id, -1, -1)
         slot.tokens = []
 
@@ -108,7 +242,7 @@ class WriteBackPolicy:
             self.parked.drain()
         for slot in self.slots.slots:
             if not slot.busy:
-                self.drop_idle_slot(slot)
+                self.drop_idle_slot(slot, gated=False)
         if self.resident is not None:
             for owner in list(self.resident.owners):
                 self.write_back_owner(owner.seq_id, owner.tokens)
@@ -121,14 +255,42 @@ class WriteBackPolicy:
 
     def held_on_device(self, tokens: list[int], exclude, owner_seq: int | None = None) -> bool:
         """Another slot (idle, or running over these tokens) or resident owner holds them all."""
+        return self.device_depth(tokens, exclude, owner_seq) == len(tokens)
+
+    def device_depth(self, tokens: list[int], exclude, owner_seq: int | None = None) -> int:
+        """Leading tokens another slot (idle, or running over them) or a resident owner holds."""
         running = {s.slot.index: s.kv_tokens() for s in self.running() if s.slot is not None}
+        depth = 0
         for slot in self.slots.slots:
             if slot is exclude:
                 continue
-            held = running.get(slot.index, slot.tokens if not slot.busy else [])
-            if common_prefix_len(held, tokens) == len(tokens):
-                return True
-        return self.resident is not None and self.resident.holds(tokens, exclude=owner_seq)
+            depth = max(depth, common_prefix_len(running.get(slot.index, slot.tokens if not slot.busy else []), tokens))
+            if depth == len(tokens):
+                return depth
+        if self.resident is not None:
+            depth = max(depth, self.resident.best(tokens, owner_seq)[0])
+        return depth
+
+    def _tree_depth(self, tokens: list[int]) -> int:
+        """Leading tokens the tree holds in any tier (S, H, D)."""
+        if self.tree is None:
+            return 0
+        with self.tree.mutex:
+            return self.tree.match_prefix(tokens, touch=False).longest
+
+    def _pinned(self, hint: CacheHint | None) -> bool:
+        return hint is not None and (bool(hint.pin) or (hint.pin is None and hint.session is not None
+                                                        and self.registry.is_pinned(hint.session)))
+
+    def _state(self, hint: CacheHint | None) -> str | None:
+        """The session's latest state (a later bare hint may have changed it); None without one."""
+        if hint is None or hint.session is None:
+            return None
+        return self.registry.state(hint.session) or hint.state or "active"
+
+    def admitted(self, prompt: list[int]) -> None:
+        """A prompt is admitted (the router, before it plans): the gate looks for a comeback."""
+        self.gate.admitted(prompt)
 
     def _timed_store(self, seq_id: int, tokens: list[int]):
         if self.host is None and self.disk is None:

@@ -28,7 +28,8 @@ def _stats(model, measure: bool) -> dict:
                                "idle_tokens_kept": sum(len(x.tokens) for x in s.slots if not x.busy),
                                "idle_cells_limit": None, "idle_offloads": 0}, "S": off, "H": off, "D": off, "R": off},
                "tree": None, "parked_cells": 0, "write_back": off, "lifecycle": None,
-               "engine_thread": {"cache_ms": 0.0, "write_backs": 0, "write_back_ms": 0.0, "max_step_cache_ms": 0.0}}
+               "engine_thread": {"cache_ms": 0.0, "write_backs": 0, "write_backs_skipped": 0, "write_back_ms": 0.0,
+                                 "max_step_cache_ms": 0.0}}
     out["note"] = model.cache_note
     out["kv"] = {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
                  "parked_cells": out.pop("parked_cells")}
