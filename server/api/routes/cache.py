@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server.api.deps import ModelDep, require_api_key
 from server.api.errors import invalid
+from server.cache.checkpointed_slots import CheckpointedSlotReuse
 from server.cache.kv_ops import used_cells
 from server.cache.lifecycle import CacheHintError, parse_cache_hint
 
@@ -30,6 +31,8 @@ def _stats(model, measure: bool) -> dict:
                "tree": None, "parked_cells": 0, "write_back": off, "lifecycle": None,
                "engine_thread": {"cache_ms": 0.0, "write_backs": 0, "write_backs_skipped": 0, "write_back_ms": 0.0,
                                  "max_step_cache_ms": 0.0}}
+    if isinstance(model.prefix, CheckpointedSlotReuse):  # tier A on a model with SWA or recurrent layers
+        out["tiers"]["A"]["state"] = model.prefix.stats()
     out["note"] = model.cache_note
     out["kv"] = {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
                  "parked_cells": out.pop("parked_cells")}
