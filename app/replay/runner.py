@@ -73,6 +73,15 @@ class ReplaySettings:
 MESSAGES_DEFAULT_MAX_TOKENS = 1024
 
 
+def request_path(line: ManifestLine, body: dict) -> str:
+    """Where a line's body goes: its API's path, except a chat line whose body is a completions
+    prompt (bench.run_all --same-prompts renders every chat body into one), which goes to
+    /v1/completions."""
+    if line.api == CHAT and "prompt" in body and "messages" not in body:
+        return "/v1/completions"
+    return line.path
+
+
 def prepare_body(line: ManifestLine, settings: ReplaySettings, default_model: str | None) -> dict[str, Any]:
     """The body actually sent: streaming (chat: with usage), a model name, an output length."""
     body = copy.deepcopy(line.body)
@@ -185,7 +194,8 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
                 if settings.session_hints:
                     request_headers.update(_hint_headers(line, states[index]))
                 async with gate:
-                    m = await send_streaming(client, root + line.path, body, request_headers, line.api)
+                    m = await send_streaming(client, root + request_path(line, body), body, request_headers,
+                                             line.api)
                 result.start_s = m.started - run_start
                 result.latency_s = m.finished - m.started if m.finished is not None else None
                 result.ttft_s = m.first_token - m.started if m.first_token is not None else None

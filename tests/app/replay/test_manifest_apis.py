@@ -151,3 +151,15 @@ def test_cli_convert_writes_the_same_requests_for_another_api(tmp_path, capsys):
     lines = list(parse_manifest((tmp_path / "r.jsonl").read_text()))
     assert [ln.api for ln in lines] == ["responses", "responses"] and "instructions" in lines[0].body
     capsys.readouterr()
+
+
+def test_a_chat_line_rendered_into_a_completions_prompt_goes_to_completions():
+    """bench.run_all --same-prompts replaces each chat body with the prompt arbor renders for it."""
+    from app.manifest import ManifestLine
+    from app.replay.runner import request_path
+
+    line = ManifestLine(t=0.0, session_id="s", branch_id="main", body={"messages": [{"role": "user", "content": "x"}]})
+    assert request_path(line, line.body) == "/v1/chat/completions"
+    assert request_path(line, {"prompt": "<|im_start|>user\nx", "max_tokens": 4}) == "/v1/completions"
+    assert request_path(ManifestLine(t=0.0, session_id="s", branch_id="main", body={"input": "x"}, api="responses"),
+                        {"input": "x"}) == "/v1/responses"
