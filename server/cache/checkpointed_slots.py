@@ -12,9 +12,11 @@ gets it by cutting the KV back (`seq_rm`); these models get it
 - else not at all: the slot is cleared and the prompt computed, never resumed from a state it
   does not have.
 
-Checkpoints are taken where llama-server takes its context checkpoints, during prefill (a chunk
-ends at each of `checkpoints.stops`: every `every` tokens, and before the prompt's last token),
-and belong to the slot: forgotten past a cut, cleared with the slot, handed to the host store
+Checkpoints are taken during prefill, where llama-server takes its context checkpoints (a chunk
+ends at each of `checkpoints.stops`: every `every` tokens, and before the prompt's last token)
+and at branch points (where the prompt leaves a path the cache knows: the slot's, another
+slot's, the tree's; the next prompt of the same family, e.g. under the same system prompt, will
+resume there), and belong to the slot: forgotten past a cut, cleared with the slot, handed to the host store
 (with one more at the slot's end) when the slot's KV is written back to H/D (`hand_over`).
 
 Contracts (engine thread): `SlotStates.resumable` says (k, checkpoint or None) and changes
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 
 from server.cache.checkpoint_store import CheckpointStore
-from server.cache.checkpoints import ModelMemory, SlotCheckpoints, StateCheckpoint, stops
+from server.cache.checkpoints import ModelMemory, SlotCheckpoints, StateCheckpoint, stops, turn_starts
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
 from server.engine.sequence import CacheReport, Sequence
@@ -96,12 +98,15 @@ class SlotStates:
         self.of(slot).clear()
 
     def set_stops(self, seq: Sequence, reused: int) -> None:
+        """The request's prefill stops: every `every` tokens, before its last token, and where its
+        turns begin (after `reused`)."""
         if self.per_slot > 0:
-            seq.prefill_stops = stops(len(seq.prompt), reused, self.every)
+            turns = [p for p in turn_starts(seq.prompt, self.runtime.is_control) if reused < p < len(seq.prompt) - 1]
+            seq.prefill_stops = tuple(sorted({*stops(len(seq.prompt), reused, self.every), *turns}))
 
     def add_stop(self, seq: Sequence, pos: int) -> None:
-        """A request waits for `seq` to compute `pos` tokens it shares: `seq` stops there too,
-        so the state at `pos` is checkpointed for it (when a copy cut back will not do)."""
+        """`seq`'s prefill also stops at `pos` (a branch point, or where a waiting request will take
+        over from it), so the state there is checkpointed."""
         if self.per_slot > 0 and seq.n_past < pos < len(seq.prompt) and pos not in seq.prefill_stops:
             seq.prefill_stops = tuple(sorted((*seq.prefill_stops, pos)))
 
@@ -168,6 +173,8 @@ class CheckpointedSlotReuse:
             k = 0
         if self.reuse:
             self.states.set_stops(seq, k)
+            if n > k:  # where it leaves the slot's old path: a branch point
+                self.states.add_stop(seq, n)
         return CacheReport(source="A", reused_tokens=k) if k > 0 else CacheReport()
 
     def checkpoint(self, seq: Sequence, pos: int) -> None:

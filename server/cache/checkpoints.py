@@ -25,12 +25,14 @@ Contracts:
 - `stops(prompt_len, reused, every)`: the prompt positions where a prefill chunk ends so a
   checkpoint can be taken: every `every` tokens and one before the prompt's last token (a
   repeat or a retry of the same prompt reuses all but that token, as every request computes
-  its last prompt token for logits).
+  its last prompt token for logits); `turn_starts` adds where turns begin (as llama-server
+  checkpoints at user messages), read from the template's control tokens.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -139,3 +141,18 @@ def stops(prompt_len: int, reused: int, every: int) -> tuple[int, ...]:
     if last > 0:
         out.add(last)
     return tuple(sorted(p for p in out if p > reused))
+
+
+def turn_starts(prompt: Sequence[int], is_control: Callable[[int], bool], keep_last: int = 3) -> tuple[int, ...]:
+    """Where the prompt's turns begin, as far as its tokens say: a control token (a template's turn
+    marker) after ordinary ones; a marker pair (end of one turn, start of the next) counts once.
+    The first (the end of the system prompt and tools: the branch point of every conversation
+    under them) and the last `keep_last` (a retried or forked turn)."""
+    out: list[int] = []
+    prev_control = True  # the prompt's own opening marker is no boundary
+    for i, tok in enumerate(prompt):
+        control = is_control(tok)
+        if control and not prev_control and (not out or i - out[-1] > 3):
+            out.append(i)
+        prev_control = control
+    return tuple(dict.fromkeys(out[:1] + out[-keep_last:])) if out else ()

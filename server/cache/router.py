@@ -143,7 +143,23 @@ class CacheRouter:
         report = self.restorer.execute(adm, best, plan, cands, lease)
         if self.states is not None:
             self.states.set_stops(adm.seq, report.reused_tokens)
+            # a branch point: where this prompt leaves what the cache already knows, the next
+            # prompt of the same family will want the state too (a shared system prompt)
+            known = self._known_prefix(adm, prompt)
+            if known > report.reused_tokens:
+                self.states.add_stop(adm.seq, known)
         return report
+
+    def _known_prefix(self, adm: Admission, prompt: list[int]) -> int:
+        """How far `prompt` follows a path the cache knows: the slot's own, another slot's, the tree's."""
+        known = adm.common_prefix
+        for slot in self.slots.slots:
+            if slot is not adm.slot:
+                known = max(known, common_prefix_len(slot.tokens, prompt))
+        if self.tree is not None:
+            with self.tree.mutex:
+                known = max(known, self.tree.match_prefix(prompt, touch=False).longest)
+        return min(known, len(prompt) - 1)
 
     def _candidates_with_state(self, adm: Admission) -> list[Candidate]:
         """On a model with sliding-window or recurrent layers: A as far as the slot's state goes

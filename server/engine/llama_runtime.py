@@ -210,6 +210,7 @@ class LlamaRuntime:
         self._batch = _OwnedBatch(self.n_batch)
         self._pieces: dict[int, bytes] = {}  # token -> piece (special=False), filled as tokens come out
         self._eog: dict[int, bool] = {}
+        self._control: dict[int, bool] = {}
         self.info = self._read_info()
 
     # ----------------------------------------------------------------- metadata
@@ -288,6 +289,13 @@ class LlamaRuntime:
         got = self._eog.get(token)
         if got is None:
             got = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return got
+
+    def is_control(self, token: int) -> bool:
+        """A control token (a chat template's turn markers: <|im_start|>, <start_of_turn>, ...)."""
+        got = self._control.get(token)
+        if got is None:
+            got = self._control[token] = bool(llama_cpp.llama_vocab_is_control(self.vocab, token))
         return got
 
     # ------------------------------------------------------------------- decode

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from server.cache.checkpointed_slots import CheckpointedSlotReuse
-from server.cache.checkpoints import ModelMemory, SlotCheckpoints, StateCheckpoint, stops
+from server.cache.checkpoints import ModelMemory, SlotCheckpoints, StateCheckpoint, stops, turn_starts
 from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import GenerationRequest, SeqStatus, Sequence
@@ -32,6 +32,10 @@ class SimMemory:
         """The sequence computed n tokens from scratch (the window layers pruned what they can)."""
         self.seqs[sid] = {"n": n, "swa_min": max(0, n - self.memory.n_swa - 4) if self.memory.n_swa else 0,
                           "state_pos": n}
+
+    @staticmethod
+    def is_control(token: int) -> bool:
+        return token < 10  # the simulated template's turn markers
 
     def seq_pos_min(self, sid: int) -> int:
         s = self.seqs.get(sid)
@@ -131,7 +135,7 @@ def test_a_slot_resumes_from_its_newest_checkpoint_at_or_below_the_shared_prefix
     assert mem.partial_sets[-1] == (5, 64) and mem.seqs[5]["n"] == 64
     assert provider.states.reused_by_checkpoint == 1
     assert provider.states.of(slot).positions() == [32, 64]  # 96 and 99 were on the other branch
-    assert adm.seq.prefill_stops == (96, 119)
+    assert adm.seq.prefill_stops == (70, 96, 119)  # 70: where it left the slot's path (a branch point)
 
 
 def test_without_a_checkpoint_the_slot_is_cleared_and_the_prompt_computed():
@@ -200,3 +204,15 @@ def test_checkpoint_store_evicts_the_least_recently_used_beyond_its_budget():
     store.put(path, StateCheckpoint(20, b"w" * 5))  # a newer one for the same prefix replaces it
     assert store.best(path, 25).blob == b"w" * 5 and store.bytes == 25
     assert store.clear() == 25 and len(store) == 0
+
+
+def test_turn_starts_are_read_from_the_templates_control_tokens():
+    # <start>system ... <end>\n<start>user ... <end>\n<start>assistant  (markers 1 and 2, newline 50)
+    def turn(role, n, start):
+        return [1, role] + list(range(start, start + n)) + [2, 50]
+
+    prompt = turn(100, 30, 200) + turn(101, 10, 300) + turn(102, 8, 400) + turn(101, 12, 500) + [1, 102]
+    starts = turn_starts(prompt, lambda t: t < 10, keep_last=2)
+    ends = [i for i, t in enumerate(prompt) if t == 2]
+    assert starts == (ends[0], ends[-2], ends[-1])  # the system prompt's end, then the last two turns
+    assert turn_starts([1, 2, 3], lambda t: t < 10) == ()
