@@ -127,6 +127,30 @@ def run(model: Path, trunk_len: int, branch_at: int, forced: int, every: int, th
     return out
 
 
+HEADING = "## State checkpoints: cache on against cache off on sliding-window and hybrid models"
+
+
+def report_section(res: Path) -> list[str]:
+    """docs/benchmarks.md's table of bench/results/checkpoint_agreement/index.json (bench/report.py)."""
+    path = res / "checkpoint_agreement" / "index.json"
+    out = [HEADING, ""]
+    if not path.exists():
+        return out + ["Not measured in this revision.", ""]
+    data = json.loads(path.read_text())
+    out += [f"Command: `{data['command']}`. Each source's prefix resumed with a state checkpoint, then the branch's "
+            "tokens teacher-forced; every position's top-1 against the same tokens computed from nothing on another "
+            "sequence. `none` recomputes them without a cache on the trunk's sequence: the noise floor of cell "
+            "placement alone.", "",
+            "| model | resumed from / branch at | checkpoint bytes | source | top-1 agreement | max \\|Δlogit\\| "
+            "| restore ms |", "|---|---|---|---|---|---|---|"]
+    for r in data["results"]:
+        for src, v in r["sources"].items():
+            out.append(f"| {Path(r['model']).name} ({r['memory']}) | {r['resumed_from']} / {r['branch_at']} | "
+                       f"{r['checkpoint_bytes']:,} | {src} | {v['top1_agreement']:.4f} ({v['positions']}) | "
+                       f"{v['max_abs_logit_diff']:.2g} | {v['restore_ms']} |")
+    return out + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, action="append", required=True, help="GGUF (repeat for several)")

@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 from app.replay.results import load_results
+from bench import api_parity, checkpoint_agreement, kv_types, paged_logits
 
 
 def _load(path: Path) -> dict | None:
@@ -221,6 +222,15 @@ RUN_ALL_DIRS = {
                       "--n-head-kv 2 --n-ff 512 --type q8_0 --out var/models/llama-4x256-synth.q8_0.gguf && "
                       "python -m bench.run_all --quick --model var/models/llama-4x256-synth.q8_0.gguf "
                       "--out bench/results/run_all_synth"),
+    "run_all_swa": ("Workloads on a sliding-window model (Gemma 3 shape, 6 layers of 1024, window 512, q8_0)",
+                    "python -m bench.synth_swa_hybrid --arch gemma3 --shape bench --tokenizer smollm2 --n-layer 6 "
+                    "--out var/models/gemma3-swa-bench6.gguf && python -m bench.run_all --quick --same-prompts "
+                    "--model var/models/gemma3-swa-bench6.gguf --out bench/results/run_all_swa"),
+    "run_all_hybrid": ("Workloads on a hybrid model (LFM2 shape, 6 layers of 1024: 4 conv, 2 attention, q8_0)",
+                       "python -c \"from pathlib import Path; from bench.synth_swa_hybrid import shape_for, "
+                       "write_model; write_model(shape_for('lfm2', 'bench', n_layer=6, attn_layers=(2, 5)), "
+                       "Path('var/models/lfm2-hybrid-bench6.gguf'))\" && python -m bench.run_all --quick "
+                       "--same-prompts --model var/models/lfm2-hybrid-bench6.gguf --out bench/results/run_all_hybrid"),
 }
 
 
@@ -297,6 +307,15 @@ def _share(eng: dict | None) -> str:
     return share
 
 
+PAGED_LOGITS_HEADING = "## Paged attention, logit by logit"
+
+
+def paged_logits_section(res: Path) -> list[str]:
+    """bench/paged_logits.py's table (issue 33, item 6), a section of its own so that measuring it
+    alone does not drop the paged section's other figures (carried over when not re-measured)."""
+    return [PAGED_LOGITS_HEADING, "", *(paged_logits.report_lines(res) or ["Not measured in this revision.", ""])]
+
+
 READING = Path("docs/benchmark-notes.md")
 READING_PREFIX = "Reading these figures: "
 
@@ -314,6 +333,12 @@ READING_TOPICS = {
     "## /metrics and /health while the cache stores large KV": "/metrics and /health under load",
     "## One budget eviction as the radix tree grows": "Eviction and budgets",
     "## Hostile requests while another request decodes": "Hostile requests",
+    PAGED_LOGITS_HEADING: "Idle cells and paged attention",
+    kv_types.HEADING: "KV cache types",
+    api_parity.HEADING: "One workload through three APIs",
+    "## Workloads on a sliding-window model": "Sliding-window and hybrid models",
+    "## Workloads on a hybrid model": "Sliding-window and hybrid models",
+    checkpoint_agreement.HEADING: "Sliding-window and hybrid models",
 }
 
 
@@ -570,10 +595,12 @@ def main(argv: list[str] | None = None) -> None:
              "another.", ""]
     old = _old_sections(a.out)
     sections = [section(a.results) for section in (engine_section, unified_section, idle_cells_section,
-                                                    paged_section, cache_micro_section)]
+                                                    paged_section, paged_logits_section, cache_micro_section)]
     sections += [run_all_section(a.results, dirname) for dirname in RUN_ALL_DIRS]
     sections += [section(a.results) for section in (n_choices_section, soak_section, loop_latency_section,
-                                                    tree_evict_section, hostile_section)]
+                                                    tree_evict_section, hostile_section,
+                                                    kv_types.report_section, api_parity.report_section,
+                                                    checkpoint_agreement.report_section)]
     for section in sections:
         lines += reading_pointer(_or_carried(section, old))
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -120,7 +120,7 @@ def test_regenerating_without_results_keeps_the_tables_and_one_pointer_each(tmp_
     (results / "hostile_requests.json").unlink()  # raw results are not committed
     main(["--results", str(results), "--out", str(out)])
     second = out.read_text()
-    hostile = second[second.index("## Hostile requests"):]
+    hostile = second[second.index("## Hostile requests"):].split("\n## ")[0]  # up to the next section
     assert "| served sanely | 1 |" in hostile
     assert "_Carried over from an earlier generation of this file: not re-measured in this revision (measured on " \
         in hostile
