@@ -166,7 +166,7 @@ class CacheRouter:
         back, S the other slot whose copy gives the longest state (cut back, or with a
         checkpoint), H and D as the planner cuts them to a checkpoint."""
         assert self.states is not None
-        prompt, limit = adm.seq.prompt, len(adm.seq.prompt) - 1
+        prompt, limit = adm.seq.cache_prompt, len(adm.seq.prompt) - 1
         a_len, a_ckpt = self.states.resumable(adm.slot, prompt, min(adm.common_prefix, limit))
         s_cand = Candidate(Source.S, 0)
         if Source.S in self.tiers:

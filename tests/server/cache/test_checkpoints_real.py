@@ -249,3 +249,42 @@ def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(mo
     finally:
         plain.close()
     assert [g.text for g in got] == [w.text for w in want]
+
+
+def test_a_salted_prefix_is_reused_within_its_namespace_only(model):
+    """cache_salt on such a model: the slot's state and the host's checkpoints are found under the
+    request's namespace (its cache key), never under another."""
+    import threading
+
+    from server import bootstrap
+    from server.engine.sampling_params import SamplingParams
+    from server.engine.sequence import Finished, GenerationRequest
+    from server.settings import ServerSettings
+
+    def run(m, prompt, namespace):
+        done, box = threading.Event(), {}
+
+        def sink(ev):
+            if isinstance(ev, Finished):
+                box["fin"] = ev
+                done.set()
+
+        m.engine.submit(GenerationRequest(prompt_tokens=prompt, sampling=SamplingParams(temperature=0), max_tokens=2,
+                                          cache_namespace=namespace), sink)
+        assert done.wait(300)
+        return box["fin"]
+
+    kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_tiers=("A", "H"))
+    first = tokens(model.rt, 400, 13)
+    branch = first[:300] + tokens(model.rt, 20, 14)
+    cached = bootstrap.load(ServerSettings(**kw))
+    try:
+        run(cached, first, b"tenant-a")
+        run(cached, tokens(model.rt, 100, 15), b"tenant-a")  # takes the slot: first goes to H with its checkpoints
+        same = run(cached, branch, b"tenant-a")
+        other = run(cached, branch, b"tenant-b")
+    finally:
+        cached.close()
+    assert (same.cache.source, same.cached_tokens) == ("H", 256), same  # the checkpoint at 256, within tenant-a
+    assert other.cached_tokens == 0, other
