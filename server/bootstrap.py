@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.build_info import system_fingerprint
+from server.cache.checkpoint_files import CheckpointFiles
 from server.cache.checkpoint_store import CheckpointStore
 from server.cache.checkpointed_slots import CheckpointedSlotReuse, SlotStates
 from server.cache.checkpoints import ModelMemory
@@ -109,9 +110,6 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     policy = LifecyclePolicy(registry)
     tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
     states = None
-    if partial_state:  # window cells or a recurrent state: A, S (other slots), H and D with checkpoints
-        states = SlotStates(runtime, memory, per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every,
-                            store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024))
     tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
     host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers and tree is not None else None
     disk = shared = None
@@ -126,6 +124,11 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
                         queue_bytes=settings.cache_disk_queue * 1024 * 1024,
                         reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024)
+    if partial_state:  # window cells or a recurrent state: A, S (other slots), H and D with checkpoints
+        files = (CheckpointFiles(settings.cache_dir / "checkpoints", fp, settings.cache_checkpoint_disk * 1024 * 1024)
+                 if disk is not None and settings.cache_dir is not None and settings.cache_checkpoint_disk else None)
+        states = SlotStates(runtime, memory, per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every,
+                            store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024, files))
     if settings.cache_shared and "H" in tiers and states is None:  # written from the host tier
         assert settings.cache_shared_secret is not None  # the settings require it
         shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,

@@ -175,6 +175,9 @@ class ServerSettings(BaseSettings):
     cache_checkpoint_ram: int = Field(
         1024, ge=0, description="MiB of host RAM for the state checkpoints that tiers H and D restore with on "
         "models with sliding-window or recurrent layers (the least recently used go first)", json_schema_extra=_CACHE)
+    cache_checkpoint_disk: int = Field(
+        1024, ge=0, description="MiB of the cache directory for the state checkpoints tier D restores with after a "
+        "restart (with --cache-dir; the oldest go first); 0: none on disk", json_schema_extra=_CACHE)
     checkpoint_every: int = Field(
         1024, ge=0, description="tokens between the state checkpoints taken while a long prompt is computed "
         "(one more is always taken before the prompt's last token); 0: only that one", json_schema_extra=_CACHE)

@@ -16,7 +16,10 @@ Contracts: `put(tokens, ckpt)` keeps ckpt for tokens[:ckpt.pos] (a newer one for
 replaces it), evicting the least recently used beyond `budget_bytes` (a checkpoint larger than
 the budget is declined, counted); `best(prompt, limit)` the checkpoint with the highest
 position <= limit whose prefix is prompt's (a hit refreshes it). Thread-safe (one lock): the
-engine thread writes and plans; stats are read from the HTTP thread.
+engine thread writes and plans; stats are read from the HTTP thread. With tier D (`files`), every
+checkpoint is also written to disk, synchronously on the engine thread (a few MB at a slot's
+write-back), and one a previous run left is read back when a lookup reaches it: D's segments
+restore after a restart.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from server.cache.checkpoint_files import CheckpointFiles
 from server.cache.checkpoints import StateCheckpoint
 from server.engine.cache_namespace import split
 
@@ -41,13 +45,20 @@ def prefix_digest(tokens: Sequence[int], n: int) -> bytes:
 
 
 class CheckpointStore:
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, files: CheckpointFiles | None = None):
         self.budget_bytes = budget_bytes
         self._by_key: OrderedDict[bytes, StateCheckpoint] = OrderedDict()  # least recently used first
         self._positions: dict[int, int] = {}  # position -> checkpoints kept at it
         self._lock = threading.Lock()
         self.bytes = 0
-        self.stored = self.hits = self.evictions = self.declined = 0
+        self.stored = self.hits = self.evictions = self.declined = self.disk_hits = 0
+        # with tier D: every checkpoint also on disk (server/cache/checkpoint_files.py), so D's segments
+        # still restore after a restart; what a previous run left is indexed, read when asked for
+        self.files = files
+        self._on_disk: dict[bytes, int] = dict(files.index()) if files is not None else {}
+        self._disk_positions: dict[int, int] = {}
+        for pos in self._on_disk.values():
+            self._disk_positions[pos] = self._disk_positions.get(pos, 0) + 1
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -60,26 +71,54 @@ class CheckpointStore:
             return False
         key = prefix_digest(tokens, ckpt.pos)
         with self._lock:
-            self._drop(key)
-            while self._by_key and self.bytes + ckpt.nbytes > self.budget_bytes:
-                self._drop(next(iter(self._by_key)))
-                self.evictions += 1
-            self._by_key[key] = ckpt
-            self._positions[ckpt.pos] = self._positions.get(ckpt.pos, 0) + 1
-            self.bytes += ckpt.nbytes
+            self._keep(key, ckpt)
             self.stored += 1
+            if self.files is not None:
+                self.files.write(key, ckpt)
+                if key not in self._on_disk:
+                    self._on_disk[key] = ckpt.pos
+                    self._disk_positions[ckpt.pos] = self._disk_positions.get(ckpt.pos, 0) + 1
         return True
+
+    def _keep(self, key: bytes, ckpt: StateCheckpoint) -> None:
+        self._drop(key)
+        while self._by_key and self.bytes + ckpt.nbytes > self.budget_bytes:
+            self._drop(next(iter(self._by_key)))
+            self.evictions += 1
+        self._by_key[key] = ckpt
+        self._positions[ckpt.pos] = self._positions.get(ckpt.pos, 0) + 1
+        self.bytes += ckpt.nbytes
 
     def best(self, prompt: Sequence[int], limit: int) -> StateCheckpoint | None:
         with self._lock:
-            for pos in sorted((p for p in self._positions if p <= min(limit, len(prompt))), reverse=True):
+            positions = {*self._positions, *self._disk_positions}
+            for pos in sorted((p for p in positions if p <= min(limit, len(prompt))), reverse=True):
                 key = prefix_digest(prompt, pos)
                 found = self._by_key.get(key)
                 if found is not None:
                     self._by_key.move_to_end(key)
                     self.hits += 1
                     return found
+                if key in self._on_disk and self.files is not None:
+                    found = self.files.read(key)
+                    if found is None or found.pos != pos:
+                        self._forget_file(key)
+                        continue
+                    if found.nbytes <= self.budget_bytes:
+                        self._keep(key, found)
+                    self.hits += 1
+                    self.disk_hits += 1
+                    return found
         return None
+
+    def _forget_file(self, key: bytes) -> None:
+        pos = self._on_disk.pop(key, None)
+        if pos is not None:
+            left = self._disk_positions[pos] - 1
+            if left:
+                self._disk_positions[pos] = left
+            else:
+                del self._disk_positions[pos]
 
     def clear(self) -> int:
         with self._lock:
@@ -102,4 +141,5 @@ class CheckpointStore:
 
     def stats(self) -> dict:
         return {"entries": len(self._by_key), "bytes": self.bytes, "budget_bytes": self.budget_bytes,
-                "stored": self.stored, "hits": self.hits, "evictions": self.evictions, "declined": self.declined}
+                "stored": self.stored, "hits": self.hits, "evictions": self.evictions, "declined": self.declined,
+                **({"disk": {**self.files.stats(), "hits": self.disk_hits}} if self.files is not None else {})}

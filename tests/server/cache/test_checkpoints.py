@@ -216,3 +216,41 @@ def test_turn_starts_are_read_from_the_templates_control_tokens():
     ends = [i for i, t in enumerate(prompt) if t == 2]
     assert starts == (ends[0], ends[-2], ends[-1])  # the system prompt's end, then the last two turns
     assert turn_starts([1, 2, 3], lambda t: t < 10) == ()
+
+
+def test_checkpoints_on_disk_come_back_after_a_restart_and_only_for_their_model(tmp_path):
+    from server.cache.checkpoint_files import CheckpointFiles
+    from server.cache.checkpoint_store import CheckpointStore
+
+    path = list(range(100))
+    store = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "model-a", budget_bytes=10_000))
+    store.put(path, StateCheckpoint(40, b"x" * 50))
+    store.put(path, StateCheckpoint(80, b"y" * 50))
+
+    again = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "model-a", budget_bytes=10_000))
+    assert len(again) == 0  # nothing read until asked for
+    found = again.best(path, 99)
+    assert found is not None and (found.pos, found.blob) == (80, b"y" * 50) and again.disk_hits == 1
+    assert again.best(path, 79).blob == b"x" * 50
+    assert again.best(list(range(50)) + [7] * 50, 99).pos == 40  # only the prefix it followed
+
+    other = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "model-b", budget_bytes=10_000))
+    assert other.best(path, 99) is None  # another model's files are not read
+
+    # a damaged file is dropped, not used
+    damaged = next(tmp_path.glob("*.ckpt"))
+    damaged.write_bytes(damaged.read_bytes()[:-3] + b"zzz")
+    fresh = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "model-a", budget_bytes=10_000))
+    got = [fresh.best(path, 99), fresh.best(path, 79)]
+    assert all(c is None or not c.blob.endswith(b"zzz") for c in got) and not damaged.exists()
+    assert fresh.files is not None and fresh.files.dropped == 1
+
+
+def test_checkpoint_files_keep_to_their_budget_oldest_first(tmp_path):
+    from server.cache.checkpoint_files import CheckpointFiles
+
+    files = CheckpointFiles(tmp_path, "m", budget_bytes=400)
+    for i in range(5):
+        files.write(bytes([i]) * 16, StateCheckpoint(10 + i, b"z" * 100))
+    assert files.stats()["bytes"] <= 400 and files.dropped >= 1
+    assert files.read(bytes([0]) * 16) is None and files.read(bytes([4]) * 16).pos == 14

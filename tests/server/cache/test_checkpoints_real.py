@@ -85,6 +85,33 @@ def reference(rt, prompt: list[int], seq_id: int = 3) -> np.ndarray:
     return out
 
 
+def submit_together(m, prompts: list[list[int]], max_tokens: int) -> list:
+    """Submit every prompt from this thread back to back (the engine sees them within a step or
+    two, whatever the machine's load), then wait for all; greedy results in submission order."""
+    import threading
+
+    from server.engine.sampling_params import SamplingParams
+    from server.engine.sequence import Finished, GenerationRequest, TextDelta
+
+    out = [SimpleNamespace(text="", final=None, done=threading.Event()) for _ in prompts]
+
+    def sink_of(r):
+        def sink(ev):
+            if isinstance(ev, TextDelta):
+                r.text += ev.text
+            elif isinstance(ev, Finished):
+                r.final = ev
+                r.done.set()
+        return sink
+
+    for p, r in zip(prompts, out):
+        m.engine.submit(GenerationRequest(prompt_tokens=p, sampling=SamplingParams(temperature=0),
+                                          max_tokens=max_tokens), sink_of(r))
+    for r in out:
+        assert r.done.wait(300), "request did not finish"
+    return out
+
+
 def tokens(rt, n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(100, min(rt.info.n_vocab, 30000), n).tolist()
 
@@ -227,7 +254,7 @@ def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(mo
     for it), and this one shares its cells and restores that state, on another slot."""
     from server import bootstrap
     from server.settings import ServerSettings
-    from tests.server.cache.engine_harness import generate, generate_many
+    from tests.server.cache.engine_harness import generate
 
     kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=64, threads=model_threads(),
               flash_attn="off", paged_attn="off", checkpoint_every=0, cache_min_tokens=16, cache_tiers=("A", "S"))
@@ -236,7 +263,7 @@ def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(mo
     cached = bootstrap.load(ServerSettings(**kw))
     try:
         assert cached.router is not None and cached.router.resident is None
-        got = generate_many(cached, [first, branch], max_tokens=6)
+        got = submit_together(cached, [first, branch], max_tokens=6)
         stats = cached.router.stats()
     finally:
         cached.close()
@@ -288,3 +315,40 @@ def test_a_salted_prefix_is_reused_within_its_namespace_only(model):
         cached.close()
     assert (same.cache.source, same.cached_tokens) == ("H", 256), same  # the checkpoint at 256, within tenant-a
     assert other.cached_tokens == 0, other
+
+
+def test_disk_restores_with_its_checkpoint_after_a_restart(model, tmp_path):
+    """Tier D on such a model keeps its checkpoints beside its segments: a fresh server on the same
+    --cache-dir restores a branch from disk, as an engine that reuses nothing answers it."""
+    from server import bootstrap
+    from server.settings import ServerSettings
+    from tests.server.cache.engine_harness import generate
+
+    kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16,
+              cache_tiers=("A", "D"), cache_dir=tmp_path / "kv")
+    first = tokens(model.rt, 600, 16)
+    branch = first[:300] + tokens(model.rt, 30, 17)
+    before = bootstrap.load(ServerSettings(**kw))
+    try:
+        generate(before, first, max_tokens=4)
+        generate(before, tokens(model.rt, 100, 18), max_tokens=4)  # takes the slot: first goes to D
+        assert before.router is not None and before.router.disk is not None
+        before.router.disk.wait_idle()
+    finally:
+        before.close()
+    assert list((tmp_path / "kv" / "checkpoints").glob("*.ckpt"))
+    after = bootstrap.load(ServerSettings(**kw))
+    try:
+        got = generate(after, branch, max_tokens=6)
+        stats = after.router.stats() if after.router is not None else {}
+    finally:
+        after.close()
+    assert (got.final.cache.source, got.final.cached_tokens) == ("D", 256), got.final
+    assert stats["tiers"]["A"]["state"]["host_checkpoints"]["disk"]["hits"] >= 1
+    plain = bootstrap.load(ServerSettings(**{**kw, "cache_tiers": ("A",), "cache_dir": None}, no_cache=True))
+    try:
+        want = generate(plain, branch, max_tokens=6)
+    finally:
+        plain.close()
+    assert got.text == want.text
