@@ -85,7 +85,19 @@ def reference(rt, prompt: list[int], seq_id: int = 3) -> np.ndarray:
     return out
 
 
-def submit_together(m, prompts: list[list[int]], max_tokens: int) -> list:
+def uncached_texts(settings: dict, prompts: list[list[int]], max_tokens: int = 6) -> list[str]:
+    """The greedy answers of an engine that reuses nothing, on `settings` (ServerSettings fields)."""
+    from server import bootstrap
+    from server.settings import ServerSettings
+
+    plain = bootstrap.load(ServerSettings(**{**settings, "no_cache": True}))
+    try:
+        return [submit_together(plain, [p], max_tokens)[0].text for p in prompts]
+    finally:
+        plain.close()
+
+
+def submit_together(m, prompts: list[list[int]], max_tokens: int, namespace: bytes | None = None) -> list:
     """Submit every prompt from this thread back to back (the engine sees them within a step or
     two, whatever the machine's load), then wait for all; greedy results in submission order."""
     import threading
@@ -106,7 +118,7 @@ def submit_together(m, prompts: list[list[int]], max_tokens: int) -> list:
 
     for p, r in zip(prompts, out):
         m.engine.submit(GenerationRequest(prompt_tokens=p, sampling=SamplingParams(temperature=0),
-                                          max_tokens=max_tokens), sink_of(r))
+                                          max_tokens=max_tokens, cache_namespace=namespace), sink_of(r))
     for r in out:
         assert r.done.wait(300), "request did not finish"
     return out
@@ -203,12 +215,7 @@ def test_the_engine_checkpoints_at_its_prefill_stops_and_resumes_a_branch(model,
         cached.close()
     assert got[1].final.cached_tokens == 128, got[1].final
     assert stats["reused_by_checkpoint"] == 1 and stats["checkpoints"]["taken"] >= 8
-    plain = bootstrap.load(ServerSettings(**kw, no_cache=True))
-    try:
-        want = [generate(plain, p, max_tokens=6) for p in (first, branch)]
-    finally:
-        plain.close()
-    assert [g.text for g in got] == [w.text for w in want]
+    assert [g.text for g in got] == uncached_texts(kw, list((first, branch)))
 
 
 @pytest.mark.parametrize("stored", ["H", "D"])
@@ -240,12 +247,7 @@ def test_host_and_disk_restore_a_prefix_with_its_checkpoint(model, tmp_path, sto
     # the branch resumes from the checkpoint at 256, the repeat from the one before its last token
     assert plans[2] == (stored, 256) and plans[4] == (stored, 599), plans
     assert stats["tiers"]["A"]["state"]["host_checkpoints"]["hits"] >= 2
-    plain = bootstrap.load(ServerSettings(**kw, no_cache=True))
-    try:
-        want = [generate(plain, p, max_tokens=6) for p in prompts]
-    finally:
-        plain.close()
-    assert [g.text for g in got] == [w.text for w in want]
+    assert [g.text for g in got] == uncached_texts(kw, list(prompts))
 
 
 def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(model):
@@ -254,7 +256,6 @@ def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(mo
     for it), and this one shares its cells and restores that state, on another slot."""
     from server import bootstrap
     from server.settings import ServerSettings
-    from tests.server.cache.engine_harness import generate
 
     kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=64, threads=model_threads(),
               flash_attn="off", paged_attn="off", checkpoint_every=0, cache_min_tokens=16, cache_tiers=("A", "S"))
@@ -270,36 +271,18 @@ def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(mo
     assert stats["deferrals"] == 1
     # whichever was admitted first computed; the other took 300 tokens from it
     assert sorted((g.final.cache.source, g.final.cached_tokens) for g in got) == [("S", 300), ("none", 0)], got
-    plain = bootstrap.load(ServerSettings(**kw, no_cache=True))
-    try:
-        want = [generate(plain, p, max_tokens=6) for p in (first, branch)]
-    finally:
-        plain.close()
-    assert [g.text for g in got] == [w.text for w in want]
+    assert [g.text for g in got] == uncached_texts(kw, list((first, branch)))
 
 
 def test_a_salted_prefix_is_reused_within_its_namespace_only(model):
     """cache_salt on such a model: the slot's state and the host's checkpoints are found under the
     request's namespace (its cache key), never under another."""
-    import threading
 
     from server import bootstrap
-    from server.engine.sampling_params import SamplingParams
-    from server.engine.sequence import Finished, GenerationRequest
     from server.settings import ServerSettings
 
     def run(m, prompt, namespace):
-        done, box = threading.Event(), {}
-
-        def sink(ev):
-            if isinstance(ev, Finished):
-                box["fin"] = ev
-                done.set()
-
-        m.engine.submit(GenerationRequest(prompt_tokens=prompt, sampling=SamplingParams(temperature=0), max_tokens=2,
-                                          cache_namespace=namespace), sink)
-        assert done.wait(300)
-        return box["fin"]
+        return submit_together(m, [prompt], max_tokens=2, namespace=namespace)[0].final
 
     kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
               flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_tiers=("A", "H"))
@@ -346,9 +329,4 @@ def test_disk_restores_with_its_checkpoint_after_a_restart(model, tmp_path):
         after.close()
     assert (got.final.cache.source, got.final.cached_tokens) == ("D", 256), got.final
     assert stats["tiers"]["A"]["state"]["host_checkpoints"]["disk"]["hits"] >= 1
-    plain = bootstrap.load(ServerSettings(**{**kw, "cache_tiers": ("A",), "cache_dir": None}, no_cache=True))
-    try:
-        want = generate(plain, branch, max_tokens=6)
-    finally:
-        plain.close()
-    assert got.text == want.text
+    assert [got.text] == uncached_texts({**kw, "cache_tiers": ("A",), "cache_dir": None}, [branch])
