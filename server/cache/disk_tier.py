@@ -344,9 +344,11 @@ class DiskTier:
             return
         with self._lock:
             room = self._make_room(encoded.size)
+        # The evicted files go before the new one is written: the files on disk, not only
+        # the index, stay within the budget at every moment.
+        self._unlink_doomed()
         if not room:  # pinned or locked files fill the budget: the disk keeps what it has
             self.declined += 1
-            self._unlink_doomed()
             return
         file = write_segment_file(self.dir, encoded)
         with self._lock:

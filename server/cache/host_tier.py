@@ -85,11 +85,19 @@ class HostTier:
         Returns None when the budget cannot make room (the store is declined)."""
         with self.tree.mutex:
             have = self.tree.match_prefix(tokens, touch=False).span(TIER).longest
-            incoming = (len(tokens) - have) * self.bytes_per_token
-            if incoming and not self._make_room(incoming):
+            estimate = (len(tokens) - have) * self.bytes_per_token
+            if estimate and not self._make_room(estimate):  # nothing is extracted for a store that cannot fit
                 self.declined += 1
                 return None
-            result = self.tree.insert(tokens, TIER, self._remember_layout(extract))
+            # Then extract what H lacks and make room for the bytes it really keeps alive (a
+            # whole buffer, headers included) before inserting: inserting first and evicting
+            # after would hold more than the budget in between, which a scrape can see.
+            fresh = extract(have, len(tokens)) if have < len(tokens) else None
+            incoming = getattr(fresh, "memory", fresh).nbytes if fresh is not None else 0
+            if incoming > estimate and not self._make_room(incoming):
+                self.declined += 1
+                return None
+            result = self.tree.insert(tokens, TIER, self._remember_layout(self._from(fresh, have, extract)))
             if self.tree.tier(TIER).held_bytes > self.budget_bytes and not self._make_room(0):
                 for node in result.new_nodes + result.filled_nodes:
                     if node.attached and TIER in node.values and node.lock_ref == 0:
@@ -97,6 +105,15 @@ class HostTier:
                 self.declined += 1
                 return None
             return result
+
+    @staticmethod
+    def _from(fresh: KVSegment | None, have: int,
+              extract: Callable[[int, int], KVSegment]) -> Callable[[int, int], KVSegment]:
+        """Ranges at or past `have` as views of `fresh` (the KV of [have, len)); any other
+        range from `extract`."""
+        def view(s: int, e: int) -> KVSegment:
+            return fresh.slice(s - have, e - have) if fresh is not None and s >= have else extract(s, e)
+        return view
 
     def _remember_layout(self, extract: Callable[[int, int], KVSegment]) -> Callable[[int, int], KVSegment]:
         def wrapped(s: int, e: int) -> KVSegment:

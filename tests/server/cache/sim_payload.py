@@ -46,6 +46,13 @@ class FakePayload:
             FakePayload(self.n_tokens - offset, self.bytes_per_token, self.path),
         )
 
+    def slice(self, start: int, end: int) -> FakePayload:
+        """Tokens [start, end) of this segment."""
+        if not 0 <= start < end <= self.n_tokens:
+            raise ValueError(f"cannot slice [{start}, {end}) of {self.n_tokens} tokens")
+        path = None if self.path is None else self.path[: len(self.path) - self.n_tokens + end]
+        return FakePayload(end - start, self.bytes_per_token, path)
+
     @classmethod
     def factory(cls, tokens: Iterable[int], bytes_per_token: int = 2) -> PayloadFactory:
         """A ``payload_for_range`` for ``tokens`` that fabricates FakePayloads."""

@@ -129,3 +129,35 @@ def test_a_match_whose_d_values_went_is_refused_though_h_keeps_the_nodes(disk):
         disk.load(match)
     assert match.node.lock_ref == 0
     disk.tree.check_invariants()
+
+
+def test_the_files_on_disk_stay_within_the_budget_while_a_new_one_is_written(tmp_path, monkeypatch):
+    """The files an eviction frees are deleted before the new file is written, not after:
+    the directory itself (what a disk really holds) never exceeds the budget."""
+    import server.cache.disk_tier as disk_tier
+
+    first = list(range(40))
+    probe = DiskTier(RadixTree(), tmp_path / "probe", 1 << 20, "fp", LRUPolicy())
+    probe.store(first, [(0, kv_for(first, 0, 40))])
+    probe.wait_idle()
+    one_file = sum(p.stat().st_size for p in probe.dir.glob("*.kvseg"))
+    probe.close()
+    budget = one_file + one_file // 2  # room for one file of 40 tokens, not two
+    tier = DiskTier(RadixTree(), tmp_path / "kv", budget, "fp", LRUPolicy())
+    on_disk_at_each_write: list[int] = []
+    write = disk_tier.write_segment_file
+
+    def watched(directory, encoded):
+        on_disk_at_each_write.append(sum(p.stat().st_size for p in directory.glob("*.kvseg")) + encoded.size)
+        return write(directory, encoded)
+
+    monkeypatch.setattr(disk_tier, "write_segment_file", watched)
+    try:
+        for base in (0, 100, 200):
+            tokens = list(range(base, base + 40))
+            tier.store(tokens, [(0, kv_for(tokens, 0, 40))])
+            tier.wait_idle()
+        assert len(on_disk_at_each_write) == 3 and tier.evictions == 2
+        assert max(on_disk_at_each_write) <= budget, (on_disk_at_each_write, budget)
+    finally:
+        tier.close()

@@ -79,3 +79,30 @@ def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):
         tree.check_invariants()
     finally:
         disk.close()
+
+
+class WatchedTree(RadixTree):
+    """A tree that records H's held bytes after every change (what a scrape could read)."""
+
+    def __init__(self):
+        super().__init__()
+        self.held_seen: list[int] = []
+
+    def _account(self, node, tier, payload, sign):
+        super()._account(node, tier, payload, sign)
+        self.held_seen.append(self.tier("H").held_bytes)
+
+
+def test_a_store_larger_than_its_estimate_makes_room_before_it_inserts():
+    """The estimate comes from earlier segments; the real bytes of a segment can be more (a
+    larger per-token cost here). Room is made for the real bytes before the insert, so the
+    held bytes never pass the budget, not even between the insert and an eviction."""
+    tree = WatchedTree()
+    host = HostTier(tree, budget_bytes=100, policy=LRUPolicy())
+    a, b = list(range(30)), list(range(1000, 1015))
+    host.store(a, extractor(a, []))  # 60 bytes: the estimate becomes 2 bytes per token
+    denser = lambda s, e: FakePayload(e - s, 3, tuple(b[:e]))  # noqa: E731  (45 bytes, estimated 30: 90 fits)
+    assert host.store(b, denser) is not None
+    assert max(tree.held_seen) <= 100, tree.held_seen
+    assert host_match(host, a).length == 0 and host_match(host, b).length == 15
+    tree.check_invariants()
