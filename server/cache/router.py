@@ -15,12 +15,14 @@ route `longest` the longest match; ties A > S > H > D > R. Requests that arrive 
 one is still computing a long common prefix wait for it and then attach (in-flight sharing).
 
 This module is a facade over one concern per module:
+- server/cache/candidates.py: the candidates, from other slots, running requests and the tree;
 - server/cache/planner.py: candidates -> plan (pure: no llama.cpp), the plan counters;
 - server/cache/restore.py: executing the plan (attach, restore, read ahead, fall back to
   computing on any failure), the counters of what was served;
 - server/cache/write_back_policy.py: when KV is copied to host/disk (write-back, parked,
   idle-cell limit, pin quota) and what a finished request leaves resident;
-- server/cache/lease.py: the request's cache state, on the request.
+- server/cache/lease.py: the request's cache state, on the request;
+- server/cache/cache_stats.py: what the cache reports.
 
 Resident owners, H and D are recorded on the nodes of one radix tree (server/cache/
 radix_tree.py), so one walk of it says how far a prompt is held in each. Slots stay
@@ -32,9 +34,10 @@ each per admission.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
 
+from server.cache.cache_stats import cache_stats
+from server.cache.candidates import CandidateSources
 from server.cache.checkpointed_slots import SlotStates
 from server.cache.disk_tier import DiskTier
 from server.cache.engine_time import EngineTime
@@ -51,7 +54,7 @@ from server.cache.write_back_policy import WriteBackPolicy
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
 from server.engine.sequence import CacheReport, Sequence
-from server.engine.slots import SlotPool, common_prefix_len
+from server.engine.slots import SlotPool
 
 __all__ = ["ROUTES", "CacheRouter", "Candidate"]
 
@@ -87,6 +90,8 @@ class CacheRouter:
         self.restorer = Restorer(runtime=runtime, kv=kv, running=running, tree=tree, host=host, disk=disk,
                                  shared=shared, resident=self.resident, costs=self.costs, clock=self.clock,
                                  states=states)
+        self.sources = CandidateSources(slots=slots, running=running, tiers=tiers, tree=tree, planner=self.planner,
+                                        parked=self.parked, states=states)
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
         # what tests, benchmarks and the engine call here, done by the parts
         self.drop_idle_slot = self.write.drop_idle_slot
@@ -126,10 +131,7 @@ class CacheRouter:
         self.write.admitted(prompt)  # the write-back gate learns whether lost copies come back
         if self.parked is not None and Source.S not in self.tiers:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
-        if self.states is None:
-            cands = self.planner.candidates(prompt, adm.common_prefix, self._live(adm))
-        else:
-            cands = self._candidates_with_state(adm)
+        cands = self.sources.candidates(adm)
         best, plan = self.planner.plan(cands, len(prompt))
         lease = self.lease(adm.seq)
         lease.plan = plan
@@ -145,53 +147,10 @@ class CacheRouter:
             self.states.set_stops(adm.seq, report.reused_tokens)
             # a branch point: where this prompt leaves what the cache already knows, the next
             # prompt of the same family will want the state too (a shared system prompt)
-            known = self._known_prefix(adm, prompt)
+            known = self.sources.known_prefix(adm, prompt)
             if known > report.reused_tokens:
                 self.states.add_stop(adm.seq, known)
         return report
-
-    def _known_prefix(self, adm: Admission, prompt: list[int]) -> int:
-        """How far `prompt` follows a path the cache knows: the slot's own, another slot's, the tree's."""
-        known = adm.common_prefix
-        for slot in self.slots.slots:
-            if slot is not adm.slot:
-                known = max(known, common_prefix_len(slot.tokens, prompt))
-        if self.tree is not None:
-            with self.tree.mutex:
-                known = max(known, self.tree.match_prefix(prompt, touch=False).longest)
-        return min(known, len(prompt) - 1)
-
-    def _candidates_with_state(self, adm: Admission) -> list[Candidate]:
-        """On a model with sliding-window or recurrent layers: A as far as the slot's state goes
-        back, S the other slot whose copy gives the longest state (cut back, or with a
-        checkpoint), H and D as the planner cuts them to a checkpoint."""
-        assert self.states is not None
-        prompt, limit = adm.seq.cache_prompt, len(adm.seq.prompt) - 1
-        a_len, a_ckpt = self.states.resumable(adm.slot, prompt, min(adm.common_prefix, limit))
-        s_cand = Candidate(Source.S, 0)
-        if Source.S in self.tiers:
-            running = {s.slot.index: s for s in self.running() if s.slot is not None and s is not adm.seq}
-            for slot in self.slots.slots:
-                if slot is adm.slot or (slot.busy and slot.index not in running):
-                    continue
-                tokens = running[slot.index].kv_tokens() if slot.index in running else slot.tokens
-                k, ckpt = self.states.resumable(slot, prompt, min(common_prefix_len(tokens, prompt), limit),
-                                                held=len(tokens))
-                if k > s_cand.length:
-                    s_cand = Candidate(Source.S, k, src_seq=slot.seq_id, checkpoint=ckpt)
-        return [replace(c, checkpoint=a_ckpt) if c.source is Source.A else s_cand if c.source is Source.S else c
-                for c in self.planner.candidates(prompt, a_len, ())]
-
-    def _live(self, adm: Admission) -> Iterator[tuple[int, list[int]]]:
-        """The device copies other sequences hold: another slot's kept idle KV or computed
-        tokens, then the slots' KV parked for write-back (read lazily, by the planner)."""
-        running = {s.slot.index: s for s in self.running() if s.slot is not None and s is not adm.seq}
-        for slot in self.slots.slots:
-            if slot is not adm.slot:
-                yield slot.seq_id, (running[slot.index].kv_tokens() if slot.index in running
-                                    else (slot.tokens if not slot.busy else []))
-        for copy in self.parked.queue if self.parked is not None else ():
-            yield copy.seq_id, copy.tokens
 
     def should_defer(self, seq: Sequence) -> bool:
         """Wait for a running request that is computing a long prefix this one shares."""
@@ -251,40 +210,8 @@ class CacheRouter:
         return self.resident is not None and self.resident.evict_one()
 
     def stats(self) -> dict:
-        """Everything the cache reports (/cache/stats, /metrics), from counters read without
-        any lock the engine thread holds: a scrape never waits for a store or a restore."""
-        tree, p, r, w = self.tree, self.planner, self.restorer, self.write
-        return {
-            "route": self.route,
-            "costs": self.costs.stats(),
-            "plans": {"by_plan": dict(p.by_plan), "shorter_than_longest": p.shorter_than_longest,
-                      "recent": list(p.recent_plans)},
-            "requests_by_source": dict(r.by_source),
-            "reused_tokens_by_source": dict(r.reused_tokens),
-            "fallbacks": r.fallbacks,
-            "deferrals": self.deferrals,
-            "tiers": {
-                "A": {"enabled": "A" in self.tiers, "slots": len(self.slots.slots),
-                      "idle_tokens_kept": sum(len(x.tokens) for x in tuple(self.slots.slots) if not x.busy),
-                      "idle_cells_limit": w.idle_cells, "idle_offloads": w.idle_offloads,
-                      **({"state": self.states.stats()} if self.states is not None else {})},
-                "S": self.resident.stats() if self.resident else {"enabled": False},
-                "H": self.host.stats() if self.host else {"enabled": False},
-                "D": self.disk.stats() if self.disk else {"enabled": False},
-                "R": self.shared.stats() if self.shared else {"enabled": False},
-            },
-            # the shared tree's size: nodes, tokens on them, and tokens some owner holds
-            "tree": None if tree is None else {"nodes": tree.n_nodes, "tokens": tree.n_tokens,
-                                               "held_tokens": tree.held_tokens},
-            "parked_cells": self.parked.cells() if self.parked else 0,
-            "write_back": self.parked.stats() if self.parked else {"enabled": False},
-            "write_back_gate": w.gate.stats(),
-            "lifecycle": self.registry.summary(),
-            "engine_thread": {"cache_ms": round(self.clock.cache_ms, 3), "write_backs": w.write_backs,
-                              "write_backs_skipped": w.write_backs_skipped,
-                              "write_back_ms": round(w.write_back_ms, 3),
-                              "max_step_cache_ms": round(self.clock.max_step_ms, 3)},
-        }
+        """Everything the cache reports (server/cache/cache_stats.py)."""
+        return cache_stats(self)
 
     def close(self) -> None:
         """After the engine stopped: finish the reads ahead, the disk and shared-store writes."""

@@ -1,0 +1,45 @@
+"""What the cache reports (/cache/stats, /metrics): one dict from the router's parts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.cache.router import CacheRouter
+
+
+def cache_stats(router: CacheRouter) -> dict:
+    """Everything the cache reports (/cache/stats, /metrics), from counters read without
+    any lock the engine thread holds: a scrape never waits for a store or a restore."""
+    tree, p, r, w = router.tree, router.planner, router.restorer, router.write
+    return {
+        "route": router.route,
+        "costs": router.costs.stats(),
+        "plans": {"by_plan": dict(p.by_plan), "shorter_than_longest": p.shorter_than_longest,
+                  "recent": list(p.recent_plans)},
+        "requests_by_source": dict(r.by_source),
+        "reused_tokens_by_source": dict(r.reused_tokens),
+        "fallbacks": r.fallbacks,
+        "deferrals": router.deferrals,
+        "tiers": {
+            "A": {"enabled": "A" in router.tiers, "slots": len(router.slots.slots),
+                  "idle_tokens_kept": sum(len(x.tokens) for x in tuple(router.slots.slots) if not x.busy),
+                  "idle_cells_limit": w.idle_cells, "idle_offloads": w.idle_offloads,
+                  **({"state": router.states.stats()} if router.states is not None else {})},
+            "S": router.resident.stats() if router.resident else {"enabled": False},
+            "H": router.host.stats() if router.host else {"enabled": False},
+            "D": router.disk.stats() if router.disk else {"enabled": False},
+            "R": router.shared.stats() if router.shared else {"enabled": False},
+        },
+        # the shared tree's size: nodes, tokens on them, and tokens some owner holds
+        "tree": None if tree is None else {"nodes": tree.n_nodes, "tokens": tree.n_tokens,
+                                           "held_tokens": tree.held_tokens},
+        "parked_cells": router.parked.cells() if router.parked else 0,
+        "write_back": router.parked.stats() if router.parked else {"enabled": False},
+        "write_back_gate": w.gate.stats(),
+        "lifecycle": router.registry.summary(),
+        "engine_thread": {"cache_ms": round(router.clock.cache_ms, 3), "write_backs": w.write_backs,
+                          "write_backs_skipped": w.write_backs_skipped,
+                          "write_back_ms": round(w.write_back_ms, 3),
+                          "max_step_cache_ms": round(router.clock.max_step_ms, 3)},
+    }
