@@ -17,9 +17,12 @@ replaces it), evicting the least recently used beyond `budget_bytes` (a checkpoi
 the budget is declined, counted); `best(prompt, limit)` the checkpoint with the highest
 position <= limit whose prefix is prompt's (a hit refreshes it). Thread-safe (one lock): the
 engine thread writes and plans; stats are read from the HTTP thread. With tier D (`files`), every
-checkpoint is also written to disk, synchronously on the engine thread (a few MB at a slot's
-write-back), and one a previous run left is read back when a lookup reaches it: D's segments
-restore after a restart.
+checkpoint is also written to disk (server/cache/checkpoint_files.py): `put` only queues it for
+a writer thread (a few MB at a slot's write-back, never written by the engine thread; a full
+queue drops the disk copy, counted, and the RAM copy stays), a lookup reaching one still queued
+gets it from the queue, and one a previous run left is read back when a lookup reaches it: D's
+segments restore after a restart. `clear()` (RAM only) first waits for the queued writes, and
+`close()` (server shutdown) writes them, then stops the writer.
 """
 
 from __future__ import annotations
@@ -73,8 +76,7 @@ class CheckpointStore:
         with self._lock:
             self._keep(key, ckpt)
             self.stored += 1
-            if self.files is not None:
-                self.files.write(key, ckpt)
+            if self.files is not None and self.files.write(key, ckpt):  # queued: found from now on
                 if key not in self._on_disk:
                     self._on_disk[key] = ckpt.pos
                     self._disk_positions[ckpt.pos] = self._disk_positions.get(ckpt.pos, 0) + 1
@@ -102,6 +104,8 @@ class CheckpointStore:
                 if key in self._on_disk and self.files is not None:
                     found = self.files.read(key)
                     if found is None or found.pos != pos:
+                        if found is not None:  # another prefix's state under this digest: never to be used
+                            self.files.discard(key)
                         self._forget_file(key)
                         continue
                     if found.nbytes <= self.budget_bytes:
@@ -121,6 +125,9 @@ class CheckpointStore:
                 del self._disk_positions[pos]
 
     def clear(self) -> int:
+        """Forget the checkpoints in RAM (their files stay); the disk writes queued before it are done first."""
+        if self.files is not None:
+            self.files.wait_idle()
         with self._lock:
             freed = self.bytes
             self._by_key.clear()
@@ -138,6 +145,16 @@ class CheckpointStore:
             self._positions[old.pos] = left
         else:
             del self._positions[old.pos]
+
+    def flush_writes(self) -> None:
+        """Wait until every checkpoint queued for disk is written (tests, benchmarks)."""
+        if self.files is not None:
+            self.files.wait_idle()
+
+    def close(self) -> None:
+        """Server shutdown: write what is queued for disk, then stop the writer."""
+        if self.files is not None:
+            self.files.close()
 
     def stats(self) -> dict:
         return {"entries": len(self._by_key), "bytes": self.bytes, "budget_bytes": self.budget_bytes,

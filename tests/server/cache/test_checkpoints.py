@@ -4,6 +4,7 @@ which need a checkpoint, and that a slot never resumes from a state it does not 
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -226,6 +227,7 @@ def test_checkpoints_on_disk_come_back_after_a_restart_and_only_for_their_model(
     store = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "model-a", budget_bytes=10_000))
     store.put(path, StateCheckpoint(40, b"x" * 50))
     store.put(path, StateCheckpoint(80, b"y" * 50))
+    store.flush_writes()  # the writer thread wrote them
 
     again = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "model-a", budget_bytes=10_000))
     assert len(again) == 0  # nothing read until asked for
@@ -252,5 +254,127 @@ def test_checkpoint_files_keep_to_their_budget_oldest_first(tmp_path):
     files = CheckpointFiles(tmp_path, "m", budget_bytes=400)
     for i in range(5):
         files.write(bytes([i]) * 16, StateCheckpoint(10 + i, b"z" * 100))
+    files.wait_idle()
     assert files.stats()["bytes"] <= 400 and files.dropped >= 1
     assert files.read(bytes([0]) * 16) is None and files.read(bytes([4]) * 16).pos == 14
+
+
+class WriterGate:
+    """Holds a CheckpointFiles' writer thread inside its file write until `release()`."""
+
+    def __init__(self, files, monkeypatch):
+        from server.cache.checkpoint_files import CheckpointFiles
+
+        self.entered, self._open = threading.Event(), threading.Event()
+        real = getattr(CheckpointFiles, "_write_tmp", None)  # what the writer thread calls to write a file
+
+        def blocked(tmp, head, blob):
+            self.entered.set()
+            assert self._open.wait(10), "the gate was never released"
+            real(tmp, head, blob)
+
+        monkeypatch.setattr(files, "_write_tmp", blocked, raising=False)
+
+    def release(self) -> None:
+        self._open.set()
+
+
+def test_a_checkpoint_put_returns_while_its_disk_write_is_still_blocked(tmp_path, monkeypatch):
+    """The engine thread only queues the file write (it used to write and sync it itself)."""
+    from server.cache.checkpoint_files import CheckpointFiles
+    from server.cache.checkpoint_store import CheckpointStore
+
+    files = CheckpointFiles(tmp_path, "m", budget_bytes=10_000)
+    gate = WriterGate(files, monkeypatch)
+    store = CheckpointStore(budget_bytes=1000, files=files)
+    path = list(range(100))
+    returned = threading.Event()
+    threading.Thread(target=lambda: (store.put(path, StateCheckpoint(40, b"x" * 50)), returned.set()),
+                     daemon=True).start()
+    assert returned.wait(5) and gate.entered.wait(5)  # put is back while the writer is stuck in the write
+    assert not list(tmp_path.glob("*.ckpt"))
+    disk = store.stats()["disk"]
+    assert (disk["pending_writes"], disk["pending_bytes"], disk["files"]) == (1, 50, 0)
+    gate.release()
+    store.flush_writes()
+    assert len(list(tmp_path.glob("*.ckpt"))) == 1 and not list(tmp_path.glob("*.tmp"))
+    disk = store.stats()["disk"]
+    assert (disk["pending_writes"], disk["pending_bytes"], disk["files"]) == (0, 0, 1)
+    store.close()
+
+
+def test_a_checkpoint_still_queued_for_disk_is_found(tmp_path, monkeypatch):
+    """Evicted from RAM while its file is not written yet: a lookup gets it from the queue."""
+    from server.cache.checkpoint_files import CheckpointFiles
+    from server.cache.checkpoint_store import CheckpointStore
+
+    files = CheckpointFiles(tmp_path, "m", budget_bytes=10_000)
+    gate = WriterGate(files, monkeypatch)
+    store = CheckpointStore(budget_bytes=60, files=files)  # room for one in RAM
+    path = list(range(100))
+    store.put(path, StateCheckpoint(40, b"x" * 50))
+    store.put(path, StateCheckpoint(80, b"y" * 50))  # evicts 40 from RAM
+    assert gate.entered.wait(5) and store.evictions == 1 and not list(tmp_path.glob("*.ckpt"))
+    found = store.best(path, 79)
+    assert found is not None and (found.pos, found.blob) == (40, b"x" * 50)
+    assert store.disk_hits == 1 and files.queued_reads == 1
+    gate.release()
+    store.close()  # writes what is queued
+    again = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "m", budget_bytes=10_000))
+    assert again.best(path, 99).blob == b"y" * 50 and again.best(path, 79).blob == b"x" * 50
+
+
+def test_a_full_checkpoint_queue_drops_the_disk_write_and_keeps_the_ram_copy(tmp_path, monkeypatch):
+    from server.cache.checkpoint_files import CheckpointFiles
+    from server.cache.checkpoint_store import CheckpointStore
+
+    files = CheckpointFiles(tmp_path, "m", budget_bytes=10_000, queue_bytes=100)
+    gate = WriterGate(files, monkeypatch)
+    store = CheckpointStore(budget_bytes=1000, files=files)
+    path = list(range(100))
+    for pos in (20, 40, 60):  # 50 bytes each: the third finds 100 queued
+        store.put(path, StateCheckpoint(pos, b"x" * 50))
+    disk = store.stats()["disk"]
+    assert (disk["dropped_writes"], disk["pending_writes"], disk["pending_bytes"]) == (1, 2, 100)
+    assert store.best(path, 99).pos == 60 and store.disk_hits == 0  # from RAM
+    gate.release()
+    store.flush_writes()
+    assert len(list(tmp_path.glob("*.ckpt"))) == 2
+    again = CheckpointStore(budget_bytes=1000, files=CheckpointFiles(tmp_path, "m", budget_bytes=10_000))
+    assert again.best(path, 99).pos == 40  # 60 never reached the disk
+    store.close()
+
+
+def test_a_checkpoint_deleted_or_replaced_while_queued_never_comes_back_as_a_file(tmp_path, monkeypatch):
+    from server.cache.checkpoint_files import CheckpointFiles
+
+    files = CheckpointFiles(tmp_path, "m", budget_bytes=10_000)
+    gate = WriterGate(files, monkeypatch)
+    d1, d2, d3 = (bytes([i]) * 16 for i in (1, 2, 3))
+    assert files.write(d1, StateCheckpoint(10, b"a" * 50))
+    assert gate.entered.wait(5)  # d1 is being written
+    assert files.write(d2, StateCheckpoint(20, b"b" * 50)) and files.write(d3, StateCheckpoint(30, b"c" * 50))
+    assert files.write(d3, StateCheckpoint(30, b"C" * 50))  # a newer one for the same prefix
+    files.discard(d1)  # in the middle of its write
+    files.discard(d2)  # still queued
+    assert files.read(d1) is None and files.read(d2) is None and files.read(d3).blob == b"C" * 50
+    gate.release()
+    files.wait_idle()
+    assert [d for d, _ in files.index()] == [d3] and files.read(d3).blob == b"C" * 50
+    assert not list(tmp_path.glob("*.tmp")) and files.stats()["pending_writes"] == 0
+    files.close()
+
+
+def test_closing_checkpoint_files_writes_what_is_queued_then_refuses(tmp_path, monkeypatch):
+    from server.cache.checkpoint_files import CheckpointFiles
+
+    files = CheckpointFiles(tmp_path, "m", budget_bytes=10_000)
+    gate = WriterGate(files, monkeypatch)
+    for i in range(3):
+        files.write(bytes([i]) * 16, StateCheckpoint(10 + i, b"z" * 50))
+    assert gate.entered.wait(5)
+    threading.Timer(0.2, gate.release).start()
+    files.close()
+    assert len(files.index()) == 3 and files.stats()["pending_writes"] == 0
+    assert not files.write(bytes([9]) * 16, StateCheckpoint(5, b"w" * 50))
+    files.close()  # twice: nothing more
