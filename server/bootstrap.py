@@ -88,16 +88,13 @@ def unsupported_cache_reason(info) -> str | None:
 
 
 def checkpoint_tiers_note(info, settings: ServerSettings) -> str | None:
-    """What a model with sliding-window or recurrent layers gets of the requested tiers: A, S, H
-    and D with state checkpoints, where S shares other slots' copies but keeps no resident owners
-    (an owner's window cells or recurrent state stay at its end), and no R (the shared store keeps
-    no checkpoints yet). None when nothing requested is left out."""
-    left_out = ((["S's resident owners"] if settings.tier_enabled("S") else [])
-                + (["R"] if settings.cache_shared else []))
-    if not left_out:
+    """What a model with sliding-window or recurrent layers gets of the requested tiers: A, S
+    (other slots' copies and resident owners), H and D with state checkpoints, and no R (the
+    shared store keeps no checkpoints yet). None when nothing requested is left out."""
+    if not settings.cache_shared:
         return None
-    return (f"{ModelMemory.of(info).describe()}: {' and '.join(left_out)} off (no state checkpoints there yet, "
-            "issue 32); slots, other slots' copies, H and D reuse prefixes with checkpoints")
+    return (f"{ModelMemory.of(info).describe()}: R off (the shared store keeps no state checkpoints yet, "
+            "issue 32); slots, other slots' copies, resident owners, H and D reuse prefixes with checkpoints")
 
 
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
@@ -139,7 +136,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids, partial_state=states is not None), slots=slots, running=running,
         tiers=tiers, tree=tree, host=host, disk=disk,
-        resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners and states is None else None,
+        resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners else None,
         registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,

@@ -1,7 +1,7 @@
 """Where a request's prefix may come from: the candidates the planner chooses among, gathered
 from the device copies other sequences hold (other slots, running requests, parked write-backs)
-and from the shared tree, and, on a model with sliding-window or recurrent layers, cut back to
-the states those copies can really give (server/cache/checkpointed_slots.py).
+and from the shared tree (resident owners, H, D), and, on a model with sliding-window or
+recurrent layers, cut back to the states those copies can really give (server/cache/checkpointed_slots.py).
 
 The planner (server/cache/planner.py) stays pure: it receives the live copies as token lists;
 this module is the part that reads the engine's slots and running requests to produce them."""
@@ -65,8 +65,25 @@ class CandidateSources:
                                                 held=len(tokens))
                 if k > s_cand.length:
                     s_cand = Candidate(Source.S, k, src_seq=slot.seq_id, checkpoint=ckpt)
+        cands = self.planner.candidates(prompt, a_len, ())  # S there: a resident owner's, if any
+        owned = self._owner_state(next((c for c in cands if c.source is Source.S), None), prompt)
+        if owned.length > s_cand.length:  # another slot's copy wins a tie, as in the planner
+            s_cand = owned
         return [replace(c, checkpoint=a_ckpt) if c.source is Source.A else s_cand if c.source is Source.S else c
-                for c in self.planner.candidates(prompt, a_len, ())]
+                for c in cands]
+
+    def _owner_state(self, c: Candidate | None, prompt: list[int]) -> Candidate:
+        """A resident owner's candidate cut to a state it can give: all of the owner (its own
+        state is the one at its end), a cut back when that is exact, or the newest checkpoint
+        the host keeps on the prompt's path."""
+        assert self.states is not None
+        if c is None or c.owner is None or c.length == 0:
+            return Candidate(Source.S, 0)
+        held = len(c.owner.tokens)
+        if self.states.memory.can_cut(self.states.runtime, c.owner.seq_id, c.length, held):
+            return c
+        ckpt = self.states.store.best(prompt, c.length) if self.states.store is not None else None
+        return replace(c, length=ckpt.pos, checkpoint=ckpt) if ckpt is not None else Candidate(Source.S, 0)
 
     def _live(self, adm: Admission) -> Iterator[tuple[int, list[int]]]:
         """The device copies other sequences hold: another slot's kept idle KV or computed

@@ -127,9 +127,15 @@ class SlotStates:
         for ckpt in self.of(slot).all():
             if ckpt.pos <= len(tokens):
                 self.store.put(tokens, ckpt)
-        end = self._take(slot.seq_id, len(tokens), None)
-        if end is not None:
-            self.store.put(tokens, end)
+        self.hand_over_sequence(slot.seq_id, tokens)
+
+    def hand_over_sequence(self, seq_id: int, tokens: list[int]) -> None:
+        """A sequence that holds exactly `tokens` (a resident owner) is being written back to
+        host/disk: its state at its end goes to the host store."""
+        if self.store is not None and tokens:
+            end = self._take(seq_id, len(tokens), None)
+            if end is not None:
+                self.store.put(tokens, end)
 
     def _take(self, seq_id: int, pos: int, request: int | None) -> StateCheckpoint | None:
         try:

@@ -11,7 +11,10 @@ about it from the moment the router first sees it (a deferral, or admission) to 
   (LOADING) for it;
 - `overhead_s`: engine time the cache spent on the request (routing, restores, the wait for
   a read ahead), taken out of its prefill time when the prefill rate is measured;
-- `deferred`: it waited at least once for another request computing a prefix it shares.
+- `deferred`: it waited at least once for another request computing a prefix it shares;
+- `branch_point`: on a model with sliding-window or recurrent layers, how far the prompt
+  followed a path the cache knew at admission (its prefill checkpoints the state there; what
+  it publishes resident, when it finishes, reaches that far).
 
 Contracts: `CacheRouter.provide` (or `should_defer`, whichever comes first) puts the lease on
 the sequence; `CacheRouter.on_finished` releases it (`release`: any lock it still holds is
@@ -50,6 +53,7 @@ class CacheLease:
     load: PendingLoad | None = None
     overhead_s: float = 0.0
     deferred: bool = False
+    branch_point: int = 0
 
     def lock(self, tree: RadixTree, node: RadixNode | None) -> None:
         """Hold a lock reference on `node` (caller holds `tree.mutex`); one at a time."""

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from server.cache.checkpoints import StateCheckpoint
 from server.cache.lifecycle import CacheHint, SessionRegistry
 from server.cache.radix_tree import MatchResult, RadixNode, RadixTree
 from server.engine.llama_runtime import LlamaRuntime
@@ -55,7 +56,11 @@ class ResidentOwners:
     name = "S"
 
     def __init__(self, tree: RadixTree, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
-                 registry: SessionRegistry, on_evict: Callable[[int, list[int]], None] | None = None):
+                 registry: SessionRegistry, on_evict: Callable[[int, list[int]], None] | None = None,
+                 partial_state: bool = False):
+        """`partial_state`: the model has sliding-window or recurrent layers (an owner's window
+        cells or recurrent state are those at its end; publish takes a checkpoint)."""
+        self.partial_state = partial_state
         self.tree = tree
         self.runtime = runtime
         self.seq_ids = seq_ids
@@ -102,8 +107,12 @@ class ResidentOwners:
         return self.tree.held_tokens
 
     # ---------------------------------------------------------------- publish
-    def publish(self, tokens: list[int], src_seq: int, hint: CacheHint | None) -> Owner | None:
-        """Keep tokens[0:n] (held by `src_seq`) resident; None if it does not fit the budget."""
+    def publish(self, tokens: list[int], src_seq: int, hint: CacheHint | None,
+                checkpoint: StateCheckpoint | None = None) -> Owner | None:
+        """Keep tokens[0:n] (held by `src_seq`) resident; None if it does not fit the budget.
+        On a model with sliding-window or recurrent layers, `checkpoint` is the state after
+        exactly those tokens (restored over the owner's partial state); None there means the
+        copy from `src_seq` already is that state (src_seq can be cut back to n)."""
         n = len(tokens)
         base_n, base = self.best(tokens)
         if base is not None and base_n == n:
@@ -124,7 +133,14 @@ class ResidentOwners:
         if base is not None and base_n > 0:
             self.runtime.seq_cp(base.seq_id, sid, 0, base_n)
         self.runtime.seq_cp(src_seq, sid, base_n, n)
-        if self.runtime.seq_pos_max(sid) != n - 1 or self.runtime.seq_pos_min(sid) != 0:
+        if checkpoint is not None and (checkpoint.pos != n
+                                       or not self.runtime.state_seq_set(checkpoint.blob, sid, partial=True)):
+            log.warning("resident publish: the state at %d could not be restored; dropped", n)
+            self.runtime.seq_rm(sid, -1, -1)
+            self.seq_ids.give("owner", sid)
+            return None
+        # (llama.cpp's seq_pos_min is the window's or the recurrent state's on those models, not 0)
+        if self.runtime.seq_pos_max(sid) != n - 1 or (self.runtime.seq_pos_min(sid) != 0 and not self.partial_state):
             log.warning("resident publish produced an incomplete owner; dropped")
             self.runtime.seq_rm(sid, -1, -1)
             self.seq_ids.give("owner", sid)

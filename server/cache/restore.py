@@ -136,8 +136,8 @@ class Restorer:
                 raise RestoreError("the slot's state could not be resumed")
             return CacheReport(Source.A.value, c.length)
         if c.source is Source.S:
-            # the other slot's cells [0, length) shared, then its state there from the checkpoint
-            # (a copy cut back is exact when there is none: ModelMemory.can_cut)
+            # another slot's or a resident owner's cells [0, length) shared, then the state there
+            # from the checkpoint (a copy cut back is exact when there is none: ModelMemory.can_cut)
             assert c.src_seq is not None
             self.states.forget(adm.slot)
             slot_seq = adm.slot.seq_id
@@ -146,6 +146,9 @@ class Restorer:
                 raise RestoreError("llama.cpp refused the shared prefix's checkpoint")
             if self.runtime.seq_pos_max(slot_seq) != c.length - 1:
                 raise RestoreError("attaching the shared prefix did not give the expected cells")
+            if c.owner is not None:
+                assert self.resident is not None  # an owner comes from the resident tier
+                self.resident.note_attach(c.owner)
             return CacheReport(Source.S.value, c.length)
         if c.source not in (Source.H, Source.D) or c.checkpoint is None:
             raise RestoreError(f"source {c.source} cannot restore this model's state")

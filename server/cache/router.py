@@ -81,9 +81,11 @@ class CacheRouter:
         # a model with sliding-window or recurrent layers: its slots' states and checkpoints (tiers
         # A, H and D only: server/bootstrap.py), the host's checkpoints for H and D
         self.states = states
-        if states is not None:  # S: other slots' copies only, no resident owners; no R
-            assert self.resident is None and shared is None and states.store is not None
+        if states is not None:  # no R; a slot's or an owner's checkpoints go with its KV to H and D
+            assert shared is None and states.store is not None
             self.write.hand_over = states.hand_over
+            self.write.hand_over_owner = states.hand_over_sequence
+            self.write.state_of = states.resumable
         self.planner = Planner(tiers=tiers, tree=tree, host=host, disk=disk, shared=shared, resident=self.resident,
                                route=route, checkpoints=states.store if states is not None else None)
         self.costs = self.planner.costs
@@ -147,7 +149,7 @@ class CacheRouter:
             self.states.set_stops(adm.seq, report.reused_tokens)
             # a branch point: where this prompt leaves what the cache already knows, the next
             # prompt of the same family will want the state too (a shared system prompt)
-            known = self.sources.known_prefix(adm, prompt)
+            known = lease.branch_point = self.sources.known_prefix(adm, prompt)
             if known > report.reused_tokens:
                 self.states.add_stop(adm.seq, known)
         return report
@@ -185,7 +187,7 @@ class CacheRouter:
                     self.states.of(seq.slot).clear()
             elif seq.slot is not None:
                 self._observe_prefill(seq, lease)
-                self.write.finished(seq, lease.hint)
+                self.write.finished(seq, lease.hint, shared=lease.branch_point)
         finally:
             lease.release(self.tree)
             seq.cache_lease = None

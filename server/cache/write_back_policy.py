@@ -57,7 +57,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from server.cache.disk_tier import DiskTier
 from server.cache.engine_time import EngineTime
@@ -175,7 +175,7 @@ class WriteBackPolicy:
         if resident_cells is not None:
             assert tree is not None  # S is indexed in the tree
             self.resident = ResidentOwners(tree, runtime, kv.seq_ids, resident_cells, registry,
-                                           on_evict=self.write_back_owner)
+                                           on_evict=self.write_back_owner, partial_state=kv.partial_state)
         # Parking needs the host tier (a stored path grows piece by piece there) and parked ids.
         self.parked = (WriteBackQueue(runtime, kv.seq_ids, self.store, lambda: host.bytes_per_token, step_bytes)
                        if host is not None and step_bytes > 0 and kv.seq_ids.layout.parked else None)
@@ -193,6 +193,11 @@ class WriteBackPolicy:
         # a model with sliding-window or recurrent layers: called with a slot whose KV is being
         # written back, to keep its state checkpoints (server/cache/checkpointed_slots.py)
         self.hand_over: Callable[[Slot], None] | None = None
+        # ... and with a resident owner's sequence (its id and tokens) before it is written back
+        self.hand_over_owner: Callable[[int, list[int]], None] | None = None
+        # ... and how far a finished slot's state can be had, and with which checkpoint
+        # (SlotStates.resumable): what a resident owner published from it can start from
+        self.state_of: Callable[..., tuple[int, Any]] | None = None
 
     # ------------------------------------------------------------ device copies lost
     def write_back(self, slot, exclude=None, park: bool = False, gated: bool = True) -> None:
@@ -251,6 +256,8 @@ class WriteBackPolicy:
     def write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
         """A resident owner is being evicted (its cells may be freed)."""
         if len(tokens) >= self.min_tokens and not self.held_on_device(tokens, None, owner_seq=seq_id):
+            if self.hand_over_owner is not None:  # the owner's state at its end goes with its KV
+                self.hand_over_owner(seq_id, tokens)
             self._timed_store(seq_id, tokens)
 
     def held_on_device(self, tokens: list[int], exclude, owner_seq: int | None = None) -> bool:
@@ -331,28 +338,34 @@ class WriteBackPolicy:
         return None
 
     # ------------------------------------------------------------- finished requests
-    def finished(self, seq: Sequence, hint) -> None:
+    def finished(self, seq: Sequence, hint, shared: int = 0) -> None:
+        """`shared`: a prefix the request is known to share with earlier work (its branch point)."""
         tokens = seq.kv_tokens()
         if len(tokens) >= self.min_tokens:
-            self._publish(seq, tokens, hint)
+            self._publish(seq, tokens, hint, shared)
         if hint is not None:
             self._observe_hint(hint, tokens)
             self.slot_hints[seq.slot.index] = hint
 
-    def _publish(self, seq: Sequence, tokens: list[int], hint) -> None:
+    def _publish(self, seq: Sequence, tokens: list[int], hint, shared: int = 0) -> None:
         """Keep the request's common prefix resident: the part it shared with earlier work
-        (what it reused, or what another slot still holds), or all of it when pinned."""
+        (what it reused, what another slot still holds, its branch point), or all of it when pinned."""
         if self.resident is None:
             return
-        common = seq.n_cached
+        common = max(seq.n_cached, shared)
         for slot in self.slots.slots:
             if slot is not seq.slot and not slot.busy:
                 common = max(common, common_prefix_len(slot.tokens, tokens))
         if hint is not None and (hint.pin or (hint.pin is None and hint.session is not None
                                               and self.registry.is_pinned(hint.session))):
             common = len(tokens)  # pinned by this request or by an earlier hint (POST /cache/hint)
+        checkpoint = None
+        if self.state_of is not None and common > 0:
+            # a model with sliding-window or recurrent layers: the owner needs the state after
+            # exactly its tokens, from a cut of the slot or the newest checkpoint before `common`
+            common, checkpoint = self.state_of(seq.slot, tokens, min(common, len(tokens)), held=len(tokens))
         if common >= self.min_tokens:
-            self.resident.publish(tokens[:common], seq.slot.seq_id, hint)
+            self.resident.publish(tokens[:common], seq.slot.seq_id, hint, checkpoint=checkpoint)
 
     def _observe_hint(self, hint, tokens: list[int]) -> None:
         """Record a request's hint, tagging the path to the deepest tree node on `tokens`

@@ -263,7 +263,7 @@ def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(mo
     branch = first[:300] + tokens(model.rt, 30, 12)
     cached = bootstrap.load(ServerSettings(**kw))
     try:
-        assert cached.router is not None and cached.router.resident is None
+        assert cached.router is not None
         got = submit_together(cached, [first, branch], max_tokens=6)
         stats = cached.router.stats()
     finally:
@@ -330,3 +330,75 @@ def test_disk_restores_with_its_checkpoint_after_a_restart(model, tmp_path):
     assert (got.final.cache.source, got.final.cached_tokens) == ("D", 256), got.final
     assert stats["tiers"]["A"]["state"]["host_checkpoints"]["disk"]["hits"] >= 1
     assert [got.text] == uncached_texts({**kw, "cache_tiers": ("A",), "cache_dir": None}, [branch])
+
+
+def test_a_resident_owner_keeps_a_shared_prefix_with_its_state_after_the_slots_let_go(model):
+    """Resident owners on such a model: the prefix two requests shared is published with the state
+    after exactly its tokens (from the checkpoint at the branch point), survives both slots being
+    emptied, and a third request attaches it (S, the owner's whole prefix, no checkpoint needed)
+    and answers as an engine that reuses nothing."""
+    from server import bootstrap
+    from server.settings import ServerSettings
+
+    kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=256, threads=model_threads(),
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_tiers=("A", "S"))
+    system = tokens(model.rt, 300, 13)
+    prompts = [system + tokens(model.rt, 40, 14 + i) for i in range(3)]
+    cached = bootstrap.load(ServerSettings(**kw))
+    try:
+        assert cached.router is not None and cached.router.resident is not None
+        got = [submit_together(cached, [p], max_tokens=6)[0] for p in prompts[:2]]
+
+        def empty_slots():
+            for slot in cached.slots.slots:
+                cached.router.drop_idle_slot(slot, gated=False)
+            return [list(o.tokens) for o in cached.router.resident.owners]
+
+        owners = cached.engine.run_exclusive(empty_slots)
+        got += submit_together(cached, [prompts[2]], max_tokens=6)
+        stats = cached.router.stats()
+    finally:
+        cached.close()
+    assert owners == [system], [len(o) for o in owners]
+    # the second request resumed the first's slot copy at its checkpoint (256) and published the
+    # shared 300 tokens with the checkpoint taken at the branch point; the third attached them
+    assert [(g.final.cache.source, g.final.cached_tokens) for g in got][2] == ("S", 300), got
+    assert stats["tiers"]["S"]["hits"] == 1 and stats["tiers"]["S"]["publishes"] >= 1
+    assert [g.text for g in got] == uncached_texts(kw, prompts)
+
+
+def test_an_evicted_resident_owner_goes_to_host_ram_with_its_state(model):
+    """An owner evicted from the unified KV is written back to H with the state at its end (the
+    only copy of that state here: the slots, the host's checkpoints and H were emptied first), so
+    a later request restores its prefix from H and answers as an engine that reuses nothing."""
+    from server import bootstrap
+    from server.settings import ServerSettings
+
+    kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=256, threads=model_threads(),
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16,
+              cache_tiers=("A", "S", "H"))
+    system = tokens(model.rt, 300, 13)
+    prompts = [system + tokens(model.rt, 40, 14 + i) for i in range(3)]
+    cached = bootstrap.load(ServerSettings(**kw))
+    try:
+        router = cached.router
+        got = [submit_together(cached, [p], max_tokens=6)[0] for p in prompts[:2]]
+
+        def keep_only_the_owner():
+            for slot in cached.slots.slots:  # emptied without a write-back
+                cached.runtime.seq_rm(slot.seq_id, -1, -1)
+                slot.tokens = []
+                router.states.of(slot).clear()
+            router.host.flush()
+            router.states.store.clear()
+            owners = [list(o.tokens) for o in router.resident.owners]
+            assert router.resident.evict_one()  # written back to H first
+            return owners
+
+        owners = cached.engine.run_exclusive(keep_only_the_owner)
+        got += submit_together(cached, [prompts[2]], max_tokens=6)
+    finally:
+        cached.close()
+    assert owners == [system], [len(o) for o in owners]
+    assert (got[2].final.cache.source, got[2].final.cached_tokens) == ("H", 300), got[2].final
+    assert [g.text for g in got] == uncached_texts(kw, prompts)
