@@ -216,12 +216,15 @@ class CacheRouter:
         return cache_stats(self)
 
     def close(self) -> None:
-        """After the engine stopped: finish the reads ahead, the disk and shared-store writes."""
+        """After the engine stopped: finish the reads ahead, the disk, shared-store and checkpoint
+        writes."""
         self.restorer.close()
         if self.disk is not None:
             self.disk.close()
         if self.shared is not None:
             self.shared.close()
+        if self.states is not None and self.states.store is not None:  # its disk writes
+            self.states.store.close()
 
     def flush(self) -> dict:
         freed = {}
