@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from app.replay.results import load_results
-from bench import api_parity, checkpoint_agreement, kv_types, paged_logits
+from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, swa_memory
 
 
 def _load(path: Path) -> dict | None:
@@ -339,6 +339,7 @@ READING_TOPICS = {
     "## Workloads on a sliding-window model": "Sliding-window and hybrid models",
     "## Workloads on a hybrid model": "Sliding-window and hybrid models",
     checkpoint_agreement.HEADING: "Sliding-window and hybrid models",
+    swa_memory.HEADING: "Sliding-window KV memory",
 }
 
 
@@ -600,7 +601,7 @@ def main(argv: list[str] | None = None) -> None:
     sections += [section(a.results) for section in (n_choices_section, soak_section, loop_latency_section,
                                                     tree_evict_section, hostile_section,
                                                     kv_types.report_section, api_parity.report_section,
-                                                    checkpoint_agreement.report_section)]
+                                                    checkpoint_agreement.report_section, swa_memory.report_section)]
     for section in sections:
         lines += reading_pointer(_or_carried(section, old))
     a.out.parent.mkdir(parents=True, exist_ok=True)
