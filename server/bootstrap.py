@@ -122,7 +122,8 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                         queue_bytes=settings.cache_disk_queue * 1024 * 1024,
                         reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024)
     if partial_state:  # window cells or a recurrent state: A, S (other slots), H and D with checkpoints
-        files = (CheckpointFiles(settings.cache_dir / "checkpoints", fp, settings.cache_checkpoint_disk * 1024 * 1024)
+        files = (CheckpointFiles(settings.cache_dir / "checkpoints", fp, settings.cache_checkpoint_disk * 1024 * 1024,
+                                 queue_bytes=settings.cache_disk_queue * 1024 * 1024)
                  if disk is not None and settings.cache_dir is not None and settings.cache_checkpoint_disk else None)
         states = SlotStates(runtime, memory, per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every,
                             store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024, files))

@@ -139,8 +139,9 @@ class ServerSettings(BaseSettings):
     cache_dir: Path | None = Field(None, description="directory of the disk tier (adds D to the default tiers; "
                                    "with --cache-tiers, list D there)", json_schema_extra=_CACHE)
     cache_disk: int = Field(4096, ge=0, description="disk tier budget, MiB", json_schema_extra=_CACHE)
-    cache_disk_queue: int = Field(64, ge=1, description="MiB of KV waiting for the disk writer; a store beyond "
-                                  "it is dropped and counted (queued KV is held outside every budget)",
+    cache_disk_queue: int = Field(64, ge=1, description="MiB of KV waiting for the disk writer (and, apart, of "
+                                  "state checkpoints waiting for theirs); a store beyond it is dropped and "
+                                  "counted (queued KV is held outside every budget)",
                                   json_schema_extra=_CACHE)
     cache_disk_reserve_mb: int = Field(1024, ge=0, description="MiB the cache directory's filesystem keeps free: a "
                                        "disk-tier write that would leave less first evicts the tier's own files, "
