@@ -87,16 +87,6 @@ def unsupported_cache_reason(info) -> str | None:
     return None
 
 
-def checkpoint_tiers_note(info, settings: ServerSettings) -> str | None:
-    """What a model with sliding-window or recurrent layers gets of the requested tiers: A, S
-    (other slots' copies and resident owners), H and D with state checkpoints, and no R (the
-    shared store keeps no checkpoints yet). None when nothing requested is left out."""
-    if not settings.cache_shared:
-        return None
-    return (f"{ModelMemory.of(info).describe()}: R off (the shared store keeps no state checkpoints yet, "
-            "issue 32); slots, other slots' copies, resident owners, H and D reuse prefixes with checkpoints")
-
-
 def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: SequenceIdPool, slots: SlotPool,
                   running: Callable[[], list], path: Path, memory: ModelMemory, partial_state: bool) -> CacheRouter:
     """`partial_state`: the model has window or recurrent layers, whose state the stored tiers
@@ -126,14 +116,16 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                                  queue_bytes=settings.cache_disk_queue * 1024 * 1024)
                  if disk is not None and settings.cache_dir is not None and settings.cache_checkpoint_disk else None)
         states = SlotStates(runtime, memory, per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every,
-                            store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024, files))
-    if settings.cache_shared and "H" in tiers and states is None:  # written from the host tier
+                            store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024, files),
+                            align=settings.cache_shared_chunk if settings.cache_shared and "H" in tiers else 0)
+    if settings.cache_shared and "H" in tiers:  # written from the host tier
         assert settings.cache_shared_secret is not None  # the settings require it
         shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
                             secret=settings.cache_shared_secret.get_secret_value(),  # the settings require it
                             lookup_timeout_s=settings.cache_shared_timeout_ms / 1000.0,
                             queue_bytes=settings.cache_shared_queue * 1024 * 1024,
-                            max_value_bytes=settings.cache_shared_max_value_mb * 1024 * 1024)
+                            max_value_bytes=settings.cache_shared_max_value_mb * 1024 * 1024,
+                            checkpoints=states is not None)
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids, partial_state=states is not None), slots=slots, running=running,
         tiers=tiers, tree=tree, host=host, disk=disk,
@@ -185,8 +177,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         structure = ModelMemory.of(info)  # window or recurrent layers: stored tiers need checkpoints
         memory = ModelMemory.of(info, swa_full=settings.swa_full)  # what a slot can cut back
         refused = unsupported_cache_reason(info) if wants_cache else None
-        cache_note = refused or (checkpoint_tiers_note(info, settings)
-                                 if wants_cache and structure.needs_checkpoints else None)
+        cache_note = refused
         if cache_note:
             log.warning("prefix cache: %s", cache_note)
         router = None

@@ -115,6 +115,14 @@ class CheckpointStore:
                     return found
         return None
 
+    def on_path(self, tokens: Sequence[int], multiple: int) -> list[StateCheckpoint]:
+        """The checkpoints kept in RAM for prefixes of `tokens` at positions that are multiples
+        of `multiple` (what the shared store can key: its chunk boundaries)."""
+        with self._lock:
+            positions = sorted(p for p in self._positions if p % multiple == 0 and p <= len(tokens))
+            found = (self._by_key.get(prefix_digest(tokens, p)) for p in positions)
+            return [c for c in found if c is not None]
+
     def _forget_file(self, key: bytes) -> None:
         pos = self._on_disk.pop(key, None)
         if pos is not None:

@@ -41,9 +41,11 @@ log = logging.getLogger(__name__)
 
 class SlotStates:
     def __init__(self, runtime: LlamaRuntime, memory: ModelMemory, *, per_slot: int, every: int,
-                 store: CheckpointStore | None = None):
+                 store: CheckpointStore | None = None, align: int = 0):
+        """`align` (the shared store's chunk, 0 without one): a turn start also gets a stop at
+        the multiple of `align` at or below it, a checkpoint the shared store can key."""
         self.runtime, self.memory = runtime, memory
-        self.per_slot, self.every, self.store = per_slot, every, store
+        self.per_slot, self.every, self.store, self.align = per_slot, every, store, align
         self._slots: dict[int, SlotCheckpoints] = {}  # slot index -> its checkpoints
         self.reused_by_cut = 0  # slot reuse by cutting back
         self.reused_by_checkpoint = 0  # ... by restoring a checkpoint
@@ -102,7 +104,8 @@ class SlotStates:
         turns begin (after `reused`)."""
         if self.per_slot > 0:
             turns = [p for p in turn_starts(seq.prompt, self.runtime.is_control) if reused < p < len(seq.prompt) - 1]
-            seq.prefill_stops = tuple(sorted({*stops(len(seq.prompt), reused, self.every), *turns}))
+            aligned = [p - p % self.align for p in turns if p - p % self.align > reused] if self.align else []
+            seq.prefill_stops = tuple(sorted({*stops(len(seq.prompt), reused, self.every), *turns, *aligned}))
 
     def add_stop(self, seq: Sequence, pos: int) -> None:
         """`seq`'s prefill also stops at `pos` (a branch point, or where a waiting request will take

@@ -7,8 +7,10 @@ Contracts:
 - `execute(adm, best, plan, cands, lease)` commits `best` into the slot and returns the
   request's CacheReport (`loading=True` while a read ahead is pending on `lease.load`).
 - On a model with sliding-window or recurrent layers (`states`), A resumes the slot from where
-  its state allows (server/cache/checkpointed_slots.py) and H or D restore from position 0 with
-  the candidate's state checkpoint, into the emptied slot; S and R are not planned for it.
+  its state allows (server/cache/checkpointed_slots.py), S shares another sequence's cells with
+  a checkpoint when needed, and H, D or R restore from position 0 with the state checkpoint at
+  the candidate's end (H, D: on the candidate; R: read from the store with the chunks), into
+  the emptied slot.
 - Any failure while attaching, reading or restoring clears the slot's sequence and falls back
   to computing the prompt, counted in `fallbacks`: a cache may make a request faster, never
   wrong.
@@ -26,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from server.cache.checkpointed_slots import SlotStates
+from server.cache.checkpoints import StateCheckpoint
 from server.cache.cost import CostModel, Plan
 from server.cache.disk_tier import DiskSegmentError, DiskTier
 from server.cache.engine_time import EngineTime
@@ -150,10 +153,11 @@ class Restorer:
                 assert self.resident is not None  # an owner comes from the resident tier
                 self.resident.note_attach(c.owner)
             return CacheReport(Source.S.value, c.length)
-        if c.source not in (Source.H, Source.D) or c.checkpoint is None:
+        shared_state = c.source is Source.R and c.match is not None and c.match.checkpoint_key is not None
+        if not (c.source in (Source.H, Source.D) and c.checkpoint is not None) and not shared_state:
             raise RestoreError(f"source {c.source} cannot restore this model's state")
         self.states.forget(adm.slot)
-        if c.source is Source.D:  # read on an I/O thread; the restore follows in advance_loads
+        if c.source in READ_AHEAD:  # read on an I/O thread (R: with its checkpoint); restored in advance_loads
             return CacheReport(c.source.value, 0)
         t0 = time.perf_counter()
         result = self._restore_host(c, 0, adm.slot.seq_id, self._lease(adm))
@@ -198,9 +202,14 @@ class Restorer:
         tier: KVTier | None = self.shared if c.source is Source.R else self.disk
         assert tier is not None  # the candidate came from it
 
-        def read() -> tuple[list, float]:
+        def read() -> tuple[list, float, StateCheckpoint | None]:
             t0 = time.perf_counter()
-            return tier.load(c.match, keep), time.perf_counter() - t0
+            segments = tier.load(c.match, keep)
+            # R on a model with sliding-window or recurrent layers: the state at the match's end
+            # is in the store too (H and D carry theirs on the candidate)
+            state = self.shared.load_checkpoint(c.match) if self.shared is not None and c.source is Source.R \
+                and c.match.checkpoint_key is not None else None
+            return segments, time.perf_counter() - t0, state
 
         pool = self._net if c.source is Source.R else self._io
         assert pool is not None  # made with its tier
@@ -235,9 +244,9 @@ class Restorer:
 
     def _restore_read(self, seq: Sequence, ld: PendingLoad, plan: Plan) -> CacheReport:
         try:
-            segments, read_s = ld.future.result()
+            segments, read_s, state = ld.future.result()
             t0 = time.perf_counter()
-            result = self.kv.restore(segments, ld.slot_seq, ld.cand.checkpoint)
+            result = self.kv.restore(segments, ld.slot_seq, state or ld.cand.checkpoint)
         except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
                         seq.id, exc)

@@ -81,11 +81,12 @@ class CacheRouter:
         # a model with sliding-window or recurrent layers: its slots' states and checkpoints (tiers
         # A, H and D only: server/bootstrap.py), the host's checkpoints for H and D
         self.states = states
-        if states is not None:  # no R; a slot's or an owner's checkpoints go with its KV to H and D
-            assert shared is None and states.store is not None
+        if states is not None:  # a slot's or an owner's checkpoints go with its KV to H, D and R
+            assert states.store is not None
             self.write.hand_over = states.hand_over
             self.write.hand_over_owner = states.hand_over_sequence
             self.write.state_of = states.resumable
+            self.write.path_checkpoints = states.store.on_path
         self.planner = Planner(tiers=tiers, tree=tree, host=host, disk=disk, shared=shared, resident=self.resident,
                                route=route, checkpoints=states.store if states is not None else None)
         self.costs = self.planner.costs

@@ -54,13 +54,16 @@ Contracts:
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from server.cache.bounded_writer import BoundedWriter
+from server.cache.checkpoints import StateCheckpoint
 from server.cache.kv_format import KVSegment, cut, segment_from_arrays
 from server.cache.segment_format import DiskSegmentError, check_header, encode_segment, parse_segment
 from server.cache.store_url import password_of, redact_url
@@ -125,6 +128,12 @@ class SharedSecret:
         ns = self.namespace(fingerprint)
         return [f"arbor:kv:{ns}:{h}" for h in self.chunk_hashes(fingerprint, tokens, chunk)]
 
+    def checkpoint_keys(self, fingerprint: str, tokens: list[int], chunk: int) -> list[str]:
+        """Key i names the state checkpoint after the whole prefix of chunks 0..i (a model with
+        sliding-window or recurrent layers): the chunk chain's hash, under another prefix."""
+        ns = self.namespace(fingerprint)
+        return [f"arbor:ckpt:{ns}:{h}" for h in self.chunk_hashes(fingerprint, tokens, chunk)]
+
     def mac(self, key: str, parts: list) -> bytes:
         """HMAC of `key` and the value's bytes (`parts`, buffers in order, not joined)."""
         m = hmac.new(self._values, key.encode() + b"\n", "sha256")
@@ -174,12 +183,38 @@ def decode_chunk(secret: SharedSecret, key: str, data: bytes | memoryview, finge
     return segment_from_arrays(layout, start, len(tokens) - start, data[offset:])  # read-only views
 
 
+def encode_checkpoint(secret: SharedSecret, key: str, fingerprint: str, ckpt: StateCheckpoint) -> bytes:
+    """A state checkpoint's value under `key`: the MAC, a JSON header line (fingerprint,
+    position, length), then the llama.cpp partial state."""
+    head = json.dumps({"fingerprint": fingerprint, "pos": ckpt.pos, "n": len(ckpt.blob)}).encode() + b"\n"
+    return b"".join([secret.mac(key, [head, ckpt.blob]), head, ckpt.blob])
+
+
+def decode_checkpoint(secret: SharedSecret, key: str, data: bytes | memoryview, fingerprint: str,
+                      pos: int) -> StateCheckpoint:
+    """The checkpoint after `pos` tokens from the value read under `key`: its MAC first, then
+    the model, the position and the length it must have."""
+    body = bytes(secret.verify(key, data))
+    head, _, blob = body.partition(b"\n")
+    try:
+        header = json.loads(head)
+    except ValueError as exc:
+        raise SharedTierError(f"the checkpoint's header does not parse: {exc}") from exc
+    if header.get("fingerprint") != fingerprint:
+        raise SharedTierError("the checkpoint is another model's")
+    if header.get("pos") != pos or header.get("n") != len(blob):
+        raise SharedTierError(f"the checkpoint is at {header.get('pos')} with {len(blob)} bytes, not at {pos}")
+    return StateCheckpoint(pos, blob)
+
+
 @dataclass(frozen=True)
 class SharedMatch:
-    """`length` leading tokens (whole chunks) of `tokens` found in the store."""
+    """`length` leading tokens (whole chunks) of `tokens` found in the store; on a model with
+    sliding-window or recurrent layers, `checkpoint_key` names the state after them."""
 
     length: int
     tokens: list[int]
+    checkpoint_key: str | None = None
 
 
 class SharedTier:
@@ -190,9 +225,13 @@ class SharedTier:
 
     def __init__(self, url: str, fingerprint: str, chunk: int = DEFAULT_CHUNK, *, secret: bytes | str | SharedSecret,
                  lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S, io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
-                 queue_bytes: int = DEFAULT_QUEUE_BYTES, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES):
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                 checkpoints: bool = False):
         """`secret`: the deployment's shared secret (required: a store without it would trust
-        whoever can write to it). `max_value_bytes`: the longest value read or written."""
+        whoever can write to it). `max_value_bytes`: the longest value read or written.
+        `checkpoints`: the model has sliding-window or recurrent layers, so a prefix is served
+        only up to a chunk boundary the store also holds the state checkpoint of."""
+        self.checkpoints = checkpoints
         try:
             import redis  # imported here: only a server with the shared tier talks to a store
         except ImportError as exc:
@@ -222,6 +261,7 @@ class SharedTier:
         self.oversized = 0  # of which: longer than max_value_bytes (refused from their length)
         self.oversized_writes = 0  # chunks not written: their value would exceed max_value_bytes
         self.stored_chunks = 0
+        self.stored_checkpoints = 0
         self._writer = BoundedWriter("arbor-shared-writer", lambda item: self._write(*item),
                                      lambda exc: self._failed("write", exc), queue_bytes)
 
@@ -250,10 +290,11 @@ class SharedTier:
         if not self.available():
             self.skipped += 1
             return SharedMatch(0, [])
+        ckpt_keys = self.secret.checkpoint_keys(self.fingerprint, tokens, self.chunk) if self.checkpoints else []
         t0 = time.perf_counter()
         try:
             pipe = self._fast.pipeline(transaction=False)
-            for k in keys:
+            for k in keys + ckpt_keys:
                 pipe.exists(k)
             found = pipe.execute()
         except Exception as exc:  # noqa: BLE001 - any store failure costs the cache only
@@ -264,8 +305,13 @@ class SharedTier:
             self.lookups += 1
             self.lookup_ms += ms
             self.max_lookup_ms = max(self.max_lookup_ms, ms)
-        n = next((i for i, x in enumerate(found) if not x), len(found))
-        return SharedMatch(n * self.chunk, list(tokens[:n * self.chunk]))
+        chunks, states = found[:len(keys)], found[len(keys):]
+        n = next((i for i, x in enumerate(chunks) if not x), len(chunks))
+        if not self.checkpoints:
+            return SharedMatch(n * self.chunk, list(tokens[:n * self.chunk]))
+        # the deepest boundary within the chunks found whose state is there too
+        n = next((i + 1 for i in range(n - 1, -1, -1) if states[i]), 0)
+        return SharedMatch(n * self.chunk, list(tokens[:n * self.chunk]), ckpt_keys[n - 1] if n else None)
 
     # ------------------------------------------------------------------ read
     def load(self, match: SharedMatch, start: int = 0) -> list[KVSegment]:
@@ -317,14 +363,43 @@ class SharedTier:
         self.hits += 1
         return out
 
+    def load_checkpoint(self, match: SharedMatch) -> StateCheckpoint:
+        """The state checkpoint a match ends at (read-ahead thread), checked as chunks are;
+        raises SharedTierError."""
+        key = match.checkpoint_key
+        if key is None:
+            raise SharedTierError("the match has no state checkpoint")
+        try:
+            data = cast(bytes, self._slow.getrange(key, 0, self.max_value_bytes))  # a sync client
+        except Exception as exc:
+            self._failed("read", exc)
+            raise SharedTierError(f"reading the checkpoint failed: {self._scrub(exc)}") from exc
+        if not data:
+            raise SharedTierError("the checkpoint was evicted from the store before it was read")
+        if len(data) > self.max_value_bytes:
+            self._refuse(key, OversizedValue(f"checkpoint: over the {self.max_value_bytes}-byte limit"))
+        try:
+            return decode_checkpoint(self.secret, key, data, self.fingerprint, match.length)
+        except UnauthenticatedValue as exc:
+            self._refuse(key, UnauthenticatedValue(f"checkpoint: {exc}"))
+            raise  # not reached: _refuse raises
+        except SharedTierError:
+            self.rejected += 1
+            raise
+
     # ------------------------------------------------------------------ write
-    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> bool:
+    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]],
+              checkpoints: list[StateCheckpoint] | None = None) -> bool:
         """Queue the whole chunks of `tokens` that `ranges` ((start, segment) pairs, e.g. a
-        host path's H values) cover, for the writer. Never waits; a full queue drops it."""
+        host path's H values) cover, for the writer, with the `checkpoints` of the path that
+        sit at chunk boundaries (a model with sliding-window or recurrent layers). Never
+        waits; a full queue drops it."""
         n = (len(tokens) // self.chunk) * self.chunk
         if n == 0 or not self.available():
             return False
-        return self._writer.submit((list(tokens[:n]), ranges), sum(seg.nbytes for _, seg in ranges))
+        states = [c for c in checkpoints or () if c.pos % self.chunk == 0 and 0 < c.pos <= n]
+        return self._writer.submit((list(tokens[:n]), ranges, states),
+                                   sum(seg.nbytes for _, seg in ranges) + sum(c.nbytes for c in states))
 
     def _refuse(self, key: str, exc: SharedTierError) -> None:
         """Count a value refused for its MAC or its size, delete it (best effort: a replica
@@ -347,15 +422,30 @@ class SharedTier:
         """Stores dropped because the writer's queue was full."""
         return self._writer.dropped
 
-    def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
-        """SET the chunks the store lacks (one EXISTS round trip, then one pipeline of SETs)."""
+    def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]],
+               states: list[StateCheckpoint] | None = None) -> None:
+        """SET the chunks and checkpoints the store lacks (one EXISTS round trip, then one
+        pipeline of SETs)."""
         keys = self.secret.chunk_keys(self.fingerprint, tokens, self.chunk)
+        ckpt_keys = self.secret.checkpoint_keys(self.fingerprint, tokens, self.chunk) if states else []
+        wanted = [(ckpt_keys[c.pos // self.chunk - 1], c) for c in states or ()]
         pipe = self._slow.pipeline(transaction=False)
-        for k in keys:
+        for k in keys + [k for k, _ in wanted]:
             pipe.exists(k)
-        present = pipe.execute()
+        found = pipe.execute()
+        present, states_present = found[:len(keys)], found[len(keys):]
         pipe = self._slow.pipeline(transaction=False)
-        wrote = 0
+        wrote = chunks = 0
+        for (key, ckpt), have in zip(wanted, states_present):
+            if have:
+                continue
+            value = encode_checkpoint(self.secret, key, self.fingerprint, ckpt)
+            if len(value) > self.max_value_bytes:
+                self.oversized_writes += 1
+                continue
+            pipe.set(key, value)
+            wrote += 1
+        checkpoints = wrote
         for i, (key, have) in enumerate(zip(keys, present)):
             if have:
                 continue
@@ -370,9 +460,11 @@ class SharedTier:
                 continue
             pipe.set(key, value)
             wrote += 1
+            chunks += 1
         if wrote:
             pipe.execute()
-            self.stored_chunks += wrote
+            self.stored_chunks += chunks
+            self.stored_checkpoints += checkpoints
 
     def wait_idle(self) -> None:
         """Block until every queued write is done (tests, benchmarks, shutdown)."""
@@ -396,5 +488,6 @@ class SharedTier:
                 "hits": self.hits, "errors": self.errors, "rejected": self.rejected,
                 "unauthenticated": self.unauthenticated, "oversized": self.oversized,
                 "oversized_writes": self.oversized_writes, "max_value_bytes": self.max_value_bytes,
-                "stored_chunks": self.stored_chunks, "dropped_writes": self.dropped_writes,
+                "stored_chunks": self.stored_chunks, "stored_checkpoints": self.stored_checkpoints,
+                "checkpoints": self.checkpoints, "dropped_writes": self.dropped_writes,
                 "pending_bytes": self._writer.pending_bytes, "pending_writes": self._writer.pending}

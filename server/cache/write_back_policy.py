@@ -198,6 +198,8 @@ class WriteBackPolicy:
         # ... and how far a finished slot's state can be had, and with which checkpoint
         # (SlotStates.resumable): what a resident owner published from it can start from
         self.state_of: Callable[..., tuple[int, Any]] | None = None
+        # ... and the checkpoints kept for a path at the shared store's chunk boundaries
+        self.path_checkpoints: Callable[[list[int], int], list] | None = None
 
     # ------------------------------------------------------------ device copies lost
     def write_back(self, slot, exclude=None, park: bool = False, gated: bool = True) -> None:
@@ -325,8 +327,11 @@ class WriteBackPolicy:
                     with self.tree.mutex:
                         path = [n for n in result.last_node.iter_up()][::-1]
                         ranges = [(n.start(), cast(KVSegment, n.values["H"])) for n in path if "H" in n.values]
-                    for tier in below:
-                        tier.store(tokens, ranges)
+                    if self.disk is not None:
+                        self.disk.store(tokens, ranges)
+                    if self.shared is not None:
+                        self.shared.store(tokens, ranges, self.path_checkpoints(tokens, self.shared.chunk)
+                                          if self.path_checkpoints is not None else None)
                 return result.last_node if result.last_node.attached else None
             assert self.disk is not None  # no host tier: the disk is where it goes
             have = self.disk.held(tokens)  # whole or partial: what is on disk already

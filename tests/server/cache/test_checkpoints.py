@@ -378,3 +378,31 @@ def test_closing_checkpoint_files_writes_what_is_queued_then_refuses(tmp_path, m
     assert len(files.index()) == 3 and files.stats()["pending_writes"] == 0
     assert not files.write(bytes([9]) * 16, StateCheckpoint(5, b"w" * 50))
     files.close()  # twice: nothing more
+
+
+def test_with_a_shared_store_a_turn_start_also_stops_at_the_chunk_boundary_below_it():
+    """The shared store keys checkpoints by whole chunks: with one (`align`), each turn start adds
+    a stop at the multiple of the chunk at or below it, so the store can keep a state there."""
+    from server.cache.checkpointed_slots import SlotStates
+
+    mem = SimMemory(SWA)
+    prompt = [1, 100] + list(range(200, 270)) + [2, 50] + [1, 101] + list(range(300, 330)) + [2, 50, 1, 102]
+    plain = admission(prompt, Slot(index=0, seq_id=1), 0)
+    SlotStates(mem, SWA, per_slot=8, every=1024).set_stops(plain.seq, 0)  # type: ignore[arg-type]
+    aligned = admission(prompt, Slot(index=0, seq_id=1), 0)
+    SlotStates(mem, SWA, per_slot=8, every=1024, align=16).set_stops(aligned.seq, 0)  # type: ignore[arg-type]
+    extra = set(aligned.seq.prefill_stops) - set(plain.seq.prefill_stops)
+    assert extra and all(p % 16 == 0 for p in extra), (plain.seq.prefill_stops, aligned.seq.prefill_stops)
+    assert {p - p % 16 for p in plain.seq.prefill_stops if p < len(prompt) - 1} <= set(aligned.seq.prefill_stops)
+
+
+def test_checkpoint_store_lists_the_checkpoints_of_a_path_at_chunk_boundaries():
+    from server.cache.checkpoint_store import CheckpointStore
+
+    store = CheckpointStore(budget_bytes=1000)
+    path = list(range(100))
+    for pos in (16, 40, 64, 96):
+        store.put(path, StateCheckpoint(pos, b"x" * 10))
+    store.put(list(range(32)) + [7] * 68, StateCheckpoint(48, b"y"))  # another path
+    assert [c.pos for c in store.on_path(path, 16)] == [16, 64, 96]
+    assert [c.pos for c in store.on_path(path[:70], 16)] == [16, 64]

@@ -402,3 +402,39 @@ def test_an_evicted_resident_owner_goes_to_host_ram_with_its_state(model):
     assert owners == [system], [len(o) for o in owners]
     assert (got[2].final.cache.source, got[2].final.cached_tokens) == ("H", 300), got[2].final
     assert [g.text for g in got] == uncached_texts(kw, prompts)
+
+
+def test_a_prefix_computed_on_one_replica_is_restored_with_its_state_on_another(model, tmp_path):
+    """Tier R on such a model: a replica writes a slot's chunks back to the shared store with the
+    checkpoints that sit on chunk boundaries; a fresh replica (nothing local) restores a branch
+    from R up to the deepest boundary with a state (256 of the 300 shared tokens) and answers as
+    an engine that reuses nothing."""
+    from bench.redis_store import SHARED_SECRET
+    from server import bootstrap
+    from server.settings import ServerSettings
+    from tests.server.cache.redis_store import start_redis
+
+    (tmp_path / "redis").mkdir()
+    store = start_redis(tmp_path / "redis")
+    kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16,
+              cache_tiers=("A", "S", "H"))
+    shared = dict(cache_shared=store.url, cache_shared_secret=SHARED_SECRET, cache_shared_chunk=64)
+    first = tokens(model.rt, 300, 15) + tokens(model.rt, 40, 16)
+    branch = first[:300] + tokens(model.rt, 30, 17)
+    try:
+        replicas, got = [], []
+        for prompt in (first, branch):
+            replica = bootstrap.load(ServerSettings(**kw, **shared))
+            try:
+                got += submit_together(replica, [prompt], max_tokens=6)
+                replica.engine.run_exclusive(replica.router.drop_device_copies)  # written back: H, then R
+                replica.router.shared.wait_idle()
+                replicas.append(replica.router.stats()["tiers"]["R"])
+            finally:
+                replica.close()
+    finally:
+        store.stop()
+    assert replicas[0]["stored_checkpoints"] >= 2 and replicas[0]["checkpoints"], replicas[0]
+    assert (got[1].final.cache.source, got[1].final.cached_tokens) == ("R", 256), got[1].final
+    assert [g.text for g in got] == uncached_texts(kw, [first, branch])

@@ -380,3 +380,46 @@ def test_the_store_needs_a_secret_and_a_wrong_password_is_counted_not_shown(tmp_
 ])
 def test_the_store_url_is_shown_without_its_password(url, shown):
     assert redact_url(url) == shown
+
+
+# ------------------------------------------------------------------ state checkpoints
+def test_a_model_with_checkpoints_is_served_to_the_deepest_boundary_whose_state_is_stored(store):
+    """On a model with sliding-window or recurrent layers, R serves a prefix only up to a chunk
+    boundary whose state checkpoint the store holds too; the checkpoint is read back with the
+    chunks, checked, and one planted under its key is refused and deleted."""
+    import redis
+
+    from server.cache.checkpoints import StateCheckpoint
+
+    redis.Redis.from_url(store.url).flushdb()
+    writer = SharedTier(store.url, "fpA", CHUNK, secret=SECRET, checkpoints=True)
+    reader = SharedTier(store.url, "fpA", CHUNK, secret=SECRET, checkpoints=True)
+    toks = list(range(2000, 2070))  # 4 whole chunks and a tail
+    states = [StateCheckpoint(16, b"state at 16"), StateCheckpoint(40, b"not on a boundary"),
+              StateCheckpoint(48, b"state at 48")]
+    try:
+        assert reader.lookup(toks).length == 0
+        writer.store(toks, [(0, kv_for(toks, 0, 64))], states)
+        writer.wait_idle()
+        assert (writer.stored_chunks, writer.stored_checkpoints) == (4, 2)
+        m = reader.lookup(toks)
+        assert m.length == 48, m.length  # 4 chunks stored, the deepest state at 48
+        assert positions(reader.load(m)) == list(range(48))
+        assert reader.load_checkpoint(m) == StateCheckpoint(48, b"state at 48")
+        # without its checkpoint, the boundary is not served: the next one down is
+        client = redis.Redis.from_url(store.url)
+        ckpt_keys = KEYS.checkpoint_keys("fpA", toks, CHUNK)
+        client.set(ckpt_keys[2], b"x" * MAC_BYTES + b'{"fingerprint": "fpA", "pos": 48, "n": 1}\nz')  # planted
+        with pytest.raises(UnauthenticatedValue):
+            reader.load_checkpoint(reader.lookup(toks))
+        assert client.exists(ckpt_keys[2]) == 0 and reader.unauthenticated == 1
+        assert reader.lookup(toks).length == 16
+        # a full-attention replica of the same fingerprint ignores the checkpoints
+        plain = SharedTier(store.url, "fpA", CHUNK, secret=SECRET)
+        try:
+            assert plain.lookup(toks).length == 64
+        finally:
+            plain.close()
+    finally:
+        writer.close()
+        reader.close()
