@@ -406,3 +406,29 @@ def test_checkpoint_store_lists_the_checkpoints_of_a_path_at_chunk_boundaries():
     store.put(list(range(32)) + [7] * 68, StateCheckpoint(48, b"y"))  # another path
     assert [c.pos for c in store.on_path(path, 16)] == [16, 64, 96]
     assert [c.pos for c in store.on_path(path[:70], 16)] == [16, 64]
+
+
+def test_a_written_back_slot_hands_over_checkpoints_at_least_a_gap_apart():
+    """The host store keeps a slot's checkpoints at least MIN_GAP tokens apart (the shallower of
+    two close ones serves both prefixes); the end of a short reply adds no checkpoint after the
+    one before the prompt's last token."""
+    from server.cache.checkpoint_store import CheckpointStore
+    from server.cache.checkpointed_slots import MIN_GAP, SlotStates
+
+    mem = SimMemory(SWA)
+    store = CheckpointStore(budget_bytes=1 << 20)
+    states = SlotStates(mem, SWA, per_slot=8, every=1024, store=store)  # type: ignore[arg-type]
+    slot = Slot(index=0, seq_id=3)
+    slot.tokens = list(range(1000, 1405))
+    for pos in (100, 100 + MIN_GAP // 2, 300, 399):
+        mem.fill(3, pos)
+        states.of(slot).add(StateCheckpoint(pos, f"3:{pos}".encode()))
+    mem.fill(3, 405)
+    states.hand_over(slot)
+    assert sorted(store._positions) == [100, 300, 399], store._positions
+    slot.tokens = list(range(2000, 2500))  # a long reply after the last one: its end is kept
+    states.of(slot).clear()
+    states.of(slot).add(StateCheckpoint(399, b"3:399"))
+    mem.fill(3, 500)
+    states.hand_over(slot)
+    assert store.best(slot.tokens, 500).pos == 500
