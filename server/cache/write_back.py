@@ -78,9 +78,11 @@ class WriteBackQueue:
         self.parked += 1
         return True
 
-    def advance(self) -> None:
-        """Store at most `step_bytes` of the oldest parked copies (at least one piece)."""
-        budget = self.step_bytes
+    def advance(self, budget: int | None = None) -> None:
+        """Store at most `budget` bytes (default `step_bytes`) of the oldest parked copies, at
+        least one piece when the budget is positive (a step that stored a copy at once may
+        have spent it all: the queue then waits for the next step)."""
+        budget = self.step_bytes if budget is None else budget
         while self.queue and budget > 0:
             budget -= self._store_piece(self.queue[0], self._piece_tokens(budget))
             self.step_pieces += 1

@@ -371,6 +371,11 @@ class LlamaRuntime:
                                                    size, seq_id, flags)
         return buf.data[:n]
 
+    def state_seq_size(self, seq_id: int) -> int:
+        """The bytes `state_seq_get(seq_id)` would return (llama.cpp sizes the state by walking
+        the sequence's cells, without copying the KV)."""
+        return int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, 0))
+
     def state_seq_set(self, data, seq_id: int, *, partial: bool = False) -> bool:
         """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first: with
         `partial`, only its sliding-window cells or recurrent state). `data` is any contiguous

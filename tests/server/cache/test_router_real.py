@@ -400,6 +400,15 @@ def test_a_reused_slot_is_written_back_piece_by_piece_while_another_request_deco
     assert pieced.text[:3] == at_once.text[:3]  # cells differ (parked ones are held): a late near tie may flip
 
 
+def test_a_reused_slot_within_one_steps_budget_is_stored_at_once_while_another_request_decodes():
+    """The default budget (4 MiB a step) holds `first` whole: parking it would store it a step
+    later while its cells pushed `other` elsewhere in the KV (issue 36), so it is stored at once."""
+    got, stats, model = _slot_taken_then_back(4096)
+    model.close()
+    assert stats["parked"]["parked"] == 0 and stats["write_backs"] >= 1, stats
+    assert stats["parked_ids"] == 0 and stats["leak_free"], stats
+
+
 def test_a_slot_taken_with_nothing_else_running_is_stored_at_once():
     """Parking is for not stalling other streams: alone, the slot is stored before its reuse."""
     model = load(None, parallel=1, cache_tiers=("A", "H"))
