@@ -51,6 +51,10 @@ class CheckpointFiles:
                  queue_bytes: int = DEFAULT_QUEUE_BYTES):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
+        for tmp in self.dir.glob("*.tmp"):  # a write the process died in (as D's segment files)
+            log.info("checkpoint file %s is an unfinished write (the process stopped while writing it); deleted",
+                     tmp.name)
+            tmp.unlink(missing_ok=True)
         self.fingerprint, self.budget_bytes, self.queue_bytes = fingerprint, budget_bytes, queue_bytes
         self._lock = threading.Lock()  # _sizes, _pending, counters, and every rename or unlink
         self._sizes: dict[bytes, int] = {}  # digest -> file size, oldest first (insertion order)

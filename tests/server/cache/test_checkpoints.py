@@ -432,3 +432,21 @@ def test_a_written_back_slot_hands_over_checkpoints_at_least_a_gap_apart():
     mem.fill(3, 500)
     states.hand_over(slot)
     assert store.best(slot.tokens, 500).pos == 500
+
+
+def test_a_checkpoint_write_the_process_died_in_is_deleted_at_the_next_start(tmp_path):
+    """A killed process leaves its half-written temp file; the next start deletes it (no file
+    leaks) and keeps the finished checkpoints."""
+    from server.cache.checkpoint_files import CheckpointFiles
+
+    files = CheckpointFiles(tmp_path, "fp", 1 << 20)
+    files.write(b"\x01" * 16, StateCheckpoint(10, b"done"))
+    files.close()
+    torn = tmp_path / f"{'02' * 16}.7.tmp"
+    torn.write_bytes(b'{"magic": "arbor-checkpoint-1", "fingerprint": "fp"')  # cut mid-header
+    again = CheckpointFiles(tmp_path, "fp", 1 << 20)
+    try:
+        assert not torn.exists()
+        assert [p for _, p in again.index()] == [10]
+    finally:
+        again.close()
