@@ -21,6 +21,10 @@ pytestmark = pytest.mark.model
 # Rounding only: the resumed prompt runs in other ubatches than the reference (measured: 0, the
 # logits were bit-identical). A window with cells missing moved them by 5.8e-3 (logits of std 0.16).
 MAX_ABS_DIFF = 1e-4
+# The tests name the source a prefix comes from. On these tiny models computing a prompt takes
+# about as long as reading it back, so the default route (lowest estimated time, from rates
+# measured as the test runs) could pick computing on a loaded machine: route by length.
+LONGEST = "longest"
 N_SWA = 32  # the tiny Gemma 3 shape's window
 BRANCH = 200  # where the second prompt leaves the first
 
@@ -228,7 +232,7 @@ def test_host_and_disk_restore_a_prefix_with_its_checkpoint(model, tmp_path, sto
     from tests.server.cache.engine_harness import generate
 
     kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
-              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16)
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_route=LONGEST)
     tiers = {"H": dict(cache_tiers=("A", "H")), "D": dict(cache_tiers=("A", "D"), cache_dir=tmp_path / "kv")}
     first, other = tokens(model.rt, 600, 8), tokens(model.rt, 100, 9)
     branch, repeat = first[:300] + tokens(model.rt, 30, 10), first
@@ -258,7 +262,8 @@ def test_a_request_waits_for_a_shared_prefix_and_takes_it_from_the_other_slot(mo
     from server.settings import ServerSettings
 
     kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=64, threads=model_threads(),
-              flash_attn="off", paged_attn="off", checkpoint_every=0, cache_min_tokens=16, cache_tiers=("A", "S"))
+              flash_attn="off", paged_attn="off", checkpoint_every=0, cache_min_tokens=16, cache_route=LONGEST,
+              cache_tiers=("A", "S"))
     first = tokens(model.rt, 600, 11)
     branch = first[:300] + tokens(model.rt, 30, 12)
     cached = bootstrap.load(ServerSettings(**kw))
@@ -285,7 +290,8 @@ def test_a_salted_prefix_is_reused_within_its_namespace_only(model):
         return submit_together(m, [prompt], max_tokens=2, namespace=namespace)[0].final
 
     kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
-              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_tiers=("A", "H"))
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_route=LONGEST,
+              cache_tiers=("A", "H"))
     first = tokens(model.rt, 400, 13)
     branch = first[:300] + tokens(model.rt, 20, 14)
     cached = bootstrap.load(ServerSettings(**kw))
@@ -308,7 +314,7 @@ def test_disk_restores_with_its_checkpoint_after_a_restart(model, tmp_path):
     from tests.server.cache.engine_harness import generate
 
     kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
-              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16,
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_route=LONGEST,
               cache_tiers=("A", "D"), cache_dir=tmp_path / "kv")
     first = tokens(model.rt, 600, 16)
     branch = first[:300] + tokens(model.rt, 30, 17)
@@ -341,7 +347,8 @@ def test_a_resident_owner_keeps_a_shared_prefix_with_its_state_after_the_slots_l
     from server.settings import ServerSettings
 
     kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=256, threads=model_threads(),
-              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_tiers=("A", "S"))
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_route=LONGEST,
+              cache_tiers=("A", "S"))
     system = tokens(model.rt, 300, 13)
     prompts = [system + tokens(model.rt, 40, 14 + i) for i in range(3)]
     cached = bootstrap.load(ServerSettings(**kw))
@@ -375,7 +382,7 @@ def test_an_evicted_resident_owner_goes_to_host_ram_with_its_state(model):
     from server.settings import ServerSettings
 
     kw = dict(model=model.rt.config.model_path, parallel=2, ctx_size=2048, batch_size=256, threads=model_threads(),
-              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16,
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_route=LONGEST,
               cache_tiers=("A", "S", "H"))
     system = tokens(model.rt, 300, 13)
     prompts = [system + tokens(model.rt, 40, 14 + i) for i in range(3)]
@@ -417,7 +424,7 @@ def test_a_prefix_computed_on_one_replica_is_restored_with_its_state_on_another(
     (tmp_path / "redis").mkdir()
     store = start_redis(tmp_path / "redis")
     kw = dict(model=model.rt.config.model_path, parallel=1, ctx_size=2048, batch_size=256, threads=model_threads(),
-              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16,
+              flash_attn="off", paged_attn="off", checkpoint_every=128, cache_min_tokens=16, cache_route=LONGEST,
               cache_tiers=("A", "S", "H"))
     shared = dict(cache_shared=store.url, cache_shared_secret=SHARED_SECRET, cache_shared_chunk=64)
     first = tokens(model.rt, 300, 15) + tokens(model.rt, 40, 16)
