@@ -4,7 +4,8 @@ or hybrid model's prefix after a restart (server/cache/checkpoint_store.py keeps
 One file per checkpoint, `<cache dir>/checkpoints/<prefix digest>.ckpt`: a header line of JSON
 (`magic`, the model fingerprint D's files carry, `pos`, the blob's length and SHA-256), then the
 blob (llama.cpp's PARTIAL_ONLY sequence state). Written to a temporary name, fsynced, renamed and
-the directory fsynced, so a crash leaves either the whole file or none.
+the directory fsynced, so a crash leaves either the whole file or none (and a temporary file,
+deleted at the next start).
 
 Writes never wait for the disk: `write` queues the checkpoint for a writer thread whose queue is
 bounded in bytes (server/cache/bounded_writer.py, as tier D's segments; a few MB a checkpoint on
