@@ -44,24 +44,28 @@ def test_strict_model_name_rejects_other_names(small_server):
 
 def test_full_queue_answers_503_with_retry_after(small_server):
     url = small_server.v1 + "/chat/completions"
-    body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 60, "ignore_eos": True}
+    body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 20, "ignore_eos": True}
     results: list[int] = []
 
     def call():
         results.append(httpx.post(url, json=body, headers=AUTH, timeout=600).status_code)
 
-    running = threading.Thread(target=call)
-    running.start()
-    _wait_until(lambda: _slots(small_server)[0]["is_processing"])
-    queued = threading.Thread(target=call)
-    queued.start()
-    _wait_until(lambda: _metric(small_server, "llamacpp:requests_deferred") == 1.0)
-    r = httpx.post(url, json=body, headers=AUTH, timeout=30)
-    assert r.status_code == 503 and r.headers["retry-after"]
-    assert r.json()["error"]["code"] == "queue_full"
-    running.join(600)
+    # The running request streams until the context is full and is cancelled by closing
+    # its stream once the checks are done: a short one could end before the second
+    # request is queued on a loaded machine, and the second would then never wait.
+    long_body = {**body, "max_tokens": 900, "stream": True}
+    with httpx.Client(timeout=600) as client, client.stream("POST", url, json=long_body, headers=AUTH) as running:
+        assert running.status_code == 200
+        _wait_until(lambda: _slots(small_server)[0]["is_processing"])
+        queued = threading.Thread(target=call)
+        queued.start()
+        _wait_until(lambda: _metric(small_server, "llamacpp:requests_deferred") == 1.0)
+        r = httpx.post(url, json=body, headers=AUTH, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "queue_full"
     queued.join(600)
-    assert results == [200, 200]
+    assert results == [200]
+    _wait_until(lambda: not _slots(small_server)[0]["is_processing"])
 
 
 def _slots(server):
