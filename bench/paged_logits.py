@@ -84,11 +84,13 @@ class Twin:
 
     def __init__(self, model: Path, *, page_size: int, n_ctx: int = 1024, n_batch: int = 256, n_seq_max: int = 6,
                  threads: int = 1, paged_later: bool = False, keep_rows: bool = False,
-                 control_threads: int | None = None, control_pad: int = 0):
+                 control_threads: int | None = None, control_pad: int = 0,
+                 page_placement: Literal["owned", "shared"] = "owned"):
         def runtime(mode: Literal["on", "off"], n_threads: int) -> LlamaRuntime:
             return LlamaRuntime(RuntimeConfig(model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max,
                                               n_threads=n_threads, n_threads_batch=n_threads, flash_attn=True,
-                                              kv_unified=True, paged_attn=mode, page_size=page_size))
+                                              kv_unified=True, paged_attn=mode, page_size=page_size,
+                                              page_placement=page_placement))
 
         self.off = runtime("off", threads)
         try:

@@ -73,6 +73,9 @@ class RuntimeConfig:
     # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
     paged_attn: Literal["auto", "on", "off"] = "auto"
     page_size: int = 16  # cells per page
+    # where tokens go with pages on: "owned" (each sequence fills pages of its own) or "shared" (llama.cpp's
+    # next free cells); "shared" is for side-by-side measurements and same-layout comparisons with unpaged
+    page_placement: Literal["owned", "shared"] = "owned"
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,9 @@ class LlamaRuntime:
             llama_cpp.llama_free(self.ctx)
             llama_cpp.llama_model_free(self.model)
             raise
+        if config.page_placement == "shared" and paged_attention.compiled_in():
+            # kept on the KV cache, so it holds when paging is turned on later (bench/paged_logits.Twin)
+            paged_attention.set_owned_pages(self.ctx, False)
         if self.paged_attn.note and config.paged_attn == "auto":
             log.warning("paged attention is off: %s", self.paged_attn.note)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
@@ -357,6 +363,10 @@ class LlamaRuntime:
 
     def seq_pos_min(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
+
+    def seq_pages(self, seq_id: int) -> list[int] | None:
+        """The pages of KV cells seq_id's attention walks (paged attention); None when it is off."""
+        return paged_attention.seq_pages(self.ctx, seq_id)
 
     def state_seq_get(self, seq_id: int, *, partial: bool = False) -> memoryview:
         """The serialized KV state of one sequence (llama.cpp's own format), or of the whole

@@ -20,6 +20,12 @@ Contract:
   returns what is in force. The CPU kernel reads every KV type (`--cache-type-k/-v`: its
   per-row path dequantizes K and V as llama.cpp's does); "on" with layers offloaded and a
   KV type other than f16 raises (CUDA's paged kernel reads f16 only).
+- `set_owned_pages(ctx, False)` goes back to llama.cpp's placement (the next free cells, so the
+  decode tokens of sequences running together share pages), for side-by-side measurements.
+- `seq_pages(ctx, seq_id)` lists the pages a sequence's attention walks (ascending page
+  indices), or None when paged attention is off. The patch places a sequence's tokens in
+  pages of its own (a page is shared only through seq_cp, or when the cache is too full for a
+  free page), so a sequence of n cells alone walks ceil(n / page_size) pages.
 """
 
 from __future__ import annotations
@@ -103,3 +109,28 @@ def configure(ctx, mode: Literal["auto", "on", "off"], page_size: int, *,
             raise
         return PagedAttentionStatus(compiled_in(), 0, str(exc))
     return PagedAttentionStatus(True, page_size)
+
+
+@cache
+def _get_seq_pages():
+    fn = llama_cpp.llama_cpp._lib.llama_get_paged_attn_seq_pages
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]
+    fn.restype = ctypes.c_int32
+    return fn
+
+
+def seq_pages(ctx, seq_id: int) -> list[int] | None:
+    get = _get_seq_pages()
+    n = get(ctx, seq_id, None, 0)
+    if n < 0:
+        return None
+    out = (ctypes.c_int32 * max(n, 1))()
+    n = get(ctx, seq_id, out, n)
+    return list(out[:n])
+
+
+def set_owned_pages(ctx, owned: bool) -> None:
+    fn = llama_cpp.llama_cpp._lib.llama_set_paged_attn_own_pages
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32
+    # -2: not a plain KV cache (sliding-window, recurrent, hybrid), where paging never runs: nothing to place
+    fn(ctx, owned)

@@ -1,0 +1,150 @@
+"""Pages owned by one sequence (patch 0008, issue 33 item 2), on the real engine (embedded model).
+
+With paged attention on, llama.cpp's find_slot places a sequence's tokens in a page of its own:
+the page it is filling, else a free page, else (a cache full of partly used pages) any free
+cell. So sequences decoding side by side no longer share the pages of their decode tokens, and
+a sequence of n cells alone walks ceil(n / page_size) pages; a page is shared only through
+seq_cp (a shared prefix). Stock placement gave the decode tokens of 8 sequences consecutive
+cells, so every sequence walked every decode page.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tests.server.engine.test_paged_attention_real import runtime
+
+pytestmark = pytest.mark.model
+PAGE = 16
+
+
+def prompt_tokens(rt, n: int, salt: int = 0) -> list[int]:
+    text = " ".join(f"item{salt}-{i}" for i in range(n))
+    return rt.tokenize(text, add_special=False, parse_special=False)[:n]
+
+
+def prefill(rt, seq: int, tokens: list[int], start: int = 0) -> None:
+    from server.engine.llama_runtime import BatchEntry
+
+    rt.decode([BatchEntry(t, start + i, seq, i == len(tokens) - 1) for i, t in enumerate(tokens)])
+
+
+def decode_together(rt, seqs: list[int], steps: int, start: dict[int, int]) -> None:
+    from server.engine.llama_runtime import BatchEntry
+
+    for step in range(steps):
+        rt.decode([BatchEntry(300 + step, start[s] + step, s, True) for s in seqs])
+
+
+def test_sequences_decoding_together_each_fill_pages_of_their_own():
+    rt = runtime("on", n_ctx=2048, n_seq_max=8)
+    try:
+        for s in range(8):
+            prefill(rt, s, prompt_tokens(rt, 20, s))
+        decode_together(rt, list(range(8)), 40, dict.fromkeys(range(8), 20))
+        pages = [rt.seq_pages(s) for s in range(8)]
+        for s in range(8):
+            assert len(pages[s]) == math.ceil(60 / PAGE), (s, pages[s])
+        assert len(set().union(*map(set, pages))) == sum(map(len, pages)), "two sequences share a page"
+    finally:
+        rt.close()
+
+
+def test_prompts_of_several_sequences_in_one_batch_get_separate_pages():
+    from server.engine.llama_runtime import BatchEntry
+
+    rt = runtime("on", n_ctx=2048, n_seq_max=4)
+    try:
+        batch = [BatchEntry(t, i, s, i == 19) for s in range(4) for i, t in enumerate(prompt_tokens(rt, 20, s))]
+        # interleaved token by token: stock placement would give each page tokens of all four
+        batch.sort(key=lambda e: (e.pos, e.seq_id))
+        rt.decode(batch)
+        pages = [rt.seq_pages(s) for s in range(4)]
+        assert all(len(p) == 2 for p in pages), pages
+        assert len(set().union(*map(set, pages))) == 8
+    finally:
+        rt.close()
+
+
+def test_a_shared_prefix_shares_its_pages_and_each_branch_continues_in_its_own():
+    rt = runtime("on", n_ctx=2048, n_seq_max=2)
+    try:
+        prefill(rt, 0, prompt_tokens(rt, 40))
+        rt.seq_cp(0, 1)
+        shared = rt.seq_pages(0)
+        assert shared == rt.seq_pages(1) and len(shared) == 3
+        decode_together(rt, [0, 1], 10, {0: 40, 1: 40})
+        a, b = rt.seq_pages(0), rt.seq_pages(1)
+        # the prefix's last page is partly used and shared: neither branch writes into it
+        assert set(a) & set(b) == set(shared)
+        assert len(a) == len(b) == 4
+    finally:
+        rt.close()
+
+
+def test_cells_freed_in_a_sequences_own_page_are_filled_again():
+    rt = runtime("on", n_ctx=2048, n_seq_max=2)
+    try:
+        prefill(rt, 0, prompt_tokens(rt, 40))
+        prefill(rt, 1, prompt_tokens(rt, 40, 1))
+        before = rt.seq_pages(0)
+        assert rt.seq_rm(0, 30, -1)
+        prefill(rt, 0, prompt_tokens(rt, 10, 2), start=30)
+        assert rt.seq_pages(0) == before
+    finally:
+        rt.close()
+
+
+def test_a_cache_of_partly_used_pages_still_takes_every_free_cell_and_stays_exact():
+    """No free page is left, so a new sequence's prompt goes into other sequences' pages: what stock
+    placement would fit, this fits too, and the logits are those of unpaged attention over the same
+    operations (top-1 of every prompt row)."""
+    tops = {}
+    for mode in ("on", "off"):
+        rt = runtime(mode, n_ctx=256, n_seq_max=9, n_batch=256)
+        try:
+            assert rt.n_ctx == 256
+            for s in range(8):
+                prefill(rt, s, prompt_tokens(rt, 17, s))  # 8 x (a full page + one cell): every page in use
+            if mode == "on":
+                assert all(len(rt.seq_pages(s)) == 2 for s in range(8))
+            from server.engine.llama_runtime import BatchEntry
+
+            tokens = prompt_tokens(rt, 100, 9)
+            idx = rt.decode([BatchEntry(t, i, 8, True) for i, t in enumerate(tokens)])
+            tops[mode] = np.argmax(rt.logits_matrix(len(idx)), axis=1).copy()
+            if mode == "on":
+                others = set().union(*(rt.seq_pages(s) for s in range(8)))
+                assert set(rt.seq_pages(8)) <= others  # no free page was left: it shares the others' pages
+        finally:
+            rt.close()
+    agreement = float(np.mean(tops["on"] == tops["off"]))
+    assert agreement >= 0.97, agreement
+
+
+def test_seq_pages_is_none_when_paging_is_off():
+    rt = runtime("off", n_ctx=512, n_seq_max=1)
+    try:
+        prefill(rt, 0, prompt_tokens(rt, 8))
+        assert rt.seq_pages(0) is None
+    finally:
+        rt.close()
+
+
+def test_llama_cpp_placement_puts_the_decode_tokens_of_all_sequences_in_every_page():
+    """What owned pages replace (`page_placement="shared"`, llama.cpp's next free cells): the same script as
+    test_sequences_decoding_together_each_fill_pages_of_their_own, and every sequence walks every decode page."""
+    rt = runtime("on", n_ctx=2048, n_seq_max=8, page_placement="shared")
+    try:
+        for s in range(8):
+            prefill(rt, s, prompt_tokens(rt, 20, s))
+        decode_together(rt, list(range(8)), 40, dict.fromkeys(range(8), 20))
+        pages = [set(rt.seq_pages(s)) for s in range(8)]
+        decode_pages = set.intersection(*pages)
+        assert len(decode_pages) >= 8 * 40 // PAGE
+        assert all(len(p) > math.ceil(60 / PAGE) + 15 for p in pages)
+    finally:
+        rt.close()
