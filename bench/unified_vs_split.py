@@ -5,9 +5,11 @@ streams, in one process, same model, same tokens.
 
 Each sequence first gets a prompt of --prompt tokens, then --tokens decode steps run with one
 token per sequence per batch. Resident sharing needs unified KV (seq_cp shares cells only
-within one stream), so its cost in decode speed is ours to know. Three configurations, in
-turns: split streams, unified KV with llama.cpp's attention over every cell, and unified KV
-with paged attention (`--page-size` cells a page; our llama.cpp patch).
+within one stream), so its cost in decode speed is ours to know. Four configurations, in
+turns: split streams, unified KV with llama.cpp's attention over every cell, unified KV with
+paged attention (`--page-size` cells a page; our llama.cpp patch) and pages owned by one
+sequence, and paged attention with llama.cpp's placement (the decode tokens of all sequences
+sharing pages, as before patch 0008).
 """
 
 from __future__ import annotations
@@ -21,17 +23,19 @@ from typing import Literal
 from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
 from server.model_file import embedded_model_path
 
-CONFIGS: dict[str, tuple[bool, Literal["auto", "on", "off"]]] = {
-    "split": (False, "off"), "unified": (True, "off"), "unified_paged": (True, "on")}
+CONFIGS: dict[str, tuple[bool, Literal["auto", "on", "off"], Literal["owned", "shared"]]] = {
+    "split": (False, "off", "owned"), "unified": (True, "off", "owned"), "unified_paged": (True, "on", "owned"),
+    # paged with llama.cpp's placement: the decode tokens of all sequences share pages (before patch 0008)
+    "unified_paged_shared_pages": (True, "on", "shared")}
 
 
 def decode_rate(model: Path, config: str, n_seqs: int, n_tokens: int, prompt_len: int, threads: int,
                 page_size: int = 16) -> float:
-    unified, paged = CONFIGS[config]
+    unified, paged, placement = CONFIGS[config]
     n_ctx = max(4096, n_seqs * (prompt_len + n_tokens + 64))
     rt = LlamaRuntime(RuntimeConfig(model, n_ctx=n_ctx, n_batch=512, n_seq_max=n_seqs, n_threads=threads,
                                     n_threads_batch=threads, kv_unified=unified, paged_attn=paged,
-                                    page_size=page_size))
+                                    page_size=page_size, page_placement=placement))
     try:
         text = "The history of engineering " * max(40, prompt_len // 3)
         prompt = rt.tokenize(text, add_special=False, parse_special=False)[:prompt_len]
@@ -65,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     best = {k: max(v) for k, v in rows.items()}
     out = {"model": str(model), "seqs": a.seqs, "tokens": a.tokens, "prompt": a.prompt, "page_size": a.page_size,
            "tok_s": rows, "best_tok_s": best, "unified_over_split": best["unified"] / best["split"],
-           "unified_paged_over_split": best["unified_paged"] / best["split"]}
+           "unified_paged_over_split": best["unified_paged"] / best["split"],
+           "unified_paged_shared_pages_over_split": best["unified_paged_shared_pages"] / best["split"]}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))
