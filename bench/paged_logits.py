@@ -111,6 +111,12 @@ class Twin:
         self.decode_s = 0.0
         if control_pad:
             self._decode(self.on, [(3 + i, i, (n_seq_max - 1,), False) for i in range(control_pad)])
+        # llama.cpp checks every paged mask against its own (patch 0010): self_check_failures() counts the misses
+        paged_attention.set_self_check(self.on.ctx, True)
+
+    def self_check_failures(self) -> int:
+        """Ubatches whose paged mask failed llama.cpp's self-check in the paged context (0 when all passed)."""
+        return paged_attention.self_check_failures(self.on.ctx)
 
     def page_size(self) -> int:
         """The page size in force in the paged context (0: unpaged)."""

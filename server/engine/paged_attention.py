@@ -22,6 +22,10 @@ Contract:
   KV type other than f16 raises (CUDA's paged kernel reads f16 only).
 - `set_owned_pages(ctx, False)` goes back to llama.cpp's placement (the next free cells, so the
   decode tokens of sequences running together share pages), for side-by-side measurements.
+- `set_self_check(ctx, True)` has llama.cpp check every paged mask it builds (slow; for tests):
+  the page lists against a scan of the cells, the mask inside the pages against llama.cpp's
+  own, and no cell a token may attend to outside its pages; `self_check_failures(ctx)` counts
+  the ubatches that failed (llama.cpp logs the first difference of each).
 - `seq_pages(ctx, seq_id)` lists the pages a sequence's attention walks (ascending page
   indices), or None when paged attention is off. The patch places a sequence's tokens in
   pages of its own (a page is shared only through seq_cp, or when the cache is too full for a
@@ -134,3 +138,16 @@ def set_owned_pages(ctx, owned: bool) -> None:
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32
     # -2: not a plain KV cache (sliding-window, recurrent, hybrid), where paging never runs: nothing to place
     fn(ctx, owned)
+
+
+def set_self_check(ctx, on: bool) -> None:
+    fn = llama_cpp.llama_cpp._lib.llama_set_paged_attn_self_check
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32
+    if fn(ctx, on) != 0:
+        raise PagedAttentionUnavailable("the model's memory is not a plain KV cache: there is no paged mask to check")
+
+
+def self_check_failures(ctx) -> int:
+    fn = llama_cpp.llama_cpp._lib.llama_get_paged_attn_self_check_failures
+    fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int64
+    return int(fn(ctx))

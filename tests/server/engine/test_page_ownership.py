@@ -15,10 +15,31 @@ import math
 import numpy as np
 import pytest
 
-from tests.server.engine.test_paged_attention_real import runtime
+from tests.server.engine import test_paged_attention_real
 
 pytestmark = pytest.mark.model
 PAGE = 16
+
+
+def runtime(paged: str, **kw):
+    """The embedded model's runtime; paged, with llama.cpp's self-check of every paged mask on (patch 0010)."""
+    from server.engine import paged_attention
+
+    rt = test_paged_attention_real.runtime(paged, **kw)
+    if rt.paged_attn.enabled:
+        paged_attention.set_self_check(rt.ctx, True)
+    return rt
+
+
+def close(rt) -> None:
+    """Close rt after checking that no paged mask it built failed the self-check."""
+    from server.engine import paged_attention
+
+    try:
+        if rt.paged_attn.enabled:
+            assert paged_attention.self_check_failures(rt.ctx) == 0, "a paged mask failed llama.cpp's self-check"
+    finally:
+        rt.close()
 
 
 def prompt_tokens(rt, n: int, salt: int = 0) -> list[int]:
@@ -50,7 +71,7 @@ def test_sequences_decoding_together_each_fill_pages_of_their_own():
             assert len(pages[s]) == math.ceil(60 / PAGE), (s, pages[s])
         assert len(set().union(*map(set, pages))) == sum(map(len, pages)), "two sequences share a page"
     finally:
-        rt.close()
+        close(rt)
 
 
 def test_prompts_of_several_sequences_in_one_batch_get_separate_pages():
@@ -66,7 +87,7 @@ def test_prompts_of_several_sequences_in_one_batch_get_separate_pages():
         assert all(len(p) == 2 for p in pages), pages
         assert len(set().union(*map(set, pages))) == 8
     finally:
-        rt.close()
+        close(rt)
 
 
 def test_a_shared_prefix_shares_its_pages_and_each_branch_continues_in_its_own():
@@ -82,7 +103,7 @@ def test_a_shared_prefix_shares_its_pages_and_each_branch_continues_in_its_own()
         assert set(a) & set(b) == set(shared)
         assert len(a) == len(b) == 4
     finally:
-        rt.close()
+        close(rt)
 
 
 def test_cells_freed_in_a_sequences_own_page_are_filled_again():
@@ -95,7 +116,7 @@ def test_cells_freed_in_a_sequences_own_page_are_filled_again():
         prefill(rt, 0, prompt_tokens(rt, 10, 2), start=30)
         assert rt.seq_pages(0) == before
     finally:
-        rt.close()
+        close(rt)
 
 
 def test_a_cache_of_partly_used_pages_still_takes_every_free_cell_and_stays_exact():
@@ -120,7 +141,7 @@ def test_a_cache_of_partly_used_pages_still_takes_every_free_cell_and_stays_exac
                 others = set().union(*(rt.seq_pages(s) for s in range(8)))
                 assert set(rt.seq_pages(8)) <= others  # no free page was left: it shares the others' pages
         finally:
-            rt.close()
+            close(rt)
     agreement = float(np.mean(tops["on"] == tops["off"]))
     assert agreement >= 0.97, agreement
 
@@ -131,7 +152,7 @@ def test_seq_pages_is_none_when_paging_is_off():
         prefill(rt, 0, prompt_tokens(rt, 8))
         assert rt.seq_pages(0) is None
     finally:
-        rt.close()
+        close(rt)
 
 
 def test_llama_cpp_placement_puts_the_decode_tokens_of_all_sequences_in_every_page():
@@ -147,4 +168,4 @@ def test_llama_cpp_placement_puts_the_decode_tokens_of_all_sequences_in_every_pa
         assert len(decode_pages) >= 8 * 40 // PAGE
         assert all(len(p) > math.ceil(60 / PAGE) + 15 for p in pages)
     finally:
-        rt.close()
+        close(rt)

@@ -86,6 +86,7 @@ def assert_agree(tw, min_rows: int, placement: str = "shared") -> None:
     summary = (f"{rows} rows in {len(tw.steps)} decodes; worst: {worst.label!r}: max |dlogit| {worst.max_abs:.3g}, "
                f"KL max {worst.kl_max:.3g}, top-1 differs at {sum(s.top1_differs for s in tw.steps)} rows")
     print(summary)
+    assert tw.self_check_failures() == 0, "a paged mask failed llama.cpp's self-check (its log names the cell)"
     assert worst.max_abs <= (MAX_ABS_DIFF if placement == "shared" else LAYOUT_BOUND), summary
     assert all(s.top1_differs == 0 for s in tw.steps), summary
 

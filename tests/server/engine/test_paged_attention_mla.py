@@ -76,7 +76,13 @@ def test_mla_paged_logits_match_unpaged(mla_model):
             assert rt.info.architecture == "deepseek2"
             # the K-only (MLA) graph is the one under test: paging must really be on for it
             assert rt.paged_attn.enabled == (mode == "on"), rt.paged_attn
+            if mode == "on":
+                from server.engine import paged_attention
+
+                paged_attention.set_self_check(rt.ctx, True)
             logits[mode] = np.concatenate(workload(rt))
+            if mode == "on":  # every paged mask of the K-only graph agreed with llama.cpp's own inside the pages
+                assert paged_attention.self_check_failures(rt.ctx) == 0
         finally:
             rt.close()
     off, on = logits["off"], logits["on"]
