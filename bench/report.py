@@ -198,11 +198,15 @@ def paged_section(res: Path) -> list[str]:
     if uvs is not None and "unified_paged" in uvs["best_tok_s"]:
         found = True
         b = uvs["best_tok_s"]
+        shared = ""
+        if "unified_paged_shared_pages" in b:  # patch 0008's placement turned off, beside it
+            shared = (f"; paged with llama.cpp's placement (decode tokens of all sequences sharing pages) "
+                      f"{_f(b['unified_paged_shared_pages'], 0)} ({_f(uvs['unified_paged_shared_pages_over_split'])}x)")
         out += [f"**Unified against split, synthetic model** (`python -m bench.unified_vs_split --model "
-                f"{Path(uvs['model']).name} --tokens {uvs['tokens']} --prompt {uvs['prompt']}`, {uvs['seqs']} "
-                f"sequences): split {_f(b['split'], 0)} tok/s, unified {_f(b['unified'], 0)} "
-                f"({_f(uvs['unified_over_split'])}x), unified + paged {_f(b['unified_paged'], 0)} "
-                f"(**{_f(uvs['unified_paged_over_split'])}x**).", ""]
+                f"{Path(uvs['model']).name} --seqs {uvs['seqs']} --tokens {uvs['tokens']} --prompt {uvs['prompt']}`, "
+                f"best of {len(uvs['tok_s']['split'])} interleaved repeats): split {_f(b['split'], 0)} tok/s, "
+                f"unified {_f(b['unified'], 0)} ({_f(uvs['unified_over_split'])}x), unified + paged with owned pages "
+                f"{_f(b['unified_paged'], 0)} (**{_f(uvs['unified_paged_over_split'])}x**){shared}.", ""]
     agree = _load(res / "paged_agreement.json")
     if agree is not None:
         found = True

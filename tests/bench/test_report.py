@@ -54,11 +54,16 @@ def test_paged_section_renders_the_seed_shape_and_the_synthetic_figures(tmp_path
                  {"name": "llama-server (split KV)", "levels": [dict(level, decode_tok_s=240.0)]}]}))
     (tmp_path / "unified_vs_split_synth.json").write_text(json.dumps({
         "model": "/m/synth.gguf", "tokens": 128, "prompt": 32, "seqs": 4, "unified_over_split": 0.9,
-        "unified_paged_over_split": 1.02, "best_tok_s": {"split": 2000.0, "unified": 1800.0, "unified_paged": 2040.0}}))
+        "unified_paged_over_split": 1.02, "unified_paged_shared_pages_over_split": 0.95,
+        "tok_s": {"split": [1990.0, 2000.0]},
+        "best_tok_s": {"split": 2000.0, "unified": 1800.0, "unified_paged": 2040.0,
+                       "unified_paged_shared_pages": 1900.0}}))
     text = "\n".join(paged_section(tmp_path))
     assert "| arbor-server | 8 | 3050 | 1.50 | 250.0 |" in text
     assert "| llama-server (split KV) | 8 | 3050 | 1.50 | 240.0 |" in text
-    assert "unified + paged 2040 (**1.02x**)" in text
+    assert "--seqs 4 --tokens 128 --prompt 32`, best of 2 interleaved repeats" in text
+    assert "unified + paged with owned pages 2040 (**1.02x**)" in text
+    assert "llama.cpp's placement (decode tokens of all sequences sharing pages) 1900 (0.95x)" in text
 
 
 def _hostile(only="", server_args="", cases=None, stalls=None, baseline=0.5, longest=3.0):
