@@ -279,6 +279,7 @@ def run(model: Path, *, page_size: int, threads: int, scale: int = 1, control: s
         wall = time.perf_counter() - t0
         return {"compared": CONTROLS.get(control or "", "paged against unpaged"),
                 "page_size": 0 if control else page_size, "threads": threads, **tw.summary(), "wall_s": round(wall, 1),
+                "self_check_failures": tw.self_check_failures() if not control else None,
                 "per_step": [asdict(s) for s in tw.steps]}
     finally:
         tw.close()
@@ -329,7 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in runs:
         print(f"{r['compared']}, page {r['page_size']} threads {r['threads']}: {r['positions']} positions, "
               f"max |dlogit| {r['max_abs']:.3g}, KL mean {r['kl_mean']:.3g} max {r['kl_max']:.3g} nats, "
-              f"top-1 differs at {r['top1_differs']}, worst step: {r['worst_step']} ({r['wall_s']} s)")
+              f"top-1 differs at {r['top1_differs']}, worst step: {r['worst_step']} ({r['wall_s']} s)"
+              + (f", {r['self_check_failures']} ubatches failed the self-check" if r["self_check_failures"] is not None
+                 else ""))
 
 
 if __name__ == "__main__":
