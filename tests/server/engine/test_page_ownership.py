@@ -119,6 +119,20 @@ def test_cells_freed_in_a_sequences_own_page_are_filled_again():
         close(rt)
 
 
+def test_a_sequence_goes_on_after_its_last_cell_even_when_free_pages_lie_below():
+    """Its cells ascend with its positions, as llama.cpp's placement mostly leaves them: the kernel sums cells in
+    cell order, and F16 accumulation makes logits depend slightly on that order."""
+    rt = runtime("on", n_ctx=2048, n_seq_max=2)
+    try:
+        prefill(rt, 0, prompt_tokens(rt, 64))      # pages 0-3
+        prefill(rt, 1, prompt_tokens(rt, 40, 1))   # pages 4-6, the last one partly used
+        assert rt.seq_rm(0)                        # pages 0-3 free; llama.cpp's search head goes back to cell 0
+        prefill(rt, 1, prompt_tokens(rt, 30, 2), start=40)
+        assert rt.seq_pages(1) == [4, 5, 6, 7, 8]
+    finally:
+        close(rt)
+
+
 def test_a_cache_of_partly_used_pages_still_takes_every_free_cell_and_stays_exact():
     """No free page is left, so a new sequence's prompt goes into other sequences' pages: what stock
     placement would fit, this fits too, and the logits are those of unpaged attention over the same
