@@ -73,9 +73,11 @@ class RuntimeConfig:
     # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
     paged_attn: Literal["auto", "on", "off"] = "auto"
     page_size: int = 16  # cells per page
-    # where tokens go with pages on: "owned" (each sequence fills pages of its own) or "shared" (llama.cpp's
-    # next free cells); "shared" is for side-by-side measurements and same-layout comparisons with unpaged
-    page_placement: Literal["owned", "shared"] = "owned"
+    # where tokens go with pages on: "shared" (llama.cpp's next free cells, the default) or "owned" (each sequence
+    # fills pages of its own, patch 0008). Owned pages did not speed up the CPU kernel, and the cell order they
+    # give changes greedy answers against an engine that reused nothing more often than llama.cpp's placement
+    # (docs/paged-attention.md): they stay opt-in until the kernels that need them (block tables) exist
+    page_placement: Literal["owned", "shared"] = "shared"
 
 
 @dataclass(frozen=True)
@@ -205,9 +207,9 @@ class LlamaRuntime:
             llama_cpp.llama_free(self.ctx)
             llama_cpp.llama_model_free(self.model)
             raise
-        if config.page_placement == "shared" and paged_attention.compiled_in():
+        if paged_attention.compiled_in():
             # kept on the KV cache, so it holds when paging is turned on later (bench/paged_logits.Twin)
-            paged_attention.set_owned_pages(self.ctx, False)
+            paged_attention.set_owned_pages(self.ctx, config.page_placement == "owned")
         if self.paged_attn.note and config.paged_attn == "auto":
             log.warning("paged attention is off: %s", self.paged_attn.note)
         self.memory = llama_cpp.llama_get_memory(self.ctx)

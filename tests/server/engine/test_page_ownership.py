@@ -25,6 +25,7 @@ def runtime(paged: str, **kw):
     """The embedded model's runtime; paged, with llama.cpp's self-check of every paged mask on (patch 0010)."""
     from server.engine import paged_attention
 
+    kw.setdefault("page_placement", "owned")
     rt = test_paged_attention_real.runtime(paged, **kw)
     if rt.paged_attn.enabled:
         paged_attention.set_self_check(rt.ctx, True)
