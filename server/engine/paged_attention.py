@@ -20,16 +20,18 @@ Contract:
   returns what is in force. The CPU kernel reads every KV type (`--cache-type-k/-v`: its
   per-row path dequantizes K and V as llama.cpp's does); "on" with layers offloaded and a
   KV type other than f16 raises (CUDA's paged kernel reads f16 only).
-- `set_owned_pages(ctx, False)` goes back to llama.cpp's placement (the next free cells, so the
-  decode tokens of sequences running together share pages), for side-by-side measurements.
+- `set_owned_pages(ctx, owned)` chooses where tokens go with pages on: owned (patch 0008: each
+  sequence fills pages of its own) or llama.cpp's placement (the next free cells, so the decode
+  tokens of sequences running together share pages). LlamaRuntime sets it from
+  `RuntimeConfig.page_placement` (default llama.cpp's placement).
 - `set_self_check(ctx, True)` has llama.cpp check every paged mask it builds (slow; for tests):
   the page lists against a scan of the cells, the mask inside the pages against llama.cpp's
   own, and no cell a token may attend to outside its pages; `self_check_failures(ctx)` counts
   the ubatches that failed (llama.cpp logs the first difference of each).
 - `seq_pages(ctx, seq_id)` lists the pages a sequence's attention walks (ascending page
-  indices), or None when paged attention is off. The patch places a sequence's tokens in
-  pages of its own (a page is shared only through seq_cp, or when the cache is too full for a
-  free page), so a sequence of n cells alone walks ceil(n / page_size) pages.
+  indices), or None when paged attention is off. With owned pages a page is shared only
+  through seq_cp, or when the cache is too full for a free page, so a sequence of n cells alone
+  walks ceil(n / page_size) pages.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ in F32, up to 1e-3 apart (test_rows_on_the_per_row_path_*: a finding, bounded, x
 
 Placement. Those bounds hold for the same cells in the same order, i.e. with llama.cpp's placement kept
 (`page_placement="shared"`), which checks the kernel and the mask alone. With pages owned by one sequence
-(the default, patch 0008) a sequence's tokens sit in other cells than unpaged llama.cpp puts them, and
-llama.cpp itself moves logits by up to ~7e-4 when only the order of a sequence's cells changes
+(patch 0008, Twin's default; opt-in in the server) a sequence's tokens sit in other cells than unpaged
+llama.cpp puts them, and llama.cpp itself moves logits by up to ~7e-4 when only the order of a sequence's cells changes
 (test_cell_order_alone_moves_unpaged_logits): owned placement is held to LAYOUT_BOUND, 3x above that and
 15x below one wrong cell, plus equal top-1 everywhere.
 """
