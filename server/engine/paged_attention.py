@@ -118,15 +118,16 @@ def configure(ctx, mode: Literal["auto", "on", "off"], page_size: int, *,
 
 
 @cache
-def _get_seq_pages():
-    fn = llama_cpp.llama_cpp._lib.llama_get_paged_attn_seq_pages
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]
-    fn.restype = ctypes.c_int32
+def _bound(name: str, argtypes: tuple, restype):
+    """A function of the patched library with its ctypes signature, bound once."""
+    fn = getattr(llama_cpp.llama_cpp._lib, name)
+    fn.argtypes, fn.restype = list(argtypes), restype
     return fn
 
 
 def seq_pages(ctx, seq_id: int) -> list[int] | None:
-    get = _get_seq_pages()
+    get = _bound("llama_get_paged_attn_seq_pages",
+                 (ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32), ctypes.c_int32)
     n = get(ctx, seq_id, None, 0)
     if n < 0:
         return None
@@ -136,20 +137,14 @@ def seq_pages(ctx, seq_id: int) -> list[int] | None:
 
 
 def set_owned_pages(ctx, owned: bool) -> None:
-    fn = llama_cpp.llama_cpp._lib.llama_set_paged_attn_own_pages
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32
     # -2: not a plain KV cache (sliding-window, recurrent, hybrid), where paging never runs: nothing to place
-    fn(ctx, owned)
+    _bound("llama_set_paged_attn_own_pages", (ctypes.c_void_p, ctypes.c_bool), ctypes.c_int32)(ctx, owned)
 
 
 def set_self_check(ctx, on: bool) -> None:
-    fn = llama_cpp.llama_cpp._lib.llama_set_paged_attn_self_check
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_bool], ctypes.c_int32
-    if fn(ctx, on) != 0:
+    if _bound("llama_set_paged_attn_self_check", (ctypes.c_void_p, ctypes.c_bool), ctypes.c_int32)(ctx, on) != 0:
         raise PagedAttentionUnavailable("the model's memory is not a plain KV cache: there is no paged mask to check")
 
 
 def self_check_failures(ctx) -> int:
-    fn = llama_cpp.llama_cpp._lib.llama_get_paged_attn_self_check_failures
-    fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int64
-    return int(fn(ctx))
+    return int(_bound("llama_get_paged_attn_self_check_failures", (ctypes.c_void_p,), ctypes.c_int64)(ctx))
