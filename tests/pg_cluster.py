@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+
+from bench.ports import free_port
 
 SUPERUSER = "arbor"
 OS_USER_FOR_ROOT = "postgres"  # created by Debian's postgresql-common
@@ -55,12 +56,6 @@ def unavailable_reason() -> str | None:
         except KeyError:
             return f"running as root, and PostgreSQL refuses root, but there is no {OS_USER_FOR_ROOT!r} user"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class TempCluster:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 import uuid
@@ -58,6 +57,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from bench.ports import free_port
 from server.cache.lifecycle import CacheHintError, parse_cache_hint
 
 MODEL_ID = "scripted-fake"
@@ -85,13 +85,6 @@ def tool_call(name: str, arguments: dict | str, call_id: str | None = None) -> d
         "type": "function",
         "function": {"name": name, "arguments": args},
     }
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (also handy for 'closed port' tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _prompt_tokens(body: dict, chars_per_token: float = 4.0) -> int:

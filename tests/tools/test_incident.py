@@ -12,6 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
+from bench.ports import free_port
 from scenarios.edge_incident import service, world
 from scenarios.edge_incident.service import create_app
 from tools.base import ToolContext, ToolError, run_tool
@@ -19,12 +20,6 @@ from tools.incident import INCIDENT_TOOLS
 
 TOOLS = {t.name: t for t in INCIDENT_TOOLS}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager

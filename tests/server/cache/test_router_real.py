@@ -19,7 +19,9 @@ from server.cache.kv_ops import used_cells as kv_used_cells
 from server.engine.slots import common_prefix_len
 from tests.cores import model_threads
 from tests.server.cache.engine_harness import (
+    assert_same_answer,
     chat_tokens,
+    divergence,
     fail_next_restore,
     generate,
     generate_many,
@@ -68,7 +70,8 @@ def cached(tmp_path):
 
 
 def test_cache_on_matches_cache_off_over_shared_prefixes_and_branches(reference, tmp_path):
-    """>= 50 prompts from shared trunks and branches, run greedily with and without cache."""
+    """50 prompts from shared trunks and branches, run greedily with and without cache: every
+    answer is the cache-off one, or leaves it only at a near-tie (engine_harness.divergence)."""
     model = load(tmp_path, parallel=2)
     try:
         rng = random.Random(7)
@@ -78,23 +81,37 @@ def test_cache_on_matches_cache_off_over_shared_prefixes_and_branches(reference,
             sys_prompt = systems[i % len(systems)]
             turns = rng.sample(QUESTIONS, k=1 + i % 3)
             prompts.append(chat_tokens(model, sys_prompt, " Then: ".join(turns)))
-        same = first_same = 0
+        same = 0
+        differ: list[str] = []
         sources: dict[str, int] = {}
         for p in prompts:
             want = generate(reference, p, max_tokens=6)
             got = generate(model, p, max_tokens=6)
-            same += got.text == want.text
-            # The first token depends only on the prompt's KV; later ones compound any near-tie
-            # flip caused by a different batch layout (floating-point sums differ slightly).
-            first_same += got.text[:3] == want.text[:3]
+            same += got.tokens == want.tokens
+            problem = divergence(got, want, model.runtime.is_eog)
+            if problem:
+                differ.append(problem)
             sources[got.final.cache.source] = sources.get(got.final.cache.source, 0) + 1
             assert got.final.prompt_tokens == want.final.prompt_tokens
-        print(f"cache on vs off: {same}/50 identical greedy answers, {first_same}/50 same start; sources {sources}")
-        assert sum(sources.get(k, 0) for k in "ASH") >= 40, sources
-        assert first_same >= 47, f"{first_same}/50 answers start the same"
-        assert same >= 40, f"only {same}/50 greedy answers identical"
+        print(f"cache on vs off: {same}/50 identical greedy answers, the others part at a near-tie; sources {sources}")
+        # Which tier serves a prefix is the cost model's choice from restore rates it measures
+        # (server/cache/cost.py): on a loaded machine D can be measured faster than H (CI once saw
+        # H 8, D 11). What this test needs is that the cache served the prompts it compares.
+        assert 50 - sources.get("none", 0) >= 40, sources
+        assert not differ, differ
     finally:
         model.close()
+
+
+def test_the_near_tie_check_flags_the_answer_to_another_prompt(reference):
+    """The control for engine_harness.divergence: an answer computed from other KV (here, the
+    cache-off answer to the next question) is not passed off as a near-tie of the right one."""
+    answers = [generate(reference, chat_tokens(reference, SYSTEM, q), max_tokens=6) for q in QUESTIONS]
+    flagged = [divergence(answers[(i + 1) % len(answers)], a, reference.runtime.is_eog) is not None
+               for i, a in enumerate(answers)]
+    print(f"another prompt's answer flagged {sum(flagged)}/{len(flagged)}")
+    assert sum(flagged) >= len(flagged) - 1, [a.text for a in answers]
+    assert divergence(answers[0], answers[0], reference.runtime.is_eog) is None
 
 
 def _store_trunk(model, n_other=4):
@@ -138,7 +155,7 @@ def test_a_full_disk_declines_the_disk_tier_and_requests_answer_as_before(tmp_pa
         assert st["entries"] == 0 and list((tmp_path / "kv").iterdir()) == []
         got = generate(model, trunk, max_tokens=6)
         assert got.final.cache.source != "D"
-        assert got.text == generate(reference, trunk, max_tokens=6).text
+        assert_same_answer(reference, got, generate(reference, trunk, max_tokens=6))
         _assert_no_leak(model)
     finally:
         model.close()
@@ -150,7 +167,7 @@ def test_host_tier_restores_a_trunk_no_slot_holds(cached, reference):
     got = generate(cached, follow, max_tokens=6)
     assert got.final.cache.source == "H" and got.final.cache.reused_tokens >= len(trunk) - 10
     assert got.final.cache.restored_bytes > 0
-    assert got.text == generate(reference, follow, max_tokens=6).text
+    assert_same_answer(reference, got, generate(reference, follow, max_tokens=6))
     _assert_no_leak(cached)
 
 
@@ -165,7 +182,7 @@ def test_disk_tier_survives_a_restart(tmp_path, reference):
         assert model.router.disk.stats()["entries"] >= 1
         got = generate(model, trunk, max_tokens=6)
         assert got.final.cache.source == "D"
-        assert got.text == generate(reference, trunk, max_tokens=6).text
+        assert_same_answer(reference, got, generate(reference, trunk, max_tokens=6))
         _assert_no_leak(model)
     finally:
         model.close()
@@ -213,7 +230,7 @@ def test_a_disk_read_runs_ahead_while_another_request_decodes(tmp_path, referenc
         waiting.join(120)
         long_run.join(300)
         assert got["r"].final.cache.source == "D"
-        assert got["r"].text == generate(reference, trunk, max_tokens=6).text
+        assert_same_answer(reference, got["r"], generate(reference, trunk, max_tokens=6))
         _assert_no_leak(model)
     finally:
         model.close()
@@ -244,7 +261,7 @@ def test_faults_fall_back_to_the_right_answer(tmp_path, reference, fault):
         assert got.final.cache.source == "none" and got.final.cached_tokens == 0
         assert model.router.fallbacks == 1
         assert model.router.disk.corrupt_files == (1 if fault == "corrupt" else 0)
-        assert got.text == generate(reference, trunk, max_tokens=6).text
+        assert_same_answer(reference, got, generate(reference, trunk, max_tokens=6))
         _assert_no_leak(model)
     finally:
         model.close()
@@ -322,7 +339,7 @@ def test_a_slow_restore_makes_the_router_recompute(cached, reference):
     assert got.final.cache.est_ms is not None and cached.router.shorter_than_longest >= 1
     last = cached.router.recent_plans[-1]
     assert last["candidates"]["H"]["est_ms"] > last["compute_all_est_ms"], last
-    assert got.text == generate(reference, second, max_tokens=6).text
+    assert_same_answer(reference, got, generate(reference, second, max_tokens=6))
     _assert_no_leak(cached)
 
 
@@ -339,7 +356,7 @@ def test_host_copies_are_made_only_when_the_device_copy_is_lost(tmp_path, refere
         assert model.router.write_backs == 1 and model.router.host.stats()["tokens"] >= len(trunk)
         got = generate(model, trunk, max_tokens=6)
         assert got.final.cache.source == "H" and got.final.cache.reused_tokens == len(trunk) - 1
-        assert got.text == generate(reference, trunk, max_tokens=6).text
+        assert_same_answer(reference, got, generate(reference, trunk, max_tokens=6))
         _assert_no_leak(model)
     finally:
         model.close()
@@ -506,5 +523,5 @@ def test_a_host_restore_attaches_the_part_a_resident_owner_holds(cached, referen
     per_token = cached.router.host.bytes_per_token
     # the restored state is the unshared tokens' KV plus llama.cpp's header (less than a token's KV)
     assert c.restored_bytes < (c.reused_tokens - shared + 1) * per_token, (c, shared, per_token)
-    assert got.text == generate(reference, follow, max_tokens=6).text
+    assert_same_answer(reference, got, generate(reference, follow, max_tokens=6))
     _assert_no_leak(cached)  # cells in use == the union of what slots and owners hold: one copy
