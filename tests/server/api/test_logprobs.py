@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from tests.server.near_tie import NEAR_TIE_NATS, Step, first_parting, parting_problem
+
 pytestmark = pytest.mark.model
 
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -36,15 +38,20 @@ def test_greedy_token_is_the_top_one_at_every_position(client):
 
 def test_stream_carries_the_same_logprobs(client):
     plain = client.chat.completions.create(model="", messages=MESSAGES, max_tokens=16, temperature=0,
-                                           logprobs=True, top_logprobs=2)
+                                           logprobs=True, top_logprobs=5)
     entries = []
     for chunk in client.chat.completions.create(model="", messages=MESSAGES, max_tokens=16, temperature=0,
-                                                logprobs=True, top_logprobs=2, stream=True):
+                                                logprobs=True, top_logprobs=5, stream=True):
         if chunk.choices and chunk.choices[0].logprobs is not None:
             entries += chunk.choices[0].logprobs.content
-    assert [e.token for e in entries] == [e.token for e in plain.choices[0].logprobs.content]
-    for a, b in zip(entries, plain.choices[0].logprobs.content):
-        assert math.isclose(a.logprob, b.logprob, abs_tol=1e-3)
+    whole = plain.choices[0].logprobs.content
+    # Each request may reuse other cells of the shared server's KV: a near-tie may flip (near_tie.py)
+    streamed_steps, whole_steps = ([Step(e.token, e.logprob, {t.token: t.logprob for t in e.top_logprobs})
+                                    for e in run] for run in (entries, whole))
+    assert parting_problem(streamed_steps, whole_steps) is None, parting_problem(streamed_steps, whole_steps)
+    same = first_parting([e.token for e in entries], [e.token for e in whole])
+    for a, b in list(zip(entries, whole))[:same]:  # equal up to that arithmetic's noise
+        assert math.isclose(a.logprob, b.logprob, abs_tol=NEAR_TIE_NATS), (a, b)
 
 
 def test_sampled_tokens_get_their_own_logprob(client):

@@ -9,16 +9,8 @@ from server.cache.kv_ops import used_cells as kv_used_cells
 from server.engine.logprobs import TokenLogprob
 from server.engine.sampling_params import SamplingParams
 from server.engine.sequence import Finished, GenerationRequest, TextDelta
+from tests.server.near_tie import NEAR_TIE_NATS, Step, first_parting, gap
 
-# How far apart two greedy candidates may be (nats, in either run's distribution) for a different
-# choice between them to be the arithmetic's doing rather than the cache's. Reused KV is computed
-# in other batch shapes than a cache-off prefill, and llama.cpp's sums (F16 accumulators, activations
-# quantized for the Q4_1 weights, per batch size) then differ: on the embedded model the first
-# different choice of 50 cache-on / cache-off pairs was between candidates up to 0.18 nats apart
-# (6 of 50 parted, most under 0.11). A wrong reuse (another prompt's cells, a wrong position) moves
-# the distribution itself: test_router_real's control shows this check flags the answer to another
-# question.
-NEAR_TIE_NATS = 0.5
 TOP_K = 5  # log-probabilities kept per generated token: enough to find the other run's choice
 
 
@@ -53,26 +45,23 @@ def generate(model, tokens: list[int], max_tokens: int = 8, hint=None) -> Result
 
 
 def divergence(got: Result, want: Result, is_eog) -> str | None:
-    """None when `got` is `want`'s greedy answer, or leaves it only at a near-tie (see
-    NEAR_TIE_NATS); else what differs, for the assertion message. `is_eog(token)`: the model's
-    end-of-generation test (an answer that stops where the other goes on chose an EOG token)."""
-    if got.tokens == want.tokens:
+    """None when `got` is `want`'s greedy answer, or leaves it only at a near-tie
+    (tests/server/near_tie.py); else what differs, for the assertion message. `is_eog(token)`:
+    the model's end-of-generation test (an answer that stops where the other goes on chose an
+    end-of-generation token, which the other run's row ranks)."""
+    i = first_parting(got.tokens, want.tokens)
+    if i is None:
         return None
-    i = next((k for k, (a, b) in enumerate(zip(got.tokens, want.tokens)) if a != b),
-             min(len(got.tokens), len(want.tokens)))
     gaps = []
     for run, other in ((want, got), (got, want)):
         if i >= len(run.logprobs):
             continue  # this run stopped at i (EOG or its length): the other run's row decides
         row = run.logprobs[i]
-        top = dict(row.top)
+        step = Step(row.token, row.logprob, dict(row.top))
         if i < len(other.tokens):
-            alt = top.get(other.tokens[i])
+            gaps.append(gap(step, other.tokens[i]))
         elif other.final.finish_reason == "stop":
-            alt = max((lp for t, lp in top.items() if is_eog(t)), default=None)
-        else:
-            continue  # the other run ran out of max_tokens there: no choice to compare
-        gaps.append(float("inf") if alt is None else row.logprob - alt)
+            gaps.append(min((gap(step, t) for t in step.top if is_eog(t)), default=float("inf")))
     if gaps and max(gaps) <= NEAR_TIE_NATS:
         return None
     return (f"greedy answers differ at token {i} by {max(gaps, default=float('nan')):.3f} nats "
