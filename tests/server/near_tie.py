@@ -58,3 +58,14 @@ def parting_problem(a: Sequence[Step], b: Sequence[Step]) -> str | None:
         return None
     return (f"answers differ at token {i} by {worst:.3f} nats (a near-tie is <= {NEAR_TIE_NATS}): "
             f"{[s.token for s in a]} vs {[s.token for s in b]}")
+
+
+def chat_steps(choice) -> list[Step]:
+    """A chat completion choice's tokens (asked with logprobs and top_logprobs) as Steps."""
+    return [Step(e.token, e.logprob, {t.token: t.logprob for t in e.top_logprobs}) for e in choice.logprobs.content]
+
+
+def completion_steps(choice) -> list[Step]:
+    """A legacy completion choice's tokens (asked with `logprobs=k`) as Steps."""
+    lp = choice.logprobs
+    return [Step(t, p, top) for t, p, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)]

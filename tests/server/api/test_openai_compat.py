@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tests.server.conftest import start_server, stop_server
+from tests.server.near_tie import chat_steps, parting_problem
 
 pytestmark = pytest.mark.model
 
@@ -88,12 +89,15 @@ def test_greedy_fast_path_matches_llama_cpp_greedy_sampler(tmp_path):
 
 def test_same_prompt_twice_reuses_the_slot_prefix(client):
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
-    first = client.chat.completions.create(messages=msgs, model="", max_tokens=4, temperature=0)
-    second = client.chat.completions.create(messages=msgs, model="", max_tokens=4, temperature=0)
+    greedy = dict(messages=msgs, model="", max_tokens=4, temperature=0, logprobs=True, top_logprobs=5)
+    first = client.chat.completions.create(**greedy)
+    second = client.chat.completions.create(**greedy)
     assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
     assert second.model_extra["arbor"]["cache"]["source"] == "A"
     assert second.model_extra["arbor"]["cache"]["plan"] == "A"
-    assert second.choices[0].message.content == first.choices[0].message.content
+    # `second` computed one prompt token where `first` computed them all: a near-tie may flip (near_tie.py)
+    steps = chat_steps(second.choices[0]), chat_steps(first.choices[0])
+    assert parting_problem(*steps) is None, parting_problem(*steps)
 
 
 def test_cache_stats_show_measured_rates_and_plans(arbor_server, client):
