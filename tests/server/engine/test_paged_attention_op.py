@@ -198,7 +198,7 @@ def test_the_cpu_kernel_never_reads_the_mask_outside_a_rows_pages(tokens_of):
 
 def test_decode_rows_beside_a_prefill_chunk():
     """The scheduler's mixed ubatch: one decode token of two sequences, then 70 prompt tokens of a
-    third. The decode rows go through the per-row path, the chunk through tiles of its own pages."""
+    third. Each decode row is a one-row tile over its own pages (patch 0011), the chunk tiles of its own."""
     rng = np.random.default_rng(31)
     kv = shared_prefix_layout(rng, 1200)
     kv.append(0, 1)
