@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.unified_vs_split import prefill_prompts
 from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
 from server.model_file import embedded_model_path
 
@@ -31,11 +32,7 @@ def ubatch_ms(model: Path, paged: bool, n_seqs: int, context: int, chunk: int, s
                                     kv_unified=True, paged_attn="on" if paged else "off", page_size=page_size,
                                     page_placement="shared"))
     try:
-        text = "The history of engineering " * (context // 3 + 40)
-        prompt = rt.tokenize(text, add_special=False, parse_special=False)[:context]
-        for s in range(n_seqs):
-            for c in range(0, context, 512):
-                rt.decode([BatchEntry(t, i, s, i == context - 1) for i, t in enumerate(prompt[c:c + 512], start=c)])
+        prompt = prefill_prompts(rt, n_seqs, context)
         times = []
         for step in range(steps + WARMUP):
             batch = ([BatchEntry(100 + step, context, s, True) for s in range(n_seqs)]

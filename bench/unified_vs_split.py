@@ -29,6 +29,16 @@ CONFIGS: dict[str, tuple[bool, Literal["auto", "on", "off"], Literal["owned", "s
     "unified_paged_shared_pages": (True, "on", "shared")}
 
 
+def prefill_prompts(rt: LlamaRuntime, n_seqs: int, prompt_len: int) -> list[int]:
+    """Give sequences 0..n_seqs-1 the same prompt of `prompt_len` tokens (chunks of 512); return it."""
+    text = "The history of engineering " * max(40, prompt_len // 3)
+    prompt = rt.tokenize(text, add_special=False, parse_special=False)[:prompt_len]
+    for s in range(n_seqs):
+        for c in range(0, len(prompt), 512):
+            rt.decode([BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt[c:c + 512], start=c)])
+    return prompt
+
+
 def decode_rate(model: Path, config: str, n_seqs: int, n_tokens: int, prompt_len: int, threads: int,
                 page_size: int = 16) -> float:
     unified, paged, placement = CONFIGS[config]
@@ -37,11 +47,7 @@ def decode_rate(model: Path, config: str, n_seqs: int, n_tokens: int, prompt_len
                                     n_threads_batch=threads, kv_unified=unified, paged_attn=paged,
                                     page_size=page_size, page_placement=placement))
     try:
-        text = "The history of engineering " * max(40, prompt_len // 3)
-        prompt = rt.tokenize(text, add_special=False, parse_special=False)[:prompt_len]
-        for s in range(n_seqs):
-            for c in range(0, len(prompt), 512):
-                rt.decode([BatchEntry(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt[c:c + 512], start=c)])
+        prompt = prefill_prompts(rt, n_seqs, prompt_len)
         t0 = time.perf_counter()
         for step in range(n_tokens):
             rt.decode([BatchEntry(100 + step, len(prompt) + step, s, True) for s in range(n_seqs)])
