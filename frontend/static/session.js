@@ -236,14 +236,21 @@ function approvalBox(approval, turn) {
 // -- wiring --------------------------------------------------------------------------------
 setReload(load);
 els.stop.addEventListener("click", stopTurn);
+// A message sent before the first load has finished (typed while the page was still loading)
+// waits for it: the branch it goes to is in the session detail that load brings.
+let loaded = null;
+async function sendWhenLoaded() {
+  await loaded;
+  if (!els.message.disabled) sendMessage(els.message.value);
+}
 els.composer.addEventListener("submit", (event) => {
   event.preventDefault();
-  sendMessage(els.message.value);
+  sendWhenLoaded();
 });
 els.message.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
     event.preventDefault();
-    sendMessage(els.message.value);
+    sendWhenLoaded();
   }
 });
 document.addEventListener("visibilitychange", () => {
@@ -252,4 +259,5 @@ document.addEventListener("visibilitychange", () => {
 });
 const ask = new URLSearchParams(window.location.search).get("ask");
 if (ask) els.message.value = ask;
-load().then(() => { if (ask && !els.message.disabled) els.message.focus(); });
+loaded = load();
+loaded.then(() => { if (ask && !els.message.disabled) els.message.focus(); });

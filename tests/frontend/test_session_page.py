@@ -305,6 +305,29 @@ def test_keyboard_alone_starts_a_session_and_sends(page, workbench, script):
     assert outline != "none"
 
 
+def test_a_message_sent_while_the_page_still_loads_is_sent_once_it_has_loaded(page, workbench, script):
+    """Ctrl+Enter before the session detail has arrived (CI saw it: a slow first load) waits for
+    it instead of failing on a page that does not yet know its branch."""
+    script.on("early bird", ScriptedReply(content="Sent after the page loaded."))
+    held = []
+    detail = re.compile(r"/api/sessions/[0-9a-f]+$")
+    page.route(detail, lambda route: held.append(route))
+    page.goto(workbench.url + "/")
+    card = page.locator("article.scenario[data-scenario='financial_research']")
+    card.get_by_role("button", name="New session").click()
+    page.wait_for_url(re.compile(r"/sessions/[0-9a-f]+$"))
+    page.wait_for_function("document.readyState === 'complete'")
+    expect(page.locator("#send")).to_be_disabled()  # nothing to send to yet
+    page.get_by_label("Message").fill("early bird")
+    page.get_by_label("Message").press("Control+Enter")
+    page.wait_for_timeout(200)
+    assert len(held) == 1 and page.locator("#conversation > li.turn").count() == 0
+    held[0].continue_()
+    page.unroute(detail)  # the reload after the turn goes through
+    expect(last_turn(page)).to_contain_text("Sent after the page loaded.")
+    assert page.js_errors == []
+
+
 def test_unknown_session_says_so(page, workbench):
     page.goto(workbench.url + "/sessions/does-not-exist")
     expect(page.locator("#session-error")).to_contain_text("does not exist")
