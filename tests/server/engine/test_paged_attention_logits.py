@@ -289,6 +289,28 @@ def short_runs_script(tw, toks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_the_per_row_and_split_kv_paths_match_unpaged_bit_for_bit(model, toks, page_size):
+    """Ubatches of fewer than 64 rows only (prompts in chunks of 40, decodes of three sequences, one sequence
+    alone over > 512 cells), with llama.cpp's placement: paged, the per-row path takes the two query heads of
+    each KV group in one pass over the cells (GQA packing, patch 0012) and the split-KV path gives a thread's
+    pages to both heads at once; unpaged walks every cell once per head. Per head the arithmetic and the
+    cells' order are the same, so every logit is the same float, not merely close."""
+    with twin(model, page_size, page_placement="shared") as tw:
+        for seq in (0, 1, 2):
+            prefill(tw, toks, seq, 90 + 30 * seq, 1000 * seq, chunk=40)
+        decode_steps(tw, toks, (0, 1, 2), 8, "three sequences")
+        prefill(tw, toks, 0, 480, 5000, chunk=40)
+        decode_steps(tw, toks, (0,), 4, "seq 0 alone over > 512 cells (split-KV)", base=9500)
+        decode_steps(tw, toks, (0, 2), 4, "seqs 0 and 2")
+        assert tw.pos_range(0)[1] >= 512
+        assert tw.self_check_failures() == 0
+        rows = sum(s.rows for s in tw.steps)
+        worst = tw.worst()
+        assert rows >= 100, f"only {rows} rows compared"
+        assert worst.max_abs == 0.0, f"{worst.label!r}: max |dlogit| {worst.max_abs:.3g}"
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_short_runs_of_rows_match_unpaged(model, toks, page_size):
     """Every row of those ubatches agrees within MAX_ABS_DIFF, the short runs too: paged, they are tiles of
     their own rows in F32 (patch 0011), as unpaged computes them. Before, they took the per-row path (F16 Q

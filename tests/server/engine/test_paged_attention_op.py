@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.server.engine import ggml_fa
+from bench import ggml_fa
 
 pytestmark = pytest.mark.skipif(not ggml_fa.has_paged_op(),
                                 reason="llama-cpp-python was built without Arbor's paged attention patch")
@@ -206,3 +206,35 @@ def test_decode_rows_beside_a_prefill_chunk():
     kv.append(4, 70)  # the prompt chunk's cells, written before attention runs
     tokens = [(0, kv.next_pos[0] - 1), (2, kv.next_pos[2] - 1)] + [(4, p) for p in range(70)]
     check(kv, tokens, 16, rng)
+
+
+@pytest.mark.parametrize("n_head", [6, 8, 4])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("extras", ["plain", "softcap+sinks"])
+def test_grouped_heads_in_one_pass_are_exact(n_head, n_threads, extras):
+    """Paged, the per-row and split-KV paths take the query heads of a KV group in one pass over the cells
+    (patch 0012; groups of 3, 4 and 2 here, over 2 KV heads). Per head the arithmetic and the cells' order are
+    those of the unpaged path, so the result is the same float, with a soft-cap and sinks too (sinks apply once,
+    in the first KV chunk). Threads take chunks of whole groups (5 rows of 6 heads over 3 threads: 30 items in
+    chunks of 3). The split-KV path sums per-thread partials over other cell ranges than unpaged with several
+    threads, so there it is held to the reference."""
+    rng = np.random.default_rng(1000 + 10 * n_head + n_threads)
+    kv = shared_prefix_layout(rng, 1100)
+    for s in (0, 1, 2, 3):
+        kv.append(s, 1)
+    kv.share(0, 4)
+    kv.append(4, 1)
+    page_size = 16
+    softcap = 20.0 if extras != "plain" else 0.0
+    sinks = rng.standard_normal(n_head).astype(np.float32) if extras != "plain" else None
+    for tokens in ([(s, kv.next_pos[s] - 1) for s in (0, 1, 2, 3, 4)], [(1, kv.next_pos[1] - 1)]):
+        mask, table = ubatch_inputs(kv, tokens, page_size)
+        q = rng.standard_normal((n_head, len(tokens), DK)).astype(np.float32)
+        _, k, v = random_qkv(rng, len(tokens), kv.n_kv)
+        kw = {"scale": SCALE, "softcap": softcap, "sinks": sinks}
+        paged = ggml_fa.flash_attn(q, k, v, mask, pages=table, page_size=page_size, n_threads=n_threads, **kw)
+        unpaged = ggml_fa.flash_attn(q, k, v, mask, n_threads=n_threads, **kw)
+        ref = ggml_fa.reference(q, k, v, mask, **kw)
+        np.testing.assert_allclose(paged, ref, atol=4e-3, rtol=0)
+        if len(tokens) > 1 or n_threads == 1:
+            np.testing.assert_array_equal(paged, unpaged)

@@ -1,0 +1,152 @@
+"""The CPU flash-attention kernel alone, timed: one decode ubatch of N sequences (one query row each)
+over cells of their own in a unified KV, paged and unpaged, at the attention shapes of the models
+Arbor runs.
+
+    python -m bench.fa_kernel [--libs DIR_A,DIR_B] [--threads 2] [--iters 40] [--rounds 3]
+
+Sequence r owns cells [r*L, (r+1)*L) (pages of 16 cells); the mask lets each row see its own
+cells. One row per sequence is the per-row path (several sequences) or the split-KV path (one).
+Within a process, paged and unpaged take turns; a figure is the median of --iters runs of the op
+(after 3 warm-up runs), and each round measures every shape once.
+
+With --libs, each round runs that measurement once per folder of ggml libraries (a subprocess
+with LLAMA_CPP_LIB_PATH set to it), in turns, so two builds of the patched library (before and
+after a kernel change) are compared side by side on a noisy machine; the result file holds every
+library's figures per round and, per shape, the median over rounds of the later library's paged
+time over the first's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+PAGE_SIZE = 16
+WARMUP = 3
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    seqs: int
+    cells_per_seq: int
+
+
+SHAPES = (
+    Shape("smollm2-135m, 8 seqs x 2900", 9, 3, 64, 8, 2900),
+    Shape("smollm2-135m, 1 seq x 2900 (split-KV)", 9, 3, 64, 1, 2900),
+    Shape("synthetic 4x256, 8 seqs x 2900", 4, 2, 64, 8, 2900),
+    Shape("8B (32 heads, 8 KV, 128), 8 seqs x 2048", 32, 8, 128, 8, 2048),
+)
+
+
+def inputs(shape: Shape, rng: np.random.Generator) -> dict:
+    rows, length = shape.seqs, shape.cells_per_seq
+    n_kv = rows * length
+    mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
+    n_pages = -(-n_kv // PAGE_SIZE)
+    table = np.zeros((rows, 2 + n_pages), dtype=np.int32)
+    for r in range(rows):
+        mask[r, r * length:(r + 1) * length] = 0.0
+        pages = range(r * length // PAGE_SIZE, -(-(r + 1) * length // PAGE_SIZE))
+        table[r, 0], table[r, 1] = len(pages), r
+        table[r, 2:2 + len(pages)] = list(pages)
+    return {"q": rng.standard_normal((shape.n_head, rows, shape.head_dim)).astype(np.float32),
+            "k": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
+            "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
+            "mask": mask, "pages": table}
+
+
+def op_ms(graph, threads: int, iters: int) -> float:
+    times = []
+    for i in range(iters + WARMUP):
+        t0 = time.perf_counter()
+        graph.compute(threads)
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def measure(shapes: tuple[Shape, ...], threads: int, iters: int) -> dict[str, dict[str, float]]:
+    """{shape name: {"paged_ms", "unpaged_ms"}} with the ggml libraries this process loaded."""
+    from bench.ggml_fa import FlashAttnGraph, has_paged_op
+
+    if not has_paged_op():
+        raise SystemExit("these ggml libraries have no paged flash attention (build Arbor's patched llama.cpp)")
+    out = {}
+    for shape in shapes:
+        x = inputs(shape, np.random.default_rng(0))
+        scale = 1.0 / np.sqrt(shape.head_dim)
+        with FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], scale=scale, pages=x["pages"],
+                            page_size=PAGE_SIZE) as paged, \
+                FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], scale=scale) as unpaged:
+            out[shape.name] = {"paged_ms": round(op_ms(paged, threads, iters), 4),
+                               "unpaged_ms": round(op_ms(unpaged, threads, iters), 4)}
+    return out
+
+
+def measure_with(lib_dir: str, threads: int, iters: int) -> dict[str, dict[str, float]]:
+    """`measure` in a subprocess that loads the ggml libraries of `lib_dir`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "one.json"
+        env = {**os.environ, "LLAMA_CPP_LIB_PATH": lib_dir}
+        subprocess.run([sys.executable, "-m", "bench.fa_kernel", "--threads", str(threads), "--iters", str(iters),
+                        "--rounds", "1", "--out", str(out), "--quiet"], env=env, check=True)
+        return json.loads(out.read_text())["rounds"][0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--libs", default="", help="comma-separated folders of ggml libraries to compare, first = base")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--iters", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default: all)")
+    p.add_argument("--out", type=Path, default=Path("bench/results/fa_kernel.json"))
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    shapes = tuple(SHAPES[int(i)] for i in a.shapes.split(",")) if a.shapes else SHAPES
+    result: dict = {"threads": a.threads, "iters": a.iters, "page_size": PAGE_SIZE,
+                    "shapes": [asdict(s) for s in shapes]}
+    libs = [d for d in a.libs.split(",") if d]
+    if len(set(libs)) != len(libs):
+        raise SystemExit(f"--libs names a folder twice: {a.libs}")
+    if not libs:
+        result["lib"] = os.environ.get("LLAMA_CPP_LIB_PATH", "llama_cpp's own")
+        result["rounds"] = [measure(shapes, a.threads, a.iters) for _ in range(a.rounds)]
+        result["paged_over_unpaged"] = {
+            s.name: statistics.median(r[s.name]["paged_ms"] / r[s.name]["unpaged_ms"] for r in result["rounds"])
+            for s in shapes}
+    else:
+        rounds: dict[str, list] = {d: [] for d in libs}
+        for _ in range(a.rounds):  # in turns, so drift on a shared machine hits every library alike
+            for d in libs:
+                rounds[d].append(measure_with(d, a.threads, a.iters))
+        result["libs"] = libs
+        result["rounds"] = rounds
+        base = libs[0]
+        result["paged_over_base_lib"] = {
+            d: {s.name: statistics.median(rounds[d][i][s.name]["paged_ms"] / rounds[base][i][s.name]["paged_ms"]
+                                          for i in range(a.rounds)) for s in shapes}
+            for d in libs[1:]}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=2))
+    if not a.quiet:
+        print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

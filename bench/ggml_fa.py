@@ -1,0 +1,167 @@
+"""Runs ggml's flash-attention operator on the CPU from Python (ctypes over the ggml libraries
+that llama-cpp-python ships, or those in LLAMA_CPP_LIB_PATH), with and without a paged-attention
+page table.
+
+For the operator tests (tests/server/engine/test_paged_attention_op.py) and the kernel benchmark
+(bench/fa_kernel.py): it builds a one-op graph in a ggml context, fills the inputs from numpy
+arrays and computes it with ggml's CPU backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+GGML_TYPE_I32 = 26
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def _lib_dir() -> Path:
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    return Path(override) if override else Path(llama_cpp.__file__).parent / "lib"
+
+
+def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    d = _lib_dir()
+    base = ctypes.CDLL(str(d / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(str(d / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    p = ctypes.c_void_p
+    base.ggml_init.argtypes, base.ggml_init.restype = [_InitParams], p
+    base.ggml_free.argtypes, base.ggml_free.restype = [p], None
+    base.ggml_new_tensor_4d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_new_tensor_4d.restype = p
+    base.ggml_get_data.argtypes, base.ggml_get_data.restype = [p], p
+    base.ggml_nbytes.argtypes, base.ggml_nbytes.restype = [p], ctypes.c_size_t
+    base.ggml_flash_attn_ext.argtypes = [p, p, p, p, p, ctypes.c_float, ctypes.c_float, ctypes.c_float]
+    base.ggml_flash_attn_ext.restype = p
+    base.ggml_new_graph.argtypes, base.ggml_new_graph.restype = [p], p
+    base.ggml_build_forward_expand.argtypes, base.ggml_build_forward_expand.restype = [p, p], None
+    base.ggml_flash_attn_ext_add_sinks.argtypes, base.ggml_flash_attn_ext_add_sinks.restype = [p, p], None
+    cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
+    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+    cpu.ggml_cpu_init.argtypes, cpu.ggml_cpu_init.restype = [], None
+    if hasattr(base, "ggml_flash_attn_ext_set_pages"):
+        base.ggml_flash_attn_ext_set_pages.argtypes = [p, p, ctypes.c_int32]
+        base.ggml_flash_attn_ext_set_pages.restype = None
+    cpu.ggml_cpu_init()
+    return base, cpu
+
+
+_libs: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
+
+
+def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    global _libs
+    if _libs is None:
+        _libs = _load()
+    return _libs
+
+
+def has_paged_op() -> bool:
+    return hasattr(libs()[0], "ggml_flash_attn_ext_set_pages")
+
+
+class FlashAttnGraph:
+    """One flash-attention op in a ggml context of its own, built once: `compute()` runs it again (the
+    operator tests run it once, bench/fa_kernel.py times it), `result()` reads the output. Shapes and the
+    meaning of the arguments: `flash_attn`. Close it (or use it as a context manager) to free the context."""
+
+    def __init__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *, scale: float,
+                 pages: np.ndarray | None = None, page_size: int = 0, softcap: float = 0.0,
+                 sinks: np.ndarray | None = None):
+        base, _ = libs()
+        n_head, n_tokens, dk = q.shape
+        n_head_kv, n_kv, _ = k.shape
+        dv = v.shape[2]
+        self.shape = (n_tokens, n_head, dv)
+        size = (q.nbytes + k.nbytes + v.nbytes + mask.nbytes * 2 + n_tokens * n_head * dv * 4
+                + (pages.nbytes if pages is not None else 0) + (sinks.nbytes if sinks is not None else 0)
+                + (64 << 20))
+        self.ctx = base.ggml_init(_InitParams(size, None, False))
+        assert self.ctx, "ggml_init failed"
+
+        def tensor(kind: int, arr: np.ndarray, dims: tuple[int, ...]):
+            t = base.ggml_new_tensor_4d(self.ctx, kind, *dims)
+            assert base.ggml_nbytes(t) == arr.nbytes, (base.ggml_nbytes(t), arr.nbytes)
+            ctypes.memmove(base.ggml_get_data(t), np.ascontiguousarray(arr).ctypes.data, arr.nbytes)
+            return t
+
+        tq = tensor(GGML_TYPE_F32, q.astype(np.float32), (dk, n_tokens, n_head, 1))
+        tk = tensor(GGML_TYPE_F16, k.astype(np.float16), (dk, n_kv, n_head_kv, 1))
+        tv = tensor(GGML_TYPE_F16, v.astype(np.float16), (dv, n_kv, n_head_kv, 1))
+        tm = tensor(GGML_TYPE_F16, mask.astype(np.float16), (n_kv, n_tokens, 1, 1))
+        self.out = base.ggml_flash_attn_ext(self.ctx, tq, tk, tv, tm, scale, 0.0, softcap)
+        if sinks is not None:
+            base.ggml_flash_attn_ext_add_sinks(self.out, tensor(GGML_TYPE_F32, sinks.astype(np.float32),
+                                                                (n_head, 1, 1, 1)))
+        if pages is not None:
+            tp = tensor(GGML_TYPE_I32, pages.astype(np.int32), (pages.shape[1], n_tokens, 1, 1))
+            base.ggml_flash_attn_ext_set_pages(self.out, tp, page_size)
+        self.graph = base.ggml_new_graph(self.ctx)
+        base.ggml_build_forward_expand(self.graph, self.out)
+
+    def compute(self, n_threads: int = 2) -> None:
+        assert libs()[1].ggml_graph_compute_with_ctx(self.ctx, self.graph, n_threads) == 0
+
+    def result(self) -> np.ndarray:
+        result = np.empty(self.shape, dtype=np.float32)
+        ctypes.memmove(result.ctypes.data, libs()[0].ggml_get_data(self.out), result.nbytes)
+        return result
+
+    def close(self) -> None:
+        if self.ctx:
+            libs()[0].ggml_free(self.ctx)
+            self.ctx = None
+
+    def __enter__(self) -> FlashAttnGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *, scale: float,
+               pages: np.ndarray | None = None, page_size: int = 0, n_threads: int = 2,
+               softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Attention of q [n_head, n_tokens, DK] over k [n_head_kv, n_kv, DK], v [n_head_kv, n_kv, DV]
+    with mask [n_tokens, n_kv] (0 or -inf), K/V/mask rounded to f16 as llama.cpp stores them.
+    pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (equal tags, equal lists).
+    softcap: the logit soft-cap (0: none); sinks: float32 [n_head], one attention sink logit per head.
+    Returns [n_tokens, n_head, DV]."""
+    with FlashAttnGraph(q, k, v, mask, scale=scale, pages=pages, page_size=page_size, softcap=softcap,
+                        sinks=sinks) as graph:
+        graph.compute(n_threads)
+        return graph.result()
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *, scale: float,
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Masked softmax attention in float64 over the f16-rounded K/V (grouped-query heads), with ggml's soft-cap
+    (softcap * tanh(qk * scale / softcap)) and sinks (a logit per head in the softmax's sum, no value)."""
+    n_head, n_tokens, _ = q.shape
+    n_head_kv = k.shape[0]
+    kf = k.astype(np.float16).astype(np.float64)
+    vf = v.astype(np.float16).astype(np.float64)
+    out = np.zeros((n_tokens, n_head, v.shape[2]))
+    for h in range(n_head):
+        hk = h // (n_head // n_head_kv)
+        s = q[h].astype(np.float64) @ kf[hk].T * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        s = s + mask
+        m = s.max(axis=1, keepdims=True)
+        if sinks is not None:
+            m = np.maximum(m, float(sinks[h]))
+        p = np.exp(s - m)
+        total = p.sum(axis=1, keepdims=True) + (np.exp(float(sinks[h]) - m) if sinks is not None else 0.0)
+        out[:, h, :] = (p / total) @ vf[hk]
+    return out
