@@ -370,6 +370,13 @@ class LlamaRuntime:
         """The pages of KV cells seq_id's attention walks (paged attention); None when it is off."""
         return paged_attention.seq_pages(self.ctx, seq_id)
 
+    def paged_self_check(self) -> paged_attention.SelfCheck | None:
+        """Whether llama.cpp checks every paged mask (LLAMA_PAGED_ATTN_SELF_CHECK, debug builds) and its failures;
+        None without paged attention or a plain KV cache. Read from any thread: two plain fields."""
+        if not self.paged_attn.enabled:
+            return None
+        return paged_attention.self_check(self.ctx)
+
     def state_seq_get(self, seq_id: int, *, partial: bool = False) -> memoryview:
         """The serialized KV state of one sequence (llama.cpp's own format), or of the whole
         context for seq_id -1. llama.cpp writes straight into a fresh, uninitialised buffer:

@@ -27,7 +27,10 @@ Contract:
 - `set_self_check(ctx, True)` has llama.cpp check every paged mask it builds (slow; for tests):
   the page lists against a scan of the cells, the mask inside the pages against llama.cpp's
   own, and no cell a token may attend to outside its pages; `self_check_failures(ctx)` counts
-  the ubatches that failed (llama.cpp logs the first difference of each).
+  the ubatches that failed (llama.cpp logs the first difference of each). It starts on in a
+  debug build of llama.cpp and wherever LLAMA_PAGED_ATTN_SELF_CHECK is a number other than 0
+  (patch 0013: a server can be asked to check itself; /props reports it); `self_check(ctx)` says
+  whether it is on and how many ubatches failed.
 - `seq_pages(ctx, seq_id)` lists the pages a sequence's attention walks (ascending page
   indices), or None when paged attention is off. With owned pages a page is shared only
   through seq_cp, or when the cache is too full for a free page, so a sequence of n cells alone
@@ -148,3 +151,19 @@ def set_self_check(ctx, on: bool) -> None:
 
 def self_check_failures(ctx) -> int:
     return int(_bound("llama_get_paged_attn_self_check_failures", (ctypes.c_void_p,), ctypes.c_int64)(ctx))
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """Whether llama.cpp checks every paged mask it builds, and how many ubatches failed the check."""
+
+    on: bool
+    failures: int
+
+
+def self_check(ctx) -> SelfCheck | None:
+    """None when the model's memory is not a plain KV cache (nothing paged to check)."""
+    on = int(_bound("llama_get_paged_attn_self_check", (ctypes.c_void_p,), ctypes.c_int32)(ctx))
+    if on < 0:
+        return None
+    return SelfCheck(on == 1, max(self_check_failures(ctx), 0))

@@ -14,6 +14,7 @@ from server.api.errors import APIError
 from server.api.prompting import templates
 from server.build_info import arbor_version, build_string
 from server.engine.offload import OffloadReport
+from server.engine.paged_attention import SelfCheck
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -82,6 +83,8 @@ async def props(state: StateDep, model: ModelDep):
                 "enabled": model.runtime.paged_attn.enabled,
                 "page_size": model.runtime.paged_attn.page_size,
                 "note": model.runtime.paged_attn.note,
+                # llama.cpp's check of every paged mask (LLAMA_PAGED_ATTN_SELF_CHECK=1; slow): null when paging is off
+                "self_check": _self_check(model.runtime.paged_self_check()),
             },
             "devices": [asdict(d) for d in model.runtime.devices.devices],
             "offload": _offload(model.runtime.offload),
@@ -89,6 +92,10 @@ async def props(state: StateDep, model: ModelDep):
             "responses_store": state.responses.stats(),
         },
     }
+
+
+def _self_check(status: SelfCheck | None) -> dict | None:
+    return None if status is None else asdict(status)
 
 
 def _offload(report: OffloadReport) -> dict:
