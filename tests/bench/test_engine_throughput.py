@@ -1,0 +1,37 @@
+"""bench/engine_throughput.py's server list: every server gets the same settings, the variants only theirs."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench.engine_throughput import server_configs
+
+
+def args(**kw) -> argparse.Namespace:
+    base = {"parallel": 4, "ctx_size": 8192, "arbor_no_cache": False, "n_gpu_layers": 0, "threads": 1,
+            "arbor_unpaged": False, "arbor_decode_threads": None, "arbor_src": None, "no_llama_server": False}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_decode_threads_variant_differs_from_arbor_by_its_thread_flags_alone():
+    configs = {name: extra for name, _, extra, _ in server_configs(args(threads=2, arbor_decode_threads=1),
+                                                                    "/bin/llama-server")}
+    assert set(configs) == {"arbor-server", "arbor-server -t 1 -tb 2", "llama-server --kv-unified",
+                            "llama-server (split KV)"}
+    arbor, variant = configs["arbor-server"], configs["arbor-server -t 1 -tb 2"]
+    i = arbor.index("--threads")
+    assert arbor[i:i + 2] == ["--threads", "2"] and variant[i:i + 4] == ["--threads", "1", "--threads-batch", "2"]
+    assert variant[:i] + variant[i + 4:] == arbor[:i] + arbor[i + 2:]
+    assert configs["llama-server (split KV)"][-3:] == ["-t", "2", "--no-kv-unified"]  # llama-server: --threads
+
+
+def test_decode_threads_need_the_threads_of_the_other_steps():
+    with pytest.raises(SystemExit, match="needs --threads"):
+        server_configs(args(threads=None, arbor_decode_threads=1), None)
+
+
+def test_without_variants_arbor_runs_once():
+    names = [name for name, _, _, _ in server_configs(args(), None)]
+    assert names == ["arbor-server"]
