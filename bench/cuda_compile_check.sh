@@ -2,8 +2,10 @@
 # Compile-only check of the CUDA side of our llama.cpp patches on a machine without a GPU: the
 # paged kernel (ggml-cuda/fattn-paged.cu) and the flash-attention dispatch that calls it (fattn.cu),
 # built by llama.cpp's own CMake from the patched source scripts/llama-cpp-source.sh prepares.
-# Needs nvcc (e.g. the PyPI packages nvidia-cuda-nvcc, nvidia-cuda-cccl, nvidia-cuda-runtime,
-# nvidia-cuda-crt, nvidia-nvvm unpacked as a toolkit: NVCC, default `nvcc` on PATH); cuBLAS comes
+# Needs nvcc (NVCC, default `nvcc` on PATH): a CUDA 13 toolkit, or the PyPI packages nvidia-cuda-nvcc,
+# nvidia-cuda-cccl, nvidia-cuda-runtime, nvidia-cuda-crt and nvidia-nvvm unpacked into one folder
+# (`pip download --no-deps` them, unzip the wheels, chmod +x nvidia/cu13/bin/* nvidia/cu13/nvvm/bin/*;
+# NVCC=<folder>/nvidia/cu13/bin/nvcc); cuBLAS comes
 # from the PyPI package nvidia-cublas, and a stub libcuda.so stands in for the driver (nothing is
 # linked or run).
 #     bash bench/cuda_compile_check.sh [ARCHS]     # default "75;80;86;89;90" (CUDA 13 has no 70)
@@ -27,10 +29,13 @@ root="$work/cuda"  # the toolkit with cuBLAS and a driver stub merged in
 mkdir -p "$root/include" "$root/lib64/stubs"
 ln -s "$toolkit/bin" "$root/bin"; ln -s "$toolkit/nvvm" "$root/nvvm"
 [ -d "$toolkit/targets" ] && ln -s "$toolkit/targets" "$root/targets"
+shopt -s nullglob  # a toolkit has lib64/ (CUDA's installer) or lib/ (the PyPI packages' nvidia/cu13)
 for f in "$toolkit"/include/* "$cublas"/include/*; do ln -sf "$f" "$root/include/"; done
-for f in "$toolkit"/lib64/* "$cublas"/lib/*; do ln -sf "$f" "$root/lib64/"; done
-for lib in "$root"/lib64/libcublas*.so.*; do ln -sf "$lib" "${lib%.so.*}.so"; done
+for f in "$toolkit"/lib64/* "$toolkit"/lib/* "$cublas"/lib/*; do ln -sf "$f" "$root/lib64/"; done
+# the PyPI packages ship versioned names only (libcudart.so.13, libcublas.so.13): CMake looks for the plain ones
+for lib in "$root"/lib64/*.so.*; do [ -e "${lib%.so.*}.so" ] || ln -sf "$lib" "${lib%.so.*}.so"; done
 echo "" | cc -shared -o "$root/lib64/stubs/libcuda.so" -x c -
+ln -s lib64 "$root/lib"  # the PyPI nvcc's nvcc.profile links from $(TOP)/lib
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" \
   -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" -DCUDAToolkit_ROOT="$root" -DGGML_NATIVE=OFF -DGGML_CUDA_NCCL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \

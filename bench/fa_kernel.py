@@ -6,7 +6,10 @@ Arbor runs.
 
 Sequence r owns cells [r*L, (r+1)*L) (pages of 16 cells); the mask lets each row see its own
 cells. One row per sequence is the per-row path (several sequences) or the split-KV path (one).
-Within a process, paged and unpaged take turns; a figure is the median of --iters runs of the op
+Within a process, paged and unpaged take turns, and (unless --no-marks, for libraries before patch
+0014) paged with the pages marked GGML_FA_PAGE_UNMASKED as llama.cpp marks them (each page that
+holds only the row's own cells: all but the two a sequence shares with its neighbours), which the
+kernel computes without reading the mask; a figure is the median of --iters runs of the op
 (after 3 warm-up runs), and each round measures every shape once.
 
 With --libs, each round runs that measurement once per folder of ggml libraries (a subprocess
@@ -54,17 +57,26 @@ SHAPES = (
 
 
 def inputs(shape: Shape, rng: np.random.Generator) -> dict:
+    """q, k, v, mask, the page table ("pages") and the same table with llama.cpp's marks ("marked")."""
+    from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
+
     rows, length = shape.seqs, shape.cells_per_seq
     n_kv = rows * length
     mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
     n_pages = -(-n_kv // PAGE_SIZE)
     table = np.zeros((rows, 2 + n_pages), dtype=np.int32)
+    marked = table.copy()
     for r in range(rows):
-        mask[r, r * length:(r + 1) * length] = 0.0
-        pages = range(r * length // PAGE_SIZE, -(-(r + 1) * length // PAGE_SIZE))
+        first, end = r * length, (r + 1) * length
+        mask[r, first:end] = 0.0
+        pages = range(first // PAGE_SIZE, -(-end // PAGE_SIZE))
         table[r, 0], table[r, 1] = len(pages), r
         table[r, 2:2 + len(pages)] = list(pages)
-    return {"q": rng.standard_normal((shape.n_head, rows, shape.head_dim)).astype(np.float32),
+        marked[r] = table[r]
+        for j, page in enumerate(pages):
+            if first <= page * PAGE_SIZE and (page + 1) * PAGE_SIZE <= end:  # only the row's own cells
+                marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED
+    return {"marked": marked,"q": rng.standard_normal((shape.n_head, rows, shape.head_dim)).astype(np.float32),
             "k": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
             "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
             "mask": mask, "pages": table}
@@ -80,8 +92,8 @@ def op_ms(graph, threads: int, iters: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def measure(shapes: tuple[Shape, ...], threads: int, iters: int) -> dict[str, dict[str, float]]:
-    """{shape name: {"paged_ms", "unpaged_ms"}} with the ggml libraries this process loaded."""
+def measure(shapes: tuple[Shape, ...], threads: int, iters: int, marks: bool = True) -> dict[str, dict[str, float]]:
+    """{shape name: {"paged_ms", "unpaged_ms"[, "paged_marked_ms"]}} with the ggml libraries this process loaded."""
     from bench.ggml_fa import FlashAttnGraph, has_paged_op
 
     if not has_paged_op():
@@ -95,16 +107,21 @@ def measure(shapes: tuple[Shape, ...], threads: int, iters: int) -> dict[str, di
                 FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], scale=scale) as unpaged:
             out[shape.name] = {"paged_ms": round(op_ms(paged, threads, iters), 4),
                                "unpaged_ms": round(op_ms(unpaged, threads, iters), 4)}
+        if marks:
+            with FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], scale=scale, pages=x["marked"],
+                                page_size=PAGE_SIZE) as marked:
+                out[shape.name]["paged_marked_ms"] = round(op_ms(marked, threads, iters), 4)
     return out
 
 
-def measure_with(lib_dir: str, threads: int, iters: int) -> dict[str, dict[str, float]]:
+def measure_with(lib_dir: str, threads: int, iters: int, marks: bool = True) -> dict[str, dict[str, float]]:
     """`measure` in a subprocess that loads the ggml libraries of `lib_dir`."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "one.json"
         env = {**os.environ, "LLAMA_CPP_LIB_PATH": lib_dir}
         subprocess.run([sys.executable, "-m", "bench.fa_kernel", "--threads", str(threads), "--iters", str(iters),
-                        "--rounds", "1", "--out", str(out), "--quiet"], env=env, check=True)
+                        "--rounds", "1", "--out", str(out), "--quiet"] + ([] if marks else ["--no-marks"]),
+                       env=env, check=True)
         return json.loads(out.read_text())["rounds"][0]
 
 
@@ -116,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench/results/fa_kernel.json"))
+    p.add_argument("--no-marks", dest="marks", action="store_false",
+                   help="skip the marked-pages variant (libraries built before patch 0014 do not know the mark)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     shapes = tuple(SHAPES[int(i)] for i in a.shapes.split(",")) if a.shapes else SHAPES
@@ -126,15 +145,20 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--libs names a folder twice: {a.libs}")
     if not libs:
         result["lib"] = os.environ.get("LLAMA_CPP_LIB_PATH", "llama_cpp's own")
-        result["rounds"] = [measure(shapes, a.threads, a.iters) for _ in range(a.rounds)]
+        result["rounds"] = [measure(shapes, a.threads, a.iters, a.marks) for _ in range(a.rounds)]
         result["paged_over_unpaged"] = {
             s.name: statistics.median(r[s.name]["paged_ms"] / r[s.name]["unpaged_ms"] for r in result["rounds"])
             for s in shapes}
+        if a.marks:
+            result["marked_over_paged"] = {
+                s.name: statistics.median(r[s.name]["paged_marked_ms"] / r[s.name]["paged_ms"]
+                                          for r in result["rounds"])
+                for s in shapes}
     else:
         rounds: dict[str, list] = {d: [] for d in libs}
         for _ in range(a.rounds):  # in turns, so drift on a shared machine hits every library alike
             for d in libs:
-                rounds[d].append(measure_with(d, a.threads, a.iters))
+                rounds[d].append(measure_with(d, a.threads, a.iters, a.marks))
         result["libs"] = libs
         result["rounds"] = rounds
         base = libs[0]

@@ -20,18 +20,22 @@ GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 GGML_TYPE_I32 = 26
 
+# ggml.h (patch 0014): a page index in a page-table row may carry this flag: the mask is 0 at every cell of that page
+# for that row, and the kernel does not read it there
+GGML_FA_PAGE_UNMASKED = 1 << 30
+
 
 class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
-def _lib_dir() -> Path:
+def lib_dir() -> Path:
     override = os.environ.get("LLAMA_CPP_LIB_PATH")
     return Path(override) if override else Path(llama_cpp.__file__).parent / "lib"
 
 
 def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    d = _lib_dir()
+    d = lib_dir()
     base = ctypes.CDLL(str(d / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(str(d / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     p = ctypes.c_void_p
@@ -134,7 +138,8 @@ def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *,
                softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Attention of q [n_head, n_tokens, DK] over k [n_head_kv, n_kv, DK], v [n_head_kv, n_kv, DV]
     with mask [n_tokens, n_kv] (0 or -inf), K/V/mask rounded to f16 as llama.cpp stores them.
-    pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (equal tags, equal lists).
+    pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (equal tags, equal lists), a page index
+    or'ed with GGML_FA_PAGE_UNMASKED where the mask is 0 throughout the page (the kernel then does not read it).
     softcap: the logit soft-cap (0: none); sinks: float32 [n_head], one attention sink logit per head.
     Returns [n_tokens, n_head, DV]."""
     with FlashAttnGraph(q, k, v, mask, scale=scale, pages=pages, page_size=page_size, softcap=softcap,

@@ -5,7 +5,8 @@ one in use and masks out other sequences' cells; every kept prefix, parked copy 
 slot costs every running sequence at every step. The patch keeps, per sequence, a count of
 its cells in each page of `page_size` cells, passes each ubatch token's page list to the
 flash-attention operator, and the CPU kernel visits only those pages (the mask still applies
-inside them, so shared pages and partly filled pages stay exact).
+inside them, so shared pages and partly filled pages stay exact; a page that holds only the
+sequence's earlier cells is marked and read without its mask, patch 0014).
 
 Contract:
 - `compiled_in()` says whether the loaded llama.cpp library carries the patch (the C symbol
@@ -26,7 +27,8 @@ Contract:
   `RuntimeConfig.page_placement` (default llama.cpp's placement).
 - `set_self_check(ctx, True)` has llama.cpp check every paged mask it builds (slow; for tests):
   the page lists against a scan of the cells, the mask inside the pages against llama.cpp's
-  own, and no cell a token may attend to outside its pages; `self_check_failures(ctx)` counts
+  own, and no cell a token may attend to outside its pages (and, CPU only, it writes NaN into
+  the mask entries the kernel must not read, so a read shows in the logits); `self_check_failures(ctx)` counts
   the ubatches that failed (llama.cpp logs the first difference of each). It starts on in a
   debug build of llama.cpp and wherever LLAMA_PAGED_ATTN_SELF_CHECK is a number other than 0
   (patch 0013: a server can be asked to check itself; /props reports it); `self_check(ctx)` says

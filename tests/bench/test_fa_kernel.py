@@ -30,14 +30,33 @@ def test_one_library_paged_against_unpaged(tmp_path):
                                            for r in got["rounds"])
     ratios = sorted(r[name]["paged_ms"] / r[name]["unpaged_ms"] for r in got["rounds"])
     assert got["paged_over_unpaged"][name] == pytest.approx(sum(ratios) / 2)
+    marked = sorted(r[name]["paged_marked_ms"] / r[name]["paged_ms"] for r in got["rounds"])
+    assert got["marked_over_paged"][name] == pytest.approx(sum(marked) / 2)
+
+
+def test_pages_are_marked_unmasked_where_they_hold_only_the_rows_cells():
+    """The marked table is llama.cpp's (patch 0014): a sequence's pages shared with a neighbour (2900 cells are not
+    whole 16-cell pages) keep the mask, every other page of its is marked."""
+    import numpy as np
+
+    from bench import fa_kernel
+    from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
+
+    shape = fa_kernel.Shape("two sequences", 4, 2, 64, 2, 40)  # cells 0-39 and 40-79: pages 0-2 and 2-4
+    x = fa_kernel.inputs(shape, np.random.default_rng(0))
+    assert x["pages"][:, :2].tolist() == [[3, 0], [3, 1]]
+    assert (x["marked"][:, :2] == x["pages"][:, :2]).all()
+    marks = (x["marked"][:, 2:5] & GGML_FA_PAGE_UNMASKED) != 0
+    assert marks.tolist() == [[True, True, False], [False, True, True]]
+    assert ((x["marked"][:, 2:5] & ~GGML_FA_PAGE_UNMASKED) == x["pages"][:, 2:5]).all()
 
 
 def test_two_library_folders_in_turns(tmp_path):
     paged_op_or_skip()
     from bench import fa_kernel
-    from bench.ggml_fa import _lib_dir
+    from bench.ggml_fa import lib_dir
 
-    lib = _lib_dir()
+    lib = lib_dir()
     other = tmp_path / "other-build"  # a second folder: links to the same libraries
     other.mkdir()
     for f in lib.iterdir():

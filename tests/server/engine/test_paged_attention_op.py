@@ -238,3 +238,72 @@ def test_grouped_heads_in_one_pass_are_exact(n_head, n_threads, extras):
         np.testing.assert_allclose(paged, ref, atol=4e-3, rtol=0)
         if len(tokens) > 1 or n_threads == 1:
             np.testing.assert_array_equal(paged, unpaged)
+
+
+def contiguous_prefix_layout(rng, n_kv: int) -> UnifiedKV:
+    """shared_prefix_layout with each sequence's cells in a run (as a prompt's are): most of their pages hold
+    only the sequence's cells; seq 7's idle cells stay scattered over the pool."""
+    kv = UnifiedKV(n_kv, rng)
+    kv.append(0, 200, contiguous=True)
+    kv.share(0, 1)
+    kv.append(1, 90, contiguous=True)
+    kv.append(2, 150, contiguous=True)
+    rng.shuffle(kv.free)
+    kv.append(7, 300)
+    return kv
+
+
+def mark_unmasked(kv: UnifiedKV, tokens, table: np.ndarray, page_size: int) -> np.ndarray:
+    """The table with llama.cpp's GGML_FA_PAGE_UNMASKED marks: a page whose every cell belongs to the row's
+    sequence at a position no later than the sequence's lowest position in the ubatch."""
+    pos_min: dict[int, int] = {}
+    for s, p in tokens:
+        pos_min[s] = min(pos_min.get(s, p), p)
+    marked = table.copy()
+    for i, (s, _) in enumerate(tokens):
+        for j in range(table[i, 0]):
+            page = int(table[i, 2 + j])
+            cells = range(page * page_size, min((page + 1) * page_size, kv.n_kv))
+            if all(s in kv.owners[c] and kv.pos[c] <= pos_min[s] for c in cells):
+                marked[i, 2 + j] |= ggml_fa.GGML_FA_PAGE_UNMASKED
+    return marked
+
+
+@pytest.mark.parametrize("tokens_of", ["prefill", "decode", "one", "mixed"])
+def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
+    """Patch 0014: llama.cpp marks the pages whose mask is 0 for every token of the row's sequence and leaves the
+    mask unwritten there. With NaN written into those pages' mask (what a read would turn into NaN outputs) the
+    paged result is the unmarked table's over the true mask, bit for bit: the tiled (prefill, a decode row beside
+    a prompt chunk), per-row (decode) and split-KV (one row) paths skip the mask there and add nothing."""
+    rng = np.random.default_rng({"prefill": 41, "decode": 42, "one": 43, "mixed": 44}[tokens_of])
+    kv = contiguous_prefix_layout(rng, 1200)
+    for s in (0, 1, 2):
+        kv.append(s, 1, contiguous=True)
+    if tokens_of == "prefill":
+        tokens = [(1, p) for p in range(kv.next_pos[1] - 70, kv.next_pos[1])]
+    elif tokens_of == "decode":
+        tokens = [(s, kv.next_pos[s] - 1) for s in (0, 1, 2)]
+    elif tokens_of == "one":
+        tokens = [(1, kv.next_pos[1] - 1)]
+    else:
+        kv.append(4, 70, contiguous=True)
+        tokens = [(0, kv.next_pos[0] - 1), (2, kv.next_pos[2] - 1)] + [(4, p) for p in range(70)]
+    page_size = 16
+    mask, table = ubatch_inputs(kv, tokens, page_size)
+    marked = mark_unmasked(kv, tokens, table, page_size)
+    flagged = (marked[:, 2:] & ggml_fa.GGML_FA_PAGE_UNMASKED) != 0
+    assert flagged.sum() >= 10  # the earlier pages of the sequences that had cells before this ubatch
+    unwritten = mask.copy()
+    for i, row in enumerate(marked):
+        for p in row[2:2 + row[0]]:
+            if p & ggml_fa.GGML_FA_PAGE_UNMASKED:
+                page = p & ~ggml_fa.GGML_FA_PAGE_UNMASKED
+                assert (mask[i, page * page_size:(page + 1) * page_size] == 0).all()
+                unwritten[i, page * page_size:(page + 1) * page_size] = np.nan
+    q, k, v = random_qkv(rng, len(tokens), kv.n_kv)
+    expected = ggml_fa.flash_attn(q, k, v, mask, scale=SCALE, pages=table, page_size=page_size)
+    np.testing.assert_allclose(expected, ggml_fa.reference(q, k, v, mask, scale=SCALE), atol=4e-3, rtol=0)
+    got = ggml_fa.flash_attn(q, k, v, unwritten, scale=SCALE, pages=marked, page_size=page_size)
+    np.testing.assert_array_equal(got, expected)
+    read = ggml_fa.flash_attn(q, k, v, unwritten, scale=SCALE, pages=table, page_size=page_size)
+    assert np.isnan(read).any()  # without the marks the kernel reads those NaNs
