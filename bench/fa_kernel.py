@@ -4,8 +4,10 @@ Arbor runs.
 
     python -m bench.fa_kernel [--libs DIR_A,DIR_B] [--threads 2] [--iters 40] [--rounds 3]
 
-Sequence r owns cells [r*L, (r+1)*L) (pages of 16 cells); the mask lets each row see its own
-cells. One row per sequence is the per-row path (several sequences) or the split-KV path (one).
+Each sequence owns a run of cells after the previous one's (L cells, the first one's own length
+where a shape gives it: one long sequence decoding beside short ones; pages of 16 cells); the mask
+lets each row see its own cells. One row per sequence is the per-row path (several sequences) or
+the split-KV path (one).
 Within a process, paged and unpaged take turns, and (unless --no-marks, for libraries before patch
 0014) paged with the pages marked GGML_FA_PAGE_UNMASKED as llama.cpp marks them (each page that
 holds only the row's own cells: all but the two a sequence shares with its neighbours), which the
@@ -46,6 +48,10 @@ class Shape:
     head_dim: int
     seqs: int
     cells_per_seq: int
+    first_seq_cells: int = 0  # the first sequence's length where it differs (0: cells_per_seq)
+
+    def lengths(self) -> list[int]:
+        return [self.first_seq_cells or self.cells_per_seq] + [self.cells_per_seq] * (self.seqs - 1)
 
 
 SHAPES = (
@@ -53,6 +59,7 @@ SHAPES = (
     Shape("smollm2-135m, 1 seq x 2900 (split-KV)", 9, 3, 64, 1, 2900),
     Shape("synthetic 4x256, 8 seqs x 2900", 4, 2, 64, 8, 2900),
     Shape("8B (32 heads, 8 KV, 128), 8 seqs x 2048", 32, 8, 128, 8, 2048),
+    Shape("smollm2-135m, 1 seq x 12000 beside 7 x 300", 9, 3, 64, 8, 300, first_seq_cells=12000),
 )
 
 
@@ -60,14 +67,15 @@ def inputs(shape: Shape, rng: np.random.Generator) -> dict:
     """q, k, v, mask, the page table ("pages") and the same table with llama.cpp's marks ("marked")."""
     from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
 
-    rows, length = shape.seqs, shape.cells_per_seq
-    n_kv = rows * length
+    rows, lengths = shape.seqs, shape.lengths()
+    n_kv = sum(lengths)
     mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
     n_pages = -(-n_kv // PAGE_SIZE)
     table = np.zeros((rows, 2 + n_pages), dtype=np.int32)
     marked = table.copy()
     for r in range(rows):
-        first, end = r * length, (r + 1) * length
+        first = sum(lengths[:r])
+        end = first + lengths[r]
         mask[r, first:end] = 0.0
         pages = range(first // PAGE_SIZE, -(-end // PAGE_SIZE))
         table[r, 0], table[r, 1] = len(pages), r

@@ -78,3 +78,18 @@ def test_a_folder_named_twice_is_refused(tmp_path):
 
     with pytest.raises(SystemExit, match="twice"):
         fa_kernel.main(["--libs", "/x,/x", "--out", str(tmp_path / "fa.json")])
+
+
+def test_a_long_first_sequence_takes_its_own_length():
+    """The ragged shape (one long sequence decoding beside short ones): each row sees its own run of cells."""
+    import numpy as np
+
+    from bench import fa_kernel
+
+    shape = fa_kernel.Shape("long beside short", 4, 2, 64, 3, 20, first_seq_cells=50)
+    assert shape.lengths() == [50, 20, 20]
+    x = fa_kernel.inputs(shape, np.random.default_rng(0))
+    assert x["mask"].shape == (3, 90)
+    visible = [np.flatnonzero(row == 0).tolist() for row in x["mask"]]
+    assert visible == [list(range(0, 50)), list(range(50, 70)), list(range(70, 90))]
+    assert x["pages"][:, 0].tolist() == [4, 2, 2]  # pages 0-3, 3-4, 4-5

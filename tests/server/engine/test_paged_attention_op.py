@@ -307,3 +307,29 @@ def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
     np.testing.assert_array_equal(got, expected)
     read = ggml_fa.flash_attn(q, k, v, unwritten, scale=SCALE, pages=table, page_size=page_size)
     assert np.isnan(read).any()  # without the marks the kernel reads those NaNs
+
+
+@pytest.mark.parametrize("n_threads", [2, 3])
+@pytest.mark.parametrize("extras", ["plain", "softcap+sinks"])
+def test_a_long_row_beside_short_ones_is_cut_among_the_threads(n_threads, extras):
+    """The per-row path planned per batch (patch 0015): one decode row over 1,500 cells beside three short ones would
+    leave threads idle while one walks the long row's KV groups; the plan cuts each long pass into pieces of pages,
+    computes them on any thread and combines them per head (sinks once). The result is the reference's; that the cut
+    really ran shows in the last bits: the long row is no longer the same float as unpaged (whose cells one thread
+    sums in order), while the short rows, not cut, still are."""
+    rng = np.random.default_rng(2000 + n_threads)
+    kv = UnifiedKV(1700, rng)
+    kv.append(0, 1500, contiguous=True)
+    for s in (1, 2, 3):
+        kv.append(s, 30, contiguous=True)
+    tokens = [(s, kv.next_pos[s] - 1) for s in (0, 1, 2, 3)]
+    mask, table = ubatch_inputs(kv, tokens, 16)
+    q, k, v = random_qkv(rng, len(tokens), kv.n_kv)
+    softcap = 20.0 if extras != "plain" else 0.0
+    sinks = rng.standard_normal(N_HEAD).astype(np.float32) if extras != "plain" else None
+    kw = {"scale": SCALE, "softcap": softcap, "sinks": sinks}
+    paged = ggml_fa.flash_attn(q, k, v, mask, pages=table, page_size=16, n_threads=n_threads, **kw)
+    unpaged = ggml_fa.flash_attn(q, k, v, mask, n_threads=n_threads, **kw)
+    np.testing.assert_allclose(paged, ggml_fa.reference(q, k, v, mask, **kw), atol=4e-3, rtol=0)
+    assert not np.array_equal(paged[0], unpaged[0])
+    np.testing.assert_array_equal(paged[1:], unpaged[1:])
