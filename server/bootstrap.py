@@ -167,6 +167,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
             paged_attn=settings.paged_attn,
             swa_full=settings.swa_full,
             page_size=settings.page_size,
+            page_placement=settings.page_placement,
         )
     )
     try:

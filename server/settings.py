@@ -136,6 +136,10 @@ class ServerSettings(BaseSettings):
         "--paged-attn): refuse to start without it; off: llama.cpp's attention over every cell",
         json_schema_extra={"bare": "on"})
     page_size: int = Field(16, ge=1, le=4096, description="KV cells per page of paged attention")
+    page_placement: Literal["owned", "shared"] = Field(
+        "owned", description="where paged attention puts a step's tokens: owned (each sequence fills pages of its "
+        "own, so a stream walks only its own cells; docs/paged-attention.md) or shared (llama.cpp's placement, the "
+        "next free cells: streams decoding together share pages and walk each other's decode cells)")
     # cache (server/cache)
     cache_tiers: tuple[str, ...] = Field(("A", "S", "H"), description="prefix sources to use, comma separated "
                                          "among A,S,H,D", json_schema_extra=_CACHE)

@@ -210,6 +210,8 @@ class LlamaRuntime:
         if paged_attention.compiled_in():
             # kept on the KV cache, so it holds when paging is turned on later (bench/paged_logits.Twin)
             paged_attention.set_owned_pages(self.ctx, config.page_placement == "owned")
+        # where paged attention places a step's tokens (None: paging is off)
+        self.page_placement = config.page_placement if self.paged_attn.enabled else None
         if self.paged_attn.note and config.paged_attn == "auto":
             log.warning("paged attention is off: %s", self.paged_attn.note)
         self.memory = llama_cpp.llama_get_memory(self.ctx)

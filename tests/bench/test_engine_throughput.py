@@ -11,7 +11,8 @@ from bench.engine_throughput import server_configs
 
 def args(**kw) -> argparse.Namespace:
     base = {"parallel": 4, "ctx_size": 8192, "arbor_no_cache": False, "n_gpu_layers": 0, "threads": 1,
-            "arbor_unpaged": False, "arbor_decode_threads": None, "arbor_src": None, "no_llama_server": False}
+            "arbor_unpaged": False, "arbor_shared_pages": False, "arbor_decode_threads": None, "arbor_src": None,
+            "no_llama_server": False}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -35,3 +36,9 @@ def test_decode_threads_need_the_threads_of_the_other_steps():
 def test_without_variants_arbor_runs_once():
     names = [name for name, _, _, _ in server_configs(args(), None)]
     assert names == ["arbor-server"]
+
+
+def test_the_shared_pages_variant_adds_the_placement_alone():
+    configs = {name: extra for name, _, extra, _ in server_configs(args(arbor_shared_pages=True), None)}
+    assert set(configs) == {"arbor-server", "arbor-server --page-placement shared"}
+    assert configs["arbor-server --page-placement shared"] == configs["arbor-server"] + ["--page-placement", "shared"]

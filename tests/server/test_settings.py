@@ -78,6 +78,10 @@ def test_paged_attention_flags():
     assert (s.paged_attn, s.page_size) == ("auto", 16)
     assert settings_from_args(["--paged-attn"]).paged_attn == "on"  # bare flag: required
     assert settings_from_args(["--paged-attn", "off", "--page-size", "64"]).page_size == 64
+    assert s.page_placement == "owned"
+    assert settings_from_args(["--page-placement", "shared"]).page_placement == "shared"
+    with pytest.raises(SystemExit):  # argparse's choices
+        settings_from_args(["--page-placement", "mine"])
     with pytest.raises(ValidationError, match="needs flash attention"):
         settings_from_args(["--paged-attn", "on", "--flash-attn", "off"])
     with pytest.raises(ValidationError):

@@ -82,6 +82,7 @@ async def props(state: StateDep, model: ModelDep):
                 "compiled_in": model.runtime.paged_attn.compiled_in,
                 "enabled": model.runtime.paged_attn.enabled,
                 "page_size": model.runtime.paged_attn.page_size,
+                "placement": model.runtime.page_placement,  # --page-placement in force; null with paging off
                 "note": model.runtime.paged_attn.note,
                 # llama.cpp's check of every paged mask (LLAMA_PAGED_ATTN_SELF_CHECK=1; slow): null when paging is off
                 "self_check": _self_check(model.runtime.paged_self_check()),

@@ -230,7 +230,7 @@ def test_props_slots_metrics(arbor_server, client):
     # the default (auto) turns paged attention on for a CPU KV with the patched build
     # (llama.cpp's self-check of every paged mask is off in a release build unless LLAMA_PAGED_ATTN_SELF_CHECK asks)
     assert props["arbor"]["paged_attention"] == {"compiled_in": True, "enabled": True, "page_size": 16, "note": None,
-                                                 "self_check": {"on": False, "failures": 0}}
+                                                 "placement": "owned", "self_check": {"on": False, "failures": 0}}
     idle_slots_consistent(b)
     text = httpx.get(b + "/metrics").text
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",
