@@ -73,10 +73,9 @@ class RuntimeConfig:
     # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
     paged_attn: Literal["auto", "on", "off"] = "auto"
     page_size: int = 16  # cells per page
-    # where tokens go with pages on: "shared" (llama.cpp's next free cells, the default) or "owned" (each sequence
-    # fills pages of its own, patch 0008). Owned pages did not speed up the CPU kernel, and the cell order they
-    # give changes greedy answers against an engine that reused nothing more often than llama.cpp's placement
-    # (docs/paged-attention.md): they stay opt-in until the kernels that need them (block tables) exist
+    # where tokens go with pages on: "shared" (llama.cpp's next free cells) or "owned" (each sequence fills pages of
+    # its own, patch 0008). The server passes its --page-placement (default owned, measured faster at the seed's
+    # shape: docs/paged-attention.md); direct users of the runtime (tests, benches) keep llama.cpp's placement
     page_placement: Literal["owned", "shared"] = "shared"
 
 

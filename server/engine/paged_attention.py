@@ -24,7 +24,8 @@ Contract:
 - `set_owned_pages(ctx, owned)` chooses where tokens go with pages on: owned (patch 0008: each
   sequence fills pages of its own) or llama.cpp's placement (the next free cells, so the decode
   tokens of sequences running together share pages). LlamaRuntime sets it from
-  `RuntimeConfig.page_placement` (default llama.cpp's placement).
+  `RuntimeConfig.page_placement` (default llama.cpp's placement; the server's --page-placement
+  defaults to owned).
 - `set_self_check(ctx, True)` has llama.cpp check every paged mask it builds (slow; for tests):
   the page lists against a scan of the cells, the mask inside the pages against llama.cpp's
   own, and no cell a token may attend to outside its pages (and, CPU only, it writes NaN into
