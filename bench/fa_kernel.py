@@ -84,10 +84,10 @@ def inputs(shape: Shape, rng: np.random.Generator) -> dict:
         for j, page in enumerate(pages):
             if first <= page * PAGE_SIZE and (page + 1) * PAGE_SIZE <= end:  # only the row's own cells
                 marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED
-    return {"marked": marked,"q": rng.standard_normal((shape.n_head, rows, shape.head_dim)).astype(np.float32),
+    return {"q": rng.standard_normal((shape.n_head, rows, shape.head_dim)).astype(np.float32),
             "k": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
             "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
-            "mask": mask, "pages": table}
+            "mask": mask, "pages": table, "marked": marked}
 
 
 def op_ms(graph, threads: int, iters: int) -> float:
