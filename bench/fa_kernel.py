@@ -63,30 +63,31 @@ SHAPES = (
 )
 
 
-def inputs(shape: Shape, rng: np.random.Generator) -> dict:
-    """q, k, v, mask, the page table ("pages") and the same table with llama.cpp's marks ("marked")."""
+def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE) -> dict:
+    """q, k, v, mask, the page table ("pages") and the same table with llama.cpp's marks ("marked"), for pages of
+    page_size cells."""
     from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
 
     rows, lengths = shape.seqs, shape.lengths()
     n_kv = sum(lengths)
     mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
-    n_pages = -(-n_kv // PAGE_SIZE)
+    n_pages = -(-n_kv // page_size)
     table = np.zeros((rows, 2 + n_pages), dtype=np.int32)
     marked = table.copy()
     for r in range(rows):
         first = sum(lengths[:r])
         end = first + lengths[r]
         mask[r, first:end] = 0.0
-        pages = range(first // PAGE_SIZE, -(-end // PAGE_SIZE))
+        pages = range(first // page_size, -(-end // page_size))
         table[r, 0], table[r, 1] = len(pages), r
         table[r, 2:2 + len(pages)] = list(pages)
         marked[r] = table[r]
         for j, page in enumerate(pages):
-            if first <= page * PAGE_SIZE and (page + 1) * PAGE_SIZE <= end:  # only the row's own cells
+            if first <= page * page_size and (page + 1) * page_size <= end:  # only the row's own cells
                 marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED
-    return {"q": rng.standard_normal((shape.n_head, rows, shape.head_dim)).astype(np.float32),
-            "k": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
-            "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim)).astype(np.float32),
+    return {"q": rng.standard_normal((shape.n_head, rows, shape.head_dim), dtype=np.float32),
+            "k": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),
+            "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),
             "mask": mask, "pages": table, "marked": marked}
 
 

@@ -4,7 +4,8 @@ page table.
 
 For the operator tests (tests/server/engine/test_paged_attention_op.py) and the kernel benchmark
 (bench/fa_kernel.py): it builds a one-op graph in a ggml context, fills the inputs from numpy
-arrays and computes it with ggml's CPU backend.
+arrays and computes it with ggml's CPU backend; given a `bench.ggml_backend.Backend` (the kernel check on an
+accelerator, bench/paged_kernel_check.py), it allocates the tensors on that backend and computes there.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llama_cpp
 import numpy as np
+
+if TYPE_CHECKING:
+    from bench.ggml_backend import Backend
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
@@ -81,22 +86,29 @@ class FlashAttnGraph:
 
     def __init__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *, scale: float,
                  pages: np.ndarray | None = None, page_size: int = 0, softcap: float = 0.0,
-                 sinks: np.ndarray | None = None):
+                 sinks: np.ndarray | None = None, backend: Backend | None = None):
         base, _ = libs()
         n_head, n_tokens, dk = q.shape
         n_head_kv, n_kv, _ = k.shape
         dv = v.shape[2]
         self.shape = (n_tokens, n_head, dv)
-        size = (q.nbytes + k.nbytes + v.nbytes + mask.nbytes * 2 + n_tokens * n_head * dv * 4
-                + (pages.nbytes if pages is not None else 0) + (sinks.nbytes if sinks is not None else 0)
-                + (64 << 20))
-        self.ctx = base.ggml_init(_InitParams(size, None, False))
+        self.backend = backend
+        self.buffer = None
+        if backend is None:  # tensors and the graph's work buffer in the context
+            size = (q.nbytes + k.nbytes + v.nbytes + mask.nbytes * 2 + n_tokens * n_head * dv * 4
+                    + (pages.nbytes if pages is not None else 0) + (sinks.nbytes if sinks is not None else 0)
+                    + (64 << 20))
+            self.ctx = base.ggml_init(_InitParams(size, None, False))
+        else:  # tensor headers and the graph in the context, the data on the backend
+            self.ctx = base.ggml_init(_InitParams(base.ggml_tensor_overhead() * 16 + base.ggml_graph_overhead(),
+                                                  None, True))
         assert self.ctx, "ggml_init failed"
+        filled: list[tuple[int, np.ndarray]] = []
 
         def tensor(kind: int, arr: np.ndarray, dims: tuple[int, ...]):
             t = base.ggml_new_tensor_4d(self.ctx, kind, *dims)
             assert base.ggml_nbytes(t) == arr.nbytes, (base.ggml_nbytes(t), arr.nbytes)
-            ctypes.memmove(base.ggml_get_data(t), np.ascontiguousarray(arr).ctypes.data, arr.nbytes)
+            filled.append((t, np.ascontiguousarray(arr)))
             return t
 
         tq = tensor(GGML_TYPE_F32, q.astype(np.float32), (dk, n_tokens, n_head, 1))
@@ -112,16 +124,43 @@ class FlashAttnGraph:
             base.ggml_flash_attn_ext_set_pages(self.out, tp, page_size)
         self.graph = base.ggml_new_graph(self.ctx)
         base.ggml_build_forward_expand(self.graph, self.out)
+        if backend is None:
+            for t, arr in filled:
+                ctypes.memmove(base.ggml_get_data(t), arr.ctypes.data, arr.nbytes)
+        else:
+            self.buffer = base.ggml_backend_alloc_ctx_tensors(self.ctx, backend.handle)
+            assert self.buffer, f"could not allocate the inputs on {backend.device.name}"
+            for t, arr in filled:
+                base.ggml_backend_tensor_set(t, arr.ctypes.data, 0, arr.nbytes)
+
+    def supported(self) -> bool:
+        """Whether the backend computes this op itself (always on the CPU path)."""
+        return self.backend is None or libs()[0].ggml_backend_supports_op(self.backend.handle, self.out)
 
     def compute(self, n_threads: int = 2) -> None:
-        assert libs()[1].ggml_graph_compute_with_ctx(self.ctx, self.graph, n_threads) == 0
+        """Run the op and wait for it (n_threads: the CPU path's; a backend keeps its own). Raises RuntimeError
+        when the backend does not compute this op (ggml would abort)."""
+        if self.backend is None:
+            assert libs()[1].ggml_graph_compute_with_ctx(self.ctx, self.graph, n_threads) == 0
+        else:
+            if not self.supported():
+                raise RuntimeError(f"{self.backend.device.name} does not compute this flash-attention op "
+                                   f"(ggml_backend_supports_op is false)")
+            assert libs()[0].ggml_backend_graph_compute(self.backend.handle, self.graph) == 0
+            self.backend.synchronize()
 
     def result(self) -> np.ndarray:
         result = np.empty(self.shape, dtype=np.float32)
-        ctypes.memmove(result.ctypes.data, libs()[0].ggml_get_data(self.out), result.nbytes)
+        if self.backend is None:
+            ctypes.memmove(result.ctypes.data, libs()[0].ggml_get_data(self.out), result.nbytes)
+        else:
+            libs()[0].ggml_backend_tensor_get(self.out, result.ctypes.data, 0, result.nbytes)
         return result
 
     def close(self) -> None:
+        if self.buffer:
+            libs()[0].ggml_backend_buffer_free(self.buffer)
+            self.buffer = None
         if self.ctx:
             libs()[0].ggml_free(self.ctx)
             self.ctx = None
@@ -135,15 +174,16 @@ class FlashAttnGraph:
 
 def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *, scale: float,
                pages: np.ndarray | None = None, page_size: int = 0, n_threads: int = 2,
-               softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+               softcap: float = 0.0, sinks: np.ndarray | None = None, backend: Backend | None = None) -> np.ndarray:
     """Attention of q [n_head, n_tokens, DK] over k [n_head_kv, n_kv, DK], v [n_head_kv, n_kv, DV]
     with mask [n_tokens, n_kv] (0 or -inf), K/V/mask rounded to f16 as llama.cpp stores them.
     pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (equal tags, equal lists), a page index
     or'ed with GGML_FA_PAGE_UNMASKED where the mask is 0 throughout the page (the kernel then does not read it).
     softcap: the logit soft-cap (0: none); sinks: float32 [n_head], one attention sink logit per head.
+    backend: compute there (bench.ggml_backend) instead of ggml's CPU graph compute.
     Returns [n_tokens, n_head, DV]."""
     with FlashAttnGraph(q, k, v, mask, scale=scale, pages=pages, page_size=page_size, softcap=softcap,
-                        sinks=sinks) as graph:
+                        sinks=sinks, backend=backend) as graph:
         graph.compute(n_threads)
         return graph.result()
 

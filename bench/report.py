@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from app.replay.results import load_results
-from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, swa_memory
+from bench import api_parity, checkpoint_agreement, kv_types, paged_kernel_check, paged_logits, swa_memory
 
 
 def _load(path: Path) -> dict | None:
@@ -605,7 +605,8 @@ def main(argv: list[str] | None = None) -> None:
     sections += [section(a.results) for section in (n_choices_section, soak_section, loop_latency_section,
                                                     tree_evict_section, hostile_section,
                                                     kv_types.report_section, api_parity.report_section,
-                                                    checkpoint_agreement.report_section, swa_memory.report_section)]
+                                                    checkpoint_agreement.report_section, swa_memory.report_section,
+                                                    paged_kernel_check.report_section)]
     for section in sections:
         lines += reading_pointer(_or_carried(section, old))
     a.out.parent.mkdir(parents=True, exist_ok=True)

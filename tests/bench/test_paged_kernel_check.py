@@ -1,0 +1,106 @@
+"""bench/paged_kernel_check.py on the CPU backend (ggml's backend API, as on a GPU host): the quick grid passes and
+its file says so, a wrong page table or a kernel that reads the mask where it must not is caught, a device the
+libraries lack is a clear exit, and the timing mode records paged and dense per size."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run scripts/setup.sh)")
+
+
+@pytest.fixture
+def cpu_backend():
+    from bench.ggml_backend import Backend
+    from bench.ggml_fa import has_paged_op
+
+    if not has_paged_op():
+        pytest.skip("llama-cpp-python was built without Arbor's paged attention patch")
+    with Backend("CPU", 2) as backend:
+        yield backend
+
+
+def test_the_quick_grid_passes_on_the_cpu_backend(tmp_path, cpu_backend):
+    from bench import paged_kernel_check
+
+    out = tmp_path / "check.json"
+    assert paged_kernel_check.main(["--backend", "CPU", "--quick", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["backend"]["kind"] == "cpu" and got["failed"] == 0
+    assert len(got["cases"]) == 24
+    assert {(c["rows"], c["gqa"]) for c in got["cases"]} == {(r, g) for r in (1, 8, 64) for g in (1, 4)}
+    assert all(c["ok"] and c["poisoned_equal"] and c["paged_err"] < 5e-3 for c in got["cases"])
+
+
+def layout_and_table(page_size: int):
+    from bench import paged_kernel_check
+    from bench.paged_layout import mark_unmasked, ubatch_inputs
+
+    kv, tokens = paged_kernel_check.layout(8, np.random.default_rng(8))
+    mask, table = ubatch_inputs(kv, tokens, page_size)
+    return kv, tokens, mask, table, mark_unmasked(kv, tokens, table, page_size)
+
+
+def test_a_page_missing_from_the_table_fails_the_case(cpu_backend):
+    from bench.paged_kernel_check import Case, run_case
+
+    case = Case(64, 16, 8, 4)
+    kv, tokens, mask, _, marked = layout_and_table(16)
+    assert run_case(case, cpu_backend, kv, tokens, mask, marked, np.random.default_rng(1)).ok
+    dropped = marked.copy()
+    dropped[1, 0] -= 1  # row 1 (seq 1: the shared prefix) loses its last page
+    got = run_case(case, cpu_backend, kv, tokens, mask, dropped, np.random.default_rng(1))
+    assert not got.ok and got.paged_err > 5e-3
+
+
+def test_a_page_marked_where_the_mask_matters_fails_the_case(cpu_backend):
+    """Marking a page that holds other sequences' cells tells the kernel to skip a mask it needs: the poisoned run
+    (NaN where a marked page's mask would be) no longer equals the paged one, or the result is wrong."""
+    from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
+    from bench.paged_kernel_check import Case, run_case
+
+    case = Case(64, 16, 8, 1)
+    kv, tokens, mask, table, marked = layout_and_table(16)
+    row = 2  # seq 2: 20 of its cells were placed among other sequences' after evictions
+    unmarked = [j for j in range(table[row, 0]) if not marked[row, 2 + j] & GGML_FA_PAGE_UNMASKED]
+    assert unmarked
+    wrong = marked.copy()
+    for j in unmarked:
+        wrong[row, 2 + j] |= GGML_FA_PAGE_UNMASKED
+    got = run_case(case, cpu_backend, kv, tokens, mask, wrong, np.random.default_rng(2))
+    assert not got.ok
+
+
+def test_a_device_the_libraries_lack_is_a_clear_exit(tmp_path, capsys):
+    from bench import paged_kernel_check
+
+    assert paged_kernel_check.main(["--backend", "NoSuchDevice0", "--out", str(tmp_path / "x.json")]) == 2
+    assert "no ggml device 'NoSuchDevice0'" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_timing_mode_records_paged_and_dense(tmp_path, cpu_backend):
+    from bench import paged_kernel_check
+
+    out = tmp_path / "time.json"
+    assert paged_kernel_check.main(["--backend", "CPU", "--no-check", "--time", "--cells", "512",
+                                    "--page-sizes", "16", "--iters", "1", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert "cases" not in got
+    assert [(t["cells"], t["page_size"], t["seqs"]) for t in got["timings"]] == [(512, 16, 8), (512, 16, 1)]
+    assert all(t["paged_ms"] > 0 and t["dense_ms"] > 0 for t in got["timings"])
+
+
+def test_the_report_section_says_what_passed_and_what_it_timed(tmp_path, cpu_backend):
+    from bench import paged_kernel_check
+
+    assert "Not measured in this revision." in paged_kernel_check.report_section(tmp_path)
+    assert paged_kernel_check.main(["--backend", "CPU", "--quick", "--time", "--cells", "512", "--page-sizes", "16",
+                                    "--iters", "1", "--out", str(tmp_path / "paged_kernel_check.json")]) == 0
+    text = "\n".join(paged_kernel_check.report_section(tmp_path))
+    assert text.startswith(paged_kernel_check.HEADING)
+    assert "**24 of 24 cases passed**" in text
+    assert text.count("\n| 512 | 16 |") == 2
