@@ -14,8 +14,8 @@
 # Steps, most wanted first; each gets what is left of DEADLINE_S (default 480 s) and the run stops
 # starting new ones when less than a minute is left:
 #   1. llama-bench: the build's raw prefill and decode speed;
-#   1b. the paged flash-attention kernel against the dense ones on random data, timed from 4K to 128K cells,
-#      and its quick grid under compute-sanitizer (issue 33, bench/paged_kernel_check.py);
+#   1b. the paged flash-attention kernel against the dense ones on random data, timed from 4K to 128K cells
+#      (issue 33, bench/paged_kernel_check.py; its quick grid runs again under compute-sanitizer after step 5);
 #   2. decode tok/s and TTFT at 1, 4 and 16 streams: arbor-server against stock llama-server
 #      (split and unified KV), same flags (issue 11);
 #   3. the large agent and shared-prefix workloads, same prompts for every server, every cache
@@ -80,19 +80,12 @@ if [ -x "$LLAMA_BENCH" ]; then
   step llama_bench "$LLAMA_BENCH" -m "$MODEL" -ngl "$NGL" -p 512 -n 128 -r 2 -o md
 fi
 # issue 33: the paged kernel has never run on a GPU: check it against the dense kernels on random data (the whole
-# grid) and time both from 4K to 128K cells, then the quick grid again under compute-sanitizer's memcheck
+# grid) and time both from 4K to 128K cells; the quick grid runs again under compute-sanitizer's memcheck last
 KERNEL_BACKEND=gpu
 [ "$NGL" = 0 ] && KERNEL_BACKEND=CPU  # trying the script on a CPU
 KERNEL_CELLS=4096,8192,16384,32768,65536,131072
 [ "$NGL" = 0 ] && KERNEL_CELLS=4096,8192
 step paged_kernel_check "$PY" -m bench.paged_kernel_check --backend "$KERNEL_BACKEND" --time --cells "$KERNEL_CELLS" --out "$R/paged_kernel_check.json"
-SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
-if [ -n "$SANITIZER" ] && [ "$KERNEL_BACKEND" = gpu ]; then
-  step paged_kernel_sanitizer timeout 240 "$SANITIZER" --tool memcheck --error-exitcode 9 \
-    "$PY" -m bench.paged_kernel_check --backend "$KERNEL_BACKEND" --quick --out "$R/paged_kernel_sanitizer.json"
-else
-  say "skipped paged_kernel_sanitizer: no GPU, or no compute-sanitizer on PATH or in /usr/local/cuda/bin"
-fi
 step engine_throughput "$PY" -m bench.engine_throughput --model "$MODEL" --n-gpu-layers "$NGL" \
   --threads "$THREADS" --parallel 4 --ctx-size 16384 --streams 1,4,16 --rounds 1 --repeat 1 \
   --max-tokens 256 --llama-server "$LLAMA_SERVER" --out "$R/engine_throughput.json"
@@ -108,6 +101,13 @@ step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL"
 step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
   --out "$R/cache_micro.json"
 
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
+if [ -n "$SANITIZER" ] && [ "$KERNEL_BACKEND" = gpu ]; then
+  step paged_kernel_sanitizer timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 9 \
+    "$PY" -m bench.paged_kernel_check --backend "$KERNEL_BACKEND" --quick --out "$R/paged_kernel_sanitizer.json"
+else
+  say "skipped paged_kernel_sanitizer: no GPU, or no compute-sanitizer on PATH or in /usr/local/cuda/bin"
+fi
 "$PY" -m bench.report --results "$R" --out "$OUT/summary.md" >> "$LOG" 2>&1 || say "report failed"
 tar czf "$OUT/results.tgz" -C "$OUT" results 2>> "$LOG"
 rm -rf "$R"
