@@ -49,6 +49,7 @@ class Shape:
     seqs: int
     cells_per_seq: int
     first_seq_cells: int = 0  # the first sequence's length where it differs (0: cells_per_seq)
+    head_dim_v: int = 0  # V's head size where it differs from K's (MLA; 0: head_dim)
 
     def lengths(self) -> list[int]:
         return [self.first_seq_cells or self.cells_per_seq] + [self.cells_per_seq] * (self.seqs - 1)
@@ -60,6 +61,9 @@ SHAPES = (
     Shape("synthetic 4x256, 8 seqs x 2900", 4, 2, 64, 8, 2900),
     Shape("8B (32 heads, 8 KV, 128), 8 seqs x 2048", 32, 8, 128, 8, 2048),
     Shape("smollm2-135m, 1 seq x 12000 beside 7 x 300", 9, 3, 64, 8, 300, first_seq_cells=12000),
+    Shape("MLA (DeepSeek-V3 / Kimi: 128 heads, one 576/512 latent), 8 seqs x 600", 128, 1, 576, 8, 600,
+          head_dim_v=512),
+    Shape("MLA (128 heads), 1 seq x 3000 beside 7 x 200", 128, 1, 576, 8, 200, first_seq_cells=3000, head_dim_v=512),
 )
 
 
@@ -87,7 +91,7 @@ def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE) -
                 marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED
     return {"q": rng.standard_normal((shape.n_head, rows, shape.head_dim), dtype=np.float32),
             "k": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),
-            "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),
+            "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim_v or shape.head_dim), dtype=np.float32),
             "mask": mask, "pages": table, "marked": marked}
 
 
@@ -123,13 +127,15 @@ def measure(shapes: tuple[Shape, ...], threads: int, iters: int, marks: bool = T
     return out
 
 
-def measure_with(lib_dir: str, threads: int, iters: int, marks: bool = True) -> dict[str, dict[str, float]]:
-    """`measure` in a subprocess that loads the ggml libraries of `lib_dir`."""
+def measure_with(lib_dir: str, threads: int, iters: int, marks: bool = True,
+                 shapes: str = "") -> dict[str, dict[str, float]]:
+    """`measure` in a subprocess that loads the ggml libraries of `lib_dir` (shapes: --shapes' indices, "" for all)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "one.json"
         env = {**os.environ, "LLAMA_CPP_LIB_PATH": lib_dir}
         subprocess.run([sys.executable, "-m", "bench.fa_kernel", "--threads", str(threads), "--iters", str(iters),
-                        "--rounds", "1", "--out", str(out), "--quiet"] + ([] if marks else ["--no-marks"]),
+                        "--rounds", "1", "--out", str(out), "--quiet"] + ([] if marks else ["--no-marks"])
+                       + (["--shapes", shapes] if shapes else []),
                        env=env, check=True)
         return json.loads(out.read_text())["rounds"][0]
 
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         rounds: dict[str, list] = {d: [] for d in libs}
         for _ in range(a.rounds):  # in turns, so drift on a shared machine hits every library alike
             for d in libs:
-                rounds[d].append(measure_with(d, a.threads, a.iters, a.marks))
+                rounds[d].append(measure_with(d, a.threads, a.iters, a.marks, a.shapes))
         result["libs"] = libs
         result["rounds"] = rounds
         base = libs[0]

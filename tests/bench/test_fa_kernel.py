@@ -68,6 +68,7 @@ def test_two_library_folders_in_turns(tmp_path):
     name = fa_kernel.SHAPES[1].name
     assert got["libs"] == [str(lib), str(other)]
     assert all(len(got["rounds"][d]) == 2 and got["rounds"][d][1][name]["paged_ms"] > 0 for d in got["libs"])
+    assert all(list(r) == [name] for d in got["libs"] for r in got["rounds"][d])  # the subprocesses ran --shapes only
     ratios = sorted(got["rounds"][str(other)][i][name]["paged_ms"] / got["rounds"][str(lib)][i][name]["paged_ms"]
                     for i in range(2))
     assert got["paged_over_base_lib"][str(other)][name] == pytest.approx(sum(ratios) / 2)
@@ -93,3 +94,15 @@ def test_a_long_first_sequence_takes_its_own_length():
     visible = [np.flatnonzero(row == 0).tolist() for row in x["mask"]]
     assert visible == [list(range(0, 50)), list(range(50, 70)), list(range(70, 90))]
     assert x["pages"][:, 0].tolist() == [4, 2, 2]  # pages 0-3, 3-4, 4-5
+
+
+def test_an_mla_shape_gives_v_its_own_head_size():
+    """MLA's shapes (DeepSeek, Kimi): one KV head, K rows 576 wide, V rows 512."""
+    import numpy as np
+
+    from bench import fa_kernel
+
+    shape = fa_kernel.Shape("mla", 128, 1, 576, 2, 20, head_dim_v=512)
+    x = fa_kernel.inputs(shape, np.random.default_rng(0))
+    assert x["q"].shape == (128, 2, 576) and x["k"].shape == (1, 40, 576) and x["v"].shape == (1, 40, 512)
+    assert [s.head_dim_v for s in fa_kernel.SHAPES if s.name.startswith("MLA")] == [512, 512]

@@ -189,6 +189,40 @@ def test_grouped_heads_in_one_pass_are_exact(n_head, n_threads, extras):
             np.testing.assert_array_equal(paged, unpaged)
 
 
+# (query heads, KV heads, DK, DV): MHA (one query head per KV head), groups of 20 and 32 over 2 KV heads, and MLA's
+# shape (one KV head under 32 query heads, K wider than V, as DeepSeek's latent attention reads V as a view of K)
+HEAD_SHAPES = [(2, 2, 64, 64), (40, 2, 64, 64), (64, 2, 64, 64), (32, 1, 96, 64)]
+
+
+@pytest.mark.parametrize("shape", HEAD_SHAPES, ids=["mha", "gqa20", "gqa32", "mla"])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_groups_of_any_size_are_walked_in_passes_bit_for_bit(shape, n_threads):
+    """Patch 0017: every GQA ratio takes the packed per-row path, in passes of at most 16 heads of one KV group (MHA:
+    one head; a group of 20: passes of 10; of 32, and MLA's single group of 32: passes of 16). Per head the arithmetic
+    and the cells' order are the unpaged path's: several rows of similar lengths (none long enough for the plan to cut)
+    are the same float, and one row over 1,100 cells (the split-KV path) is with one thread and within the reference's
+    tolerance with more."""
+    n_head, n_head_kv, dk, dv = shape
+    rng = np.random.default_rng(3000 + 10 * n_head + n_threads)
+    kv = shared_prefix_layout(rng, 1100)
+    for s in (0, 1, 2, 3):
+        kv.append(s, 1)
+    kv.share(0, 4)
+    kv.append(4, 1)
+    page_size = 16
+    for tokens in ([(s, kv.next_pos[s] - 1) for s in (0, 1, 2, 3, 4)], [(1, kv.next_pos[1] - 1)]):
+        mask, table = ubatch_inputs(kv, tokens, page_size)
+        q = rng.standard_normal((n_head, len(tokens), dk)).astype(np.float32)
+        k = rng.standard_normal((n_head_kv, kv.n_kv, dk)).astype(np.float32)
+        v = rng.standard_normal((n_head_kv, kv.n_kv, dv)).astype(np.float32)
+        scale = 1.0 / np.sqrt(dk)
+        paged = ggml_fa.flash_attn(q, k, v, mask, scale=scale, pages=table, page_size=page_size, n_threads=n_threads)
+        unpaged = ggml_fa.flash_attn(q, k, v, mask, scale=scale, n_threads=n_threads)
+        np.testing.assert_allclose(paged, ggml_fa.reference(q, k, v, mask, scale=scale), atol=4e-3, rtol=0)
+        if len(tokens) > 1 or n_threads == 1:
+            np.testing.assert_array_equal(paged, unpaged)
+
+
 def contiguous_prefix_layout(rng, n_kv: int) -> UnifiedKV:
     """shared_prefix_layout with each sequence's cells in a run (as a prompt's are): most of their pages hold
     only the sequence's cells; seq 7's idle cells stay scattered over the pool."""
@@ -244,23 +278,28 @@ def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
 
 @pytest.mark.parametrize("n_threads", [2, 3])
 @pytest.mark.parametrize("extras", ["plain", "softcap+sinks"])
-def test_a_long_row_beside_short_ones_is_cut_among_the_threads(n_threads, extras):
-    """The per-row path planned per batch (patch 0015): one decode row over 1,500 cells beside three short ones would
-    leave threads idle while one walks the long row's KV groups; the plan cuts each long pass into pieces of pages,
-    computes them on any thread and combines them per head (sinks once). The result is the reference's; that the cut
-    really ran shows in the last bits: the long row is no longer the same float as unpaged (whose cells one thread
-    sums in order), while the short rows, not cut, still are."""
-    rng = np.random.default_rng(2000 + n_threads)
+@pytest.mark.parametrize("shape", [(N_HEAD, N_HEAD_KV, DK, DV), HEAD_SHAPES[0], HEAD_SHAPES[3]],
+                         ids=["gqa3", "mha", "mla"])
+def test_a_long_row_beside_short_ones_is_cut_among_the_threads(n_threads, extras, shape):
+    """The per-row path planned per batch (patch 0015; MHA and MLA's shape since 0017): one decode row over 1,500 cells
+    beside three short ones would leave threads idle while one walks the long row's passes; the plan cuts each long
+    pass into pieces of pages, computes them on any thread and combines them per head (sinks once). The result is the
+    reference's; that the cut really ran shows in the last bits: the long row is no longer the same float as unpaged
+    (whose cells one thread sums in order), while the short rows, not cut, still are."""
+    n_head, n_head_kv, dk, dv = shape
+    rng = np.random.default_rng(2000 + n_threads + n_head)
     kv = UnifiedKV(1700, rng)
     kv.append(0, 1500, contiguous=True)
     for s in (1, 2, 3):
         kv.append(s, 30, contiguous=True)
     tokens = [(s, kv.next_pos[s] - 1) for s in (0, 1, 2, 3)]
     mask, table = ubatch_inputs(kv, tokens, 16)
-    q, k, v = random_qkv(rng, len(tokens), kv.n_kv)
+    q = rng.standard_normal((n_head, len(tokens), dk)).astype(np.float32)
+    k = rng.standard_normal((n_head_kv, kv.n_kv, dk)).astype(np.float32)
+    v = rng.standard_normal((n_head_kv, kv.n_kv, dv)).astype(np.float32)
     softcap = 20.0 if extras != "plain" else 0.0
-    sinks = rng.standard_normal(N_HEAD).astype(np.float32) if extras != "plain" else None
-    kw = {"scale": SCALE, "softcap": softcap, "sinks": sinks}
+    sinks = rng.standard_normal(n_head).astype(np.float32) if extras != "plain" else None
+    kw = {"scale": 1.0 / np.sqrt(dk), "softcap": softcap, "sinks": sinks}
     paged = ggml_fa.flash_attn(q, k, v, mask, pages=table, page_size=16, n_threads=n_threads, **kw)
     unpaged = ggml_fa.flash_attn(q, k, v, mask, n_threads=n_threads, **kw)
     np.testing.assert_allclose(paged, ggml_fa.reference(q, k, v, mask, **kw), atol=4e-3, rtol=0)
