@@ -189,8 +189,11 @@ def report_section(res: Path) -> list[str]:
         return out + ["Not measured in this revision.", ""]
     data = json.loads(path.read_text())
     dev = data["backend"]
-    out += [f"`python -m bench.paged_kernel_check --backend {dev['name']} --time` on {dev['name']} "
-            f"({dev['description']}), one process."]
+    args = list(data["args"])
+    if "--out" in args:  # where the file went says nothing about the figures
+        del args[args.index("--out"):args.index("--out") + 2]
+    out += [f"`python -m bench.paged_kernel_check {' '.join(args)}` on {dev['name']} ({dev['description']}), "
+            "one process."]
     if "cases" in data:
         cases = data["cases"]
         worst = max(cases, key=lambda c: c["paged_err"])
@@ -228,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         print("paged_kernel_check: these ggml libraries have no paged flash attention (Arbor's patches)",
               file=sys.stderr)
         return 2
-    result: dict = {"backend": asdict(backend.device), "lib": str(ggml_fa.lib_dir()), "tolerance": TOLERANCE}
+    result: dict = {"backend": asdict(backend.device), "lib": str(ggml_fa.lib_dir()), "tolerance": TOLERANCE,
+                    "args": list(sys.argv[1:] if argv is None else argv)}
     with backend:
         if a.run_check:
             checked = check(backend, a.quick)

@@ -344,6 +344,7 @@ READING_TOPICS = {
     "## Workloads on a hybrid model": "Sliding-window and hybrid models",
     checkpoint_agreement.HEADING: "Sliding-window and hybrid models",
     swa_memory.HEADING: "Sliding-window KV memory",
+    paged_kernel_check.HEADING: "Idle cells and paged attention",
 }
 
 

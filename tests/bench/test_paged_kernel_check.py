@@ -102,5 +102,7 @@ def test_the_report_section_says_what_passed_and_what_it_timed(tmp_path, cpu_bac
                                     "--iters", "1", "--out", str(tmp_path / "paged_kernel_check.json")]) == 0
     text = "\n".join(paged_kernel_check.report_section(tmp_path))
     assert text.startswith(paged_kernel_check.HEADING)
+    assert "`python -m bench.paged_kernel_check --backend CPU --quick --time --cells 512" in text
+    assert "--out" not in text
     assert "**24 of 24 cases passed**" in text
     assert text.count("\n| 512 | 16 |") == 2
