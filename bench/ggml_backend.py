@@ -91,10 +91,6 @@ class Backend:
         if self.device.kind == "cpu":
             libs()[1].ggml_backend_cpu_set_n_threads(self.handle, n_threads)
 
-    @property
-    def is_cpu(self) -> bool:
-        return self.device.kind == "cpu"
-
     def synchronize(self) -> None:
         libs()[0].ggml_backend_synchronize(self.handle)
 
