@@ -99,7 +99,8 @@ class FlashAttnGraph:
                     + (pages.nbytes if pages is not None else 0) + (sinks.nbytes if sinks is not None else 0)
                     + (64 << 20))
             self.ctx = base.ggml_init(_InitParams(size, None, False))
-        else:  # tensor headers and the graph in the context, the data on the backend
+        else:  # tensor headers and the graph in the context, the data on the backend (the backend calls, overheads
+            # included, were bound by bench.ggml_backend when the Backend was opened)
             self.ctx = base.ggml_init(_InitParams(base.ggml_tensor_overhead() * 16 + base.ggml_graph_overhead(),
                                                   None, True))
         assert self.ctx, "ggml_init failed"

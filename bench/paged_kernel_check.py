@@ -132,14 +132,17 @@ def run_case(case: Case, backend: Backend, kv: UnifiedKV, tokens: list[tuple[int
 def check(backend: Backend, quick: bool, log=print) -> list[CaseResult]:
     rng = np.random.default_rng(0)
     results = []
-    built: dict[int, tuple] = {}
+    layouts: dict[int, tuple[UnifiedKV, list[tuple[int, int]]]] = {}
+    inputs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (rows, page size): mask, marked table
     for case in cases(quick):
-        if case.rows not in built:
-            kv, tokens = layout(case.rows, np.random.default_rng(case.rows))
-            built[case.rows] = (kv, tokens, np.stack([kv.mask_row(s, p) for s, p in tokens]))
-        kv, tokens, mask = built[case.rows]
-        _, table = ubatch_inputs(kv, tokens, case.page_size)
-        r = run_case(case, backend, kv, tokens, mask, mark_unmasked(kv, tokens, table, case.page_size), rng)
+        if case.rows not in layouts:
+            layouts[case.rows] = layout(case.rows, np.random.default_rng(case.rows))
+        kv, tokens = layouts[case.rows]
+        if (case.rows, case.page_size) not in inputs:
+            mask, table = ubatch_inputs(kv, tokens, case.page_size)
+            inputs[case.rows, case.page_size] = (mask, mark_unmasked(kv, tokens, table, case.page_size))
+        mask, marked = inputs[case.rows, case.page_size]
+        r = run_case(case, backend, kv, tokens, mask, marked, rng)
         results.append(r)
         if not r.ok:
             log(f"FAILED {asdict(case)}: paged {r.paged_err} dense {r.dense_err} poisoned_equal {r.poisoned_equal}")

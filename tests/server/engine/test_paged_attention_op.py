@@ -157,6 +157,17 @@ def test_decode_rows_beside_a_prefill_chunk():
     check(kv, tokens, 16, rng)
 
 
+def rows_beside_one_row(rng) -> tuple[UnifiedKV, list[list[tuple[int, int]]]]:
+    """shared_prefix_layout over 1,100 cells with one new token for seqs 0-3 and for seq 4 (which shares seq 0's
+    prefix): the per-row path's ubatch (those 5 tokens) and the split-KV path's (seq 1's token alone)."""
+    kv = shared_prefix_layout(rng, 1100)
+    for s in (0, 1, 2, 3):
+        kv.append(s, 1)
+    kv.share(0, 4)
+    kv.append(4, 1)
+    return kv, [[(s, kv.next_pos[s] - 1) for s in (0, 1, 2, 3, 4)], [(1, kv.next_pos[1] - 1)]]
+
+
 @pytest.mark.parametrize("n_head", [6, 8, 4])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("extras", ["plain", "softcap+sinks"])
@@ -168,15 +179,11 @@ def test_grouped_heads_in_one_pass_are_exact(n_head, n_threads, extras):
     chunks of 3). The split-KV path sums per-thread partials over other cell ranges than unpaged with several
     threads, so there it is held to the reference."""
     rng = np.random.default_rng(1000 + 10 * n_head + n_threads)
-    kv = shared_prefix_layout(rng, 1100)
-    for s in (0, 1, 2, 3):
-        kv.append(s, 1)
-    kv.share(0, 4)
-    kv.append(4, 1)
+    kv, ubatches = rows_beside_one_row(rng)
     page_size = 16
     softcap = 20.0 if extras != "plain" else 0.0
     sinks = rng.standard_normal(n_head).astype(np.float32) if extras != "plain" else None
-    for tokens in ([(s, kv.next_pos[s] - 1) for s in (0, 1, 2, 3, 4)], [(1, kv.next_pos[1] - 1)]):
+    for tokens in ubatches:
         mask, table = ubatch_inputs(kv, tokens, page_size)
         q = rng.standard_normal((n_head, len(tokens), DK)).astype(np.float32)
         _, k, v = random_qkv(rng, len(tokens), kv.n_kv)
@@ -204,13 +211,9 @@ def test_groups_of_any_size_are_walked_in_passes_bit_for_bit(shape, n_threads):
     tolerance with more."""
     n_head, n_head_kv, dk, dv = shape
     rng = np.random.default_rng(3000 + 10 * n_head + n_threads)
-    kv = shared_prefix_layout(rng, 1100)
-    for s in (0, 1, 2, 3):
-        kv.append(s, 1)
-    kv.share(0, 4)
-    kv.append(4, 1)
+    kv, ubatches = rows_beside_one_row(rng)
     page_size = 16
-    for tokens in ([(s, kv.next_pos[s] - 1) for s in (0, 1, 2, 3, 4)], [(1, kv.next_pos[1] - 1)]):
+    for tokens in ubatches:
         mask, table = ubatch_inputs(kv, tokens, page_size)
         q = rng.standard_normal((n_head, len(tokens), dk)).astype(np.float32)
         k = rng.standard_normal((n_head_kv, kv.n_kv, dk)).astype(np.float32)
