@@ -33,7 +33,10 @@ Contract:
   the ubatches that failed (llama.cpp logs the first difference of each). It starts on in a
   debug build of llama.cpp and wherever LLAMA_PAGED_ATTN_SELF_CHECK is a number other than 0
   (patch 0013: a server can be asked to check itself; /props reports it); `self_check(ctx)` says
-  whether it is on and how many ubatches failed.
+  whether it is on and how many ubatches failed. `inject_mask_fault(ctx)` (tests only, patch 0018)
+  arms a one-shot fault: the next paged mask drops one entry the kernel reads that llama.cpp's mask
+  keeps (the first for the ubatch's first token), as a bug in the mask builder would, so a test can
+  see the self-check count a real wrong mask and the logits move.
 - `seq_pages(ctx, seq_id)` lists the pages a sequence's attention walks (ascending page
   indices), or None when paged attention is off. With owned pages a page is shared only
   through seq_cp, or when the cache is too full for a free page, so a sequence of n cells alone
@@ -150,6 +153,11 @@ def set_owned_pages(ctx, owned: bool) -> None:
 def set_self_check(ctx, on: bool) -> None:
     if _bound("llama_set_paged_attn_self_check", (ctypes.c_void_p, ctypes.c_bool), ctypes.c_int32)(ctx, on) != 0:
         raise PagedAttentionUnavailable("the model's memory is not a plain KV cache: there is no paged mask to check")
+
+
+def inject_mask_fault(ctx) -> None:
+    if _bound("llama_paged_attn_inject_mask_fault", (ctypes.c_void_p,), ctypes.c_int32)(ctx) != 0:
+        raise PagedAttentionUnavailable("the model's memory is not a plain KV cache: there is no paged mask to fault")
 
 
 def self_check_failures(ctx) -> int:

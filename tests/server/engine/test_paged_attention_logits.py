@@ -354,6 +354,31 @@ def test_the_tolerance_sees_one_wrong_cell(model, toks):
         rt.close()
 
 
+@pytest.mark.parametrize("self_check", [True, False], ids=["checked", "unchecked"])
+def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
+    """The self-check's failure counter against a real fault (patch 0018's inject_mask_fault): the next paged
+    mask drops one cell that sequence 0's decode token may attend to. The checked run counts exactly that
+    ubatch, once (the fault is spent); unchecked, nothing counts it. Either way the dropped cell reaches the
+    kernel: that decode's logits leave the owned-placement bound, so the counter counts a fault that matters."""
+    from server.engine import paged_attention
+
+    with twin(model, 16) as tw:
+        paged_attention.set_self_check(tw.on.ctx, self_check)
+        prefill(tw, toks, 0, 100, 0)
+        prefill(tw, toks, 1, 60, 1000)
+        decode_steps(tw, toks, (0, 1), 2, "before the fault")
+        assert tw.self_check_failures() == 0
+        assert tw.worst().max_abs <= LAYOUT_BOUND
+
+        paged_attention.inject_mask_fault(tw.on.ctx)
+        faulted = tw.decode("faulted", [(toks(5000 + s), tw.pos_range(s)[1] + 1, (s,), True) for s in (0, 1)])
+        assert tw.self_check_failures() == (1 if self_check else 0)
+        assert faulted.max_abs > 5 * LAYOUT_BOUND, faulted
+
+        decode_steps(tw, toks, (0, 1), 2, "after the fault", base=6000)
+        assert tw.self_check_failures() == (1 if self_check else 0)
+
+
 def test_cell_order_alone_moves_unpaged_logits(model, toks):
     """LAYOUT_BOUND's ground: unpaged llama.cpp, one sequence's 100 prompt cells and 4 decode tokens, the
     decode tokens written after the prompt's cells or before them (into the cells a removed sequence freed).
