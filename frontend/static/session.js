@@ -27,9 +27,16 @@ function reportOpenBranch(branchId, again = false) {
   });
 }
 
+// Loads overlap (a turn's end and a fork each reload the page); only the latest may render, or an
+// answer that left the server before a fork but arrived after it would show the session without it.
+let latestLoad = 0;
+
 async function load() {
+  const mine = ++latestLoad;
+  const superseded = () => mine !== latestLoad;
   try {
     const detail = await api(base);
+    if (superseded()) return;
     state.detail = detail;
     reportOpenBranch(detail.active_branch_id);
     // What the page shows, nothing more: the branch's turns are in the session detail (its path
@@ -38,12 +45,14 @@ async function load() {
       api(`${base}/trace?bodies=false`).catch(() => ({ spans: [] })),
       state.scenario ? state.scenario : api(`/api/scenarios/${encodeURIComponent(detail.scenario)}`).catch(() => null),
     ]);
+    if (superseded()) return;
     state.spans = trace.spans || [];
     state.scenario = scenario;
     showError("");
     render();
     rejoinRunning();
   } catch (exc) {
+    if (superseded()) return;
     showError(exc.status === 404 ? `This session does not exist (${exc.message}).` : `Could not load the session: ${exc.message}`);
     els.sub.textContent = "";
     setComposer(false, "");

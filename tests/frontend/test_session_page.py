@@ -93,6 +93,42 @@ def test_a_thinking_models_reasoning_is_shown_collapsed_per_step_and_sent_back(p
     assert page.js_errors == []
 
 
+def test_an_older_load_answered_late_does_not_undo_a_newer_one(page, workbench, script):
+    """Two loads of the session overlap (here two quick forks; in use, a turn's end and a fork): the first
+    one's answer, taken before the second fork, is delivered after the second load rendered. The page keeps
+    the newer state; rendering the late answer would drop the second fork from the branch list."""
+    script.on("first question", ScriptedReply(content="Answer one."))
+    session_id = open_new_session(page, workbench, "Field maintenance")
+    send(page, "first question")
+    expect(last_turn(page)).to_have_attribute("data-status", "completed")
+    branches = page.locator("#branch-list > li.branch")
+    expect(branches).to_have_count(1)
+
+    held = []
+
+    def hold_the_first_load(route):
+        if route.request.method == "GET" and not held:
+            held.append((route, route.fetch()))  # answered now (two branches), delivered later
+            return
+        route.continue_()
+
+    page.route(re.compile(rf".*/api/sessions/{session_id}$"), hold_the_first_load)
+    fork_button = page.locator("#conversation > li.turn").first.get_by_role(
+        "button", name=re.compile("Fork a new branch from turn #1"))
+    fork_button.click()
+    deadline = time.monotonic() + 10
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    assert held, "the first fork's load never asked for the session"
+    fork_button.click()
+    expect(branches).to_have_count(3)
+
+    route, answer = held[0]
+    route.fulfill(response=answer)
+    page.wait_for_timeout(500)  # the late answer's load runs its course (its trace request included)
+    expect(branches).to_have_count(3)
+
+
 def test_fork_from_first_turn_and_switch_between_branches(page, workbench, script):
     script.on("first question", ScriptedReply(content="Answer one."))
     script.on("second question", ScriptedReply(content="Answer two on main."))
