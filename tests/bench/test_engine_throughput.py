@@ -12,12 +12,13 @@ from bench.engine_throughput import server_configs
 def args(**kw) -> argparse.Namespace:
     base = {"parallel": 4, "ctx_size": 8192, "arbor_no_cache": False, "n_gpu_layers": 0, "threads": 1,
             "arbor_unpaged": False, "arbor_shared_pages": False, "arbor_decode_threads": None, "arbor_src": None,
+            "arbor_lib": None,
             "no_llama_server": False}
     return argparse.Namespace(**{**base, **kw})
 
 
 def test_the_decode_threads_variant_differs_from_arbor_by_its_thread_flags_alone():
-    configs = {name: extra for name, _, extra, _ in server_configs(args(threads=2, arbor_decode_threads=1),
+    configs = {name: extra for name, _, extra, *_ in server_configs(args(threads=2, arbor_decode_threads=1),
                                                                     "/bin/llama-server")}
     assert set(configs) == {"arbor-server", "arbor-server -t 1 -tb 2", "llama-server --kv-unified",
                             "llama-server (split KV)"}
@@ -34,11 +35,19 @@ def test_decode_threads_need_the_threads_of_the_other_steps():
 
 
 def test_without_variants_arbor_runs_once():
-    names = [name for name, _, _, _ in server_configs(args(), None)]
+    names = [name for name, *_ in server_configs(args(), None)]
     assert names == ["arbor-server"]
 
 
 def test_the_shared_pages_variant_adds_the_placement_alone():
-    configs = {name: extra for name, _, extra, _ in server_configs(args(arbor_shared_pages=True), None)}
+    configs = {name: extra for name, _, extra, *_ in server_configs(args(arbor_shared_pages=True), None)}
     assert set(configs) == {"arbor-server", "arbor-server --page-placement shared"}
     assert configs["arbor-server --page-placement shared"] == configs["arbor-server"] + ["--page-placement", "shared"]
+
+
+def test_the_library_variant_differs_from_arbor_by_its_environment_alone(tmp_path):
+    configs = {name: (extra, env) for name, _, extra, _, env in server_configs(args(arbor_lib=tmp_path), None)}
+    assert set(configs) == {"arbor-server", f"arbor-server (lib {tmp_path})"}
+    variant = configs[f"arbor-server (lib {tmp_path})"]
+    assert variant == (configs["arbor-server"][0], {"LLAMA_CPP_LIB_PATH": str(tmp_path)})
+    assert configs["arbor-server"][1] == {}
