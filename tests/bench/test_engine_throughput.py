@@ -49,5 +49,5 @@ def test_the_library_variant_differs_from_arbor_by_its_environment_alone(tmp_pat
     configs = {name: (extra, env) for name, _, extra, _, env in server_configs(args(arbor_lib=tmp_path), None)}
     assert set(configs) == {"arbor-server", f"arbor-server (lib {tmp_path})"}
     variant = configs[f"arbor-server (lib {tmp_path})"]
-    assert variant == (configs["arbor-server"][0], {"LLAMA_CPP_LIB_PATH": str(tmp_path)})
+    assert variant == (configs["arbor-server"][0], {"LLAMA_CPP_LIB_PATH": str(tmp_path.resolve())})
     assert configs["arbor-server"][1] == {}
