@@ -40,8 +40,10 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -144,11 +146,19 @@ async def level(base_v1: str, concurrency: int, rounds: int, max_tokens: int, pi
     }
 
 
-ServerConfig = tuple[str, str, list[str], Path | None, dict[str, str]]
+class ServerConfig(NamedTuple):
+    """One server of the run: its name in the tables, "arbor" or "llama", its flags beyond the
+    model and port, the checkout whose arbor-server runs (None: this one), extra environment."""
+
+    name: str
+    kind: str
+    extra: list[str]
+    src: Path | None = None
+    env: Mapping[str, str] = MappingProxyType({})
 
 
 def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConfig]:
-    """(name, kind, extra args, arbor source dir, extra environment) per server, all with the same settings."""
+    """One ServerConfig per server, all with the same settings."""
     # Prompt caches as each server ships: llama-server reuses a slot's common prefix by default
     # (cache_prompt), so arbor runs with its default tiers; --arbor-no-cache measures without.
     arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size),
@@ -158,11 +168,12 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConf
     if a.threads is not None:
         arbor += ["--threads", str(a.threads)]
         llama += ["-t", str(a.threads)]
-    out: list[ServerConfig] = [("arbor-server", "arbor", arbor, None, {})]
+    out = [ServerConfig("arbor-server", "arbor", arbor)]
     if a.arbor_unpaged:
-        out.append(("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"], None, {}))
+        out.append(ServerConfig("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"]))
     if a.arbor_shared_pages:
-        out.append(("arbor-server --page-placement shared", "arbor", arbor + ["--page-placement", "shared"], None, {}))
+        out.append(ServerConfig("arbor-server --page-placement shared", "arbor",
+                                arbor + ["--page-placement", "shared"]))
     if a.arbor_decode_threads is not None:
         # one-token steps (one stream's decode) on N threads, every other step on --threads (all the servers' own)
         if a.threads is None:
@@ -170,16 +181,16 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConf
         variant = list(arbor)
         i = variant.index("--threads")
         variant[i:i + 2] = ["--threads", str(a.arbor_decode_threads), "--threads-batch", str(a.threads)]
-        out.append((f"arbor-server -t {a.arbor_decode_threads} -tb {a.threads}", "arbor", variant, None, {}))
+        out.append(ServerConfig(f"arbor-server -t {a.arbor_decode_threads} -tb {a.threads}", "arbor", variant))
     if a.arbor_src is not None:
-        out.append((f"arbor-server ({a.arbor_src.name})", "arbor", arbor, a.arbor_src, {}))
+        out.append(ServerConfig(f"arbor-server ({a.arbor_src.name})", "arbor", arbor, src=a.arbor_src))
     if a.arbor_lib is not None:
         # llama-cpp-python loads its libraries from LLAMA_CPP_LIB_PATH when it is set
-        out.append((f"arbor-server (lib {a.arbor_lib})", "arbor", arbor, None,
-                    {"LLAMA_CPP_LIB_PATH": str(a.arbor_lib.resolve())}))
+        out.append(ServerConfig(f"arbor-server (lib {a.arbor_lib})", "arbor", arbor,
+                                env={"LLAMA_CPP_LIB_PATH": str(a.arbor_lib.resolve())}))
     if binary and not a.no_llama_server:
-        out.append(("llama-server --kv-unified", "llama", llama + ["--kv-unified"], None, {}))
-        out.append(("llama-server (split KV)", "llama", llama + ["--no-kv-unified"], None, {}))
+        out.append(ServerConfig("llama-server --kv-unified", "llama", llama + ["--kv-unified"]))
+        out.append(ServerConfig("llama-server (split KV)", "llama", llama + ["--no-kv-unified"]))
     return out
 
 
@@ -236,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.llama_server and binary != a.llama_server:
         p.error(f"--llama-server {a.llama_server}: no such file")
     configs = server_configs(a, binary)
-    samples: dict[str, list[list[dict]]] = {name: [] for name, *_ in configs}
+    samples: dict[str, list[list[dict]]] = {c.name: [] for c in configs}
     commands: dict[str, str] = {}
     for _ in range(a.repeat):
         for name, kind, extra, src, env in configs:
