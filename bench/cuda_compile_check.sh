@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile-only check of the CUDA side of our llama.cpp patches on a machine without a GPU: the
-# paged kernel (ggml-cuda/fattn-paged.cu) and the flash-attention dispatch that calls it (fattn.cu),
+# paged kernels (ggml-cuda/fattn-paged.cu), the flash-attention dispatch that calls them (fattn.cu) and the
+# MMA kernel's 64-column tiles, whose sparse gather runs a paged prefill (template-instances/fattn-mma-f16-*),
 # built by llama.cpp's own CMake from the patched source scripts/llama-cpp-source.sh prepares.
 # Needs nvcc (NVCC, default `nvcc` on PATH): a CUDA 13 toolkit, or the PyPI packages nvidia-cuda-nvcc,
 # nvidia-cuda-cccl, nvidia-cuda-runtime, nvidia-cuda-crt and nvidia-nvvm unpacked into one folder
@@ -40,6 +41,11 @@ cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON "-DCM
   -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" -DCUDAToolkit_ROOT="$root" -DGGML_NATIVE=OFF -DGGML_CUDA_NCCL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_CURL=OFF > "$work/cmake.log" || { tail -30 "$work/cmake.log"; exit 1; }
-echo "cuda_compile_check: fattn-paged.cu and fattn.cu for $archs"
-make -C "$work/build/ggml/src/ggml-cuda" fattn-paged.cu.o fattn.cu.o
+# the MMA kernel's 64-column tiles, which the paged prefill's gather adds template cases to (patch 0021)
+mma64=()
+for t in ncols1_64-ncols2_1 ncols1_32-ncols2_2 ncols1_16-ncols2_4 ncols1_8-ncols2_8; do
+  mma64+=("template-instances/fattn-mma-f16-instance-$t.cu.o")
+done
+echo "cuda_compile_check: fattn-paged.cu, fattn.cu and the MMA kernel's 64-column tiles for $archs"
+make -C "$work/build/ggml/src/ggml-cuda" fattn-paged.cu.o fattn.cu.o "${mma64[@]}"
 echo "cuda_compile_check: ok ($("$root/bin/nvcc" --version | tail -1))"

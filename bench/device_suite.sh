@@ -14,7 +14,8 @@
 # Steps, most wanted first; each gets what is left of DEADLINE_S (default 480 s) and the run stops
 # starting new ones when less than a minute is left:
 #   1. llama-bench: the build's raw prefill and decode speed;
-#   1b. the paged flash-attention kernel against the dense ones on random data, timed from 4K to 128K cells
+#   1b. the paged flash-attention kernels (decode, and the prefill through the MMA gather) against the dense ones
+#      on random data, timed from 4K to 128K cells
 #      (issue 33, bench/paged_kernel_check.py; its quick grid runs again under compute-sanitizer after step 5);
 #   2. decode tok/s and TTFT at 1, 4 and 16 streams: arbor-server against stock llama-server
 #      (split and unified KV), same flags (issue 11);
