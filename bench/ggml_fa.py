@@ -28,6 +28,7 @@ GGML_TYPE_I32 = 26
 # ggml.h (patch 0014): a page index in a page-table row may carry this flag: the mask is 0 at every cell of that page
 # for that row, and the kernel does not read it there
 GGML_FA_PAGE_UNMASKED = 1 << 30
+GGML_FA_PAGE_INDEX = GGML_FA_PAGE_UNMASKED - 1  # a page index without the flag
 
 
 class _InitParams(ctypes.Structure):

@@ -7,20 +7,25 @@ Written for the first GPU host at hand (issue 33, item 4): bench/device_suite.sh
 more under compute-sanitizer with --quick; here it runs on the CPU backend (the tests do).
 
 The check runs every combination of head size (64, 96, 128, 256), page size (7, 16, 64), query rows (1, 8, 64:
-one decode row; eight sequences decoding; two decode rows beside a 62-token prompt chunk) and query heads per
-KV head (1, 4, 8; 2 KV heads), over one layout (bench.paged_layout): a prefix two sequences share, sequences
-with runs of their own and cells scattered after evictions, an idle sequence's cells among them, the KV's last
-page cut short (pages of 7). The page table carries llama.cpp's GGML_FA_PAGE_UNMASKED marks. Per case:
+one decode row; eight sequences decoding; two decode rows beside a 62-token prompt chunk; and 124: four decode
+rows beside a 120-token chunk, a prefill, which CUDA runs through the MMA kernel's gather over the page table,
+its groups of rows mixed, of one sequence, and cut short at the end) and query heads per KV head (1, 4, 8; 2 KV
+heads), over one layout (bench.paged_layout): a prefix two sequences share, sequences with runs of their own and
+cells scattered after evictions, an idle sequence's cells among them, the KV's last page cut short (pages of 7).
+The page table carries llama.cpp's GGML_FA_PAGE_UNMASKED marks. Per case:
   - paged: the op with the page table, on the backend, against the reference (max |difference|);
   - dense: the op without it (the kernels llama.cpp runs without pages), same backend, same reference;
-  - poisoned: the paged op again with NaN written where the kernel must not read the mask (outside the
-    row's pages, and in its marked pages): it must give the paged result bit for bit.
+  - poisoned: the paged op again with NaN written where the kernel must not read the mask: it must give the
+    paged result bit for bit. Up to 64 rows (the decode kernels' contract) that is outside the row's pages and in
+    its marked pages; above (a prefill) it is outside every page of the ubatch's rows: CUDA's gather takes a group
+    of rows' pages together and reads the mask there, which llama.cpp writes whole when an accelerator is present.
 A case passes when its outputs are finite, paged is within max(5e-3, 2 x dense's error) of the reference and
 poisoned equals paged. The exit status is 1 when any case failed (2 when the backend cannot be opened).
 
 --time measures paged (marked pages) and dense at an 8B model's attention (32 query heads, 8 KV heads, 128):
-eight sequences decoding one row each over cells of their own, and one sequence over all the cells, for
---cells totals (default 4K to 128K) and --page-sizes (default 16 and 64); the median of --iters runs after
+eight sequences decoding one row each over cells of their own, one sequence over all the cells, and a prompt
+chunk of 512 rows (fewer where a sequence holds fewer cells) ending one of eight sequences (seed 002's TTFT shape),
+for --cells totals (default 4K to 128K) and --page-sizes (default 16 and 64); the median of --iters runs after
 warm-up, each synchronised.
 """
 
@@ -43,7 +48,9 @@ from bench.paged_layout import UnifiedKV, mark_unmasked, ubatch_inputs
 
 HEAD_SIZES = (64, 96, 128, 256)
 PAGE_SIZES = (7, 16, 64)
-ROWS = (1, 8, 64)
+ROWS = (1, 8, 64, 124)
+DECODE_ROWS_MAX = 64  # above, a prefill (CUDA: GGML_CUDA_FATTN_PAGED_MAX_ROWS)
+PREFILL_ROWS = 512
 GQA = (1, 4, 8)
 N_HEAD_KV = 2
 N_KV = 1024  # llama.cpp pads the KV it attends to to 256 cells; pages of 7 cells: the last one is cut short
@@ -90,17 +97,23 @@ def layout(rows: int, rng: np.random.Generator) -> tuple[UnifiedKV, list[tuple[i
         for s in range(8):
             kv.append(s, 1, contiguous=True)
         return kv, [(s, kv.next_pos[s] - 1) for s in range(8)]
-    assert rows == 64
-    for s in (0, 2):
+    decoding, chunk = {64: ((0, 2), 62), 124: ((0, 1, 2, 3), 120)}[rows]
+    for s in decoding:
         kv.append(s, 1, contiguous=True)
-    kv.append(4, 62, contiguous=True)  # a prompt chunk's cells, written before attention runs
-    return kv, [(0, kv.next_pos[0] - 1), (2, kv.next_pos[2] - 1)] + [(4, kv.next_pos[4] - 62 + i) for i in range(62)]
+    kv.append(4, chunk, contiguous=True)  # a prompt chunk's cells, written before attention runs
+    return kv, [(s, kv.next_pos[s] - 1) for s in decoding] + [(4, kv.next_pos[4] - chunk + i) for i in range(chunk)]
 
 
 def poison(mask: np.ndarray, marked: np.ndarray, page_size: int) -> np.ndarray:
-    """The mask with NaN wherever the paged kernel must not read it: outside each row's pages and inside its marked
-    ones (with only the CPU kernel, llama.cpp leaves those entries unwritten)."""
+    """The mask with NaN wherever the paged kernel must not read it. Up to DECODE_ROWS_MAX rows: outside each row's
+    pages and inside its marked ones (with only the CPU kernel, llama.cpp leaves those entries unwritten). Above (a
+    prefill): outside the pages of every row, since a backend may read a group of rows' pages together."""
     out = np.full_like(mask, np.nan)
+    if len(marked) > DECODE_ROWS_MAX:
+        pages = {int(p) & ggml_fa.GGML_FA_PAGE_INDEX for row in marked for p in row[2:2 + row[0]]}
+        for p in pages:
+            out[:, p * page_size:(p + 1) * page_size] = mask[:, p * page_size:(p + 1) * page_size]
+        return out
     for i, row in enumerate(marked):
         for p in row[2:2 + row[0]]:
             if not p & ggml_fa.GGML_FA_PAGE_UNMASKED:
@@ -160,22 +173,49 @@ def time_op(graph: ggml_fa.FlashAttnGraph, iters: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def prefill_inputs(n: int, page_size: int, rows: int, rng: np.random.Generator) -> dict:
+    """The 8B attention over 8 sequences of n/8 cells each (runs of their own), for a prompt chunk of `rows` tokens
+    ending the first sequence: its rows see that sequence's cells up to their own positions; every row lists that
+    sequence's pages (one tag), those wholly before the chunk marked."""
+    from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
+
+    per_seq = n // 8
+    first = per_seq - rows  # the chunk's first position (and cell: the first sequence holds cells 0..per_seq-1)
+    mask = np.full((rows, n), -np.inf, dtype=np.float32)
+    for i in range(rows):
+        mask[i, :first + i + 1] = 0.0
+    pages = list(range(-(-per_seq // page_size)))
+    table = np.zeros((rows, 2 + -(-n // page_size)), dtype=np.int32)
+    table[:, 0], table[:, 1] = len(pages), 0
+    table[:, 2:2 + len(pages)] = [p | GGML_FA_PAGE_UNMASKED if (p + 1) * page_size - 1 <= first else p for p in pages]
+    return {"q": rng.standard_normal((32, rows, 128), dtype=np.float32),
+            "k": rng.standard_normal((8, n, 128), dtype=np.float32),
+            "v": rng.standard_normal((8, n, 128), dtype=np.float32),
+            "mask": mask, "marked": table}
+
+
 def timings(backend: Backend, cells: list[int], page_sizes: list[int], iters: int, log=print) -> list[dict]:
-    """Paged (marked) and dense ms at the 8B attention shape, 8 sequences x n/8 cells and 1 sequence x n cells."""
+    """Paged (marked) and dense ms at the 8B attention shape: 8 sequences x n/8 cells decoding one row each, 1
+    sequence x n cells, and a prompt chunk ending one of 8 sequences (rows: PREFILL_ROWS or n/8 if fewer)."""
     from bench.fa_kernel import Shape, inputs
 
     out = []
-    for n, page_size, seqs in itertools.product(cells, page_sizes, (8, 1)):
-        shape = Shape(f"8B, {seqs} x {n // seqs}", 32, 8, 128, seqs, n // seqs)
-        x = inputs(shape, np.random.default_rng(n), page_size)
+    for n, page_size, (seqs, prefill) in itertools.product(cells, page_sizes, ((8, False), (1, False), (8, True))):
+        rows = min(PREFILL_ROWS, n // 8) if prefill else seqs
+        if prefill:
+            x = prefill_inputs(n, page_size, rows, np.random.default_rng(n))
+        else:
+            x = inputs(Shape(f"8B, {seqs} x {n // seqs}", 32, 8, 128, seqs, n // seqs), np.random.default_rng(n),
+                       page_size)
         kw = {"scale": 1.0 / np.sqrt(128), "backend": backend}
         with ggml_fa.FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], pages=x["marked"], page_size=page_size,
                                     **kw) as paged, \
                 ggml_fa.FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], **kw) as dense:
-            row = {"cells": n, "page_size": page_size, "seqs": seqs,
+            row = {"cells": n, "page_size": page_size, "seqs": seqs, "rows": rows,
                    "paged_ms": round(time_op(paged, iters), 4), "dense_ms": round(time_op(dense, iters), 4)}
         row["paged_over_dense"] = round(row["paged_ms"] / row["dense_ms"], 3)
-        log(f"{n:>7} cells, pages of {page_size:>2}, {seqs} seq(s): paged {row['paged_ms']} ms, dense "
+        what = f"a {rows}-row chunk of 1 of {seqs} seqs" if prefill else f"{seqs} seq(s)"
+        log(f"{n:>7} cells, pages of {page_size:>2}, {what}: paged {row['paged_ms']} ms, dense "
             f"{row['dense_ms']} ms ({row['paged_over_dense']}x)")
         out.append(row)
     return out
@@ -205,11 +245,12 @@ def report_section(res: Path) -> list[str]:
                 f"for bit). Largest paged error {worst['paged_err']:.4g} (dense {worst['dense_err']:.4g}) at head "
                 f"size {worst['head_size']}, pages of {worst['page_size']}, {worst['rows']} rows, GQA {worst['gqa']}."]
     if data.get("timings"):
-        out += ["", "Timing (8B attention: 32 query heads, 8 KV heads, 128; marked pages; median ms):", "",
-                "| cells | page size | sequences (one row each) | paged ms | dense ms | paged / dense |",
-                "|---|---|---|---|---|---|"]
-        out += [f"| {t['cells']:,} | {t['page_size']} | {t['seqs']} | {t['paged_ms']:.3f} | {t['dense_ms']:.3f} | "
-                f"{t['paged_over_dense']:.2f}x |" for t in data["timings"]]
+        out += ["", "Timing (8B attention: 32 query heads, 8 KV heads, 128; marked pages; median ms; rows: one per "
+                "decoding sequence, or a prompt chunk of the first sequence):", "",
+                "| cells | page size | sequences | query rows | paged ms | dense ms | paged / dense |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {t['cells']:,} | {t['page_size']} | {t['seqs']} | {t.get('rows', t['seqs'])} | "
+                f"{t['paged_ms']:.3f} | {t['dense_ms']:.3f} | {t['paged_over_dense']:.2f}x |" for t in data["timings"]]
     return out + [""]
 
 
@@ -217,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="gpu", help="a ggml device name (CPU, CUDA0) or 'gpu' for the first GPU")
     p.add_argument("--threads", type=int, default=2, help="the CPU backend's threads")
-    p.add_argument("--quick", action="store_true", help="24 of the 108 cases (head sizes 64/128, pages 7/16, GQA 1/4)")
+    p.add_argument("--quick", action="store_true", help="32 of the 144 cases (head sizes 64/128, pages 7/16, GQA 1/4)")
     p.add_argument("--no-check", dest="run_check", action="store_false", help="only time (with --time)")
     p.add_argument("--time", action="store_true", help="time paged against dense (see --cells)")
     p.add_argument("--cells", default="4096,8192,16384,32768,65536,131072")

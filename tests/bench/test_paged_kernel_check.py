@@ -30,30 +30,53 @@ def test_the_quick_grid_passes_on_the_cpu_backend(tmp_path, cpu_backend):
     assert paged_kernel_check.main(["--backend", "CPU", "--quick", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["backend"]["kind"] == "cpu" and got["failed"] == 0
-    assert len(got["cases"]) == 24
-    assert {(c["rows"], c["gqa"]) for c in got["cases"]} == {(r, g) for r in (1, 8, 64) for g in (1, 4)}
+    assert len(got["cases"]) == 32
+    assert {(c["rows"], c["gqa"]) for c in got["cases"]} == {(r, g) for r in (1, 8, 64, 124) for g in (1, 4)}
     assert all(c["ok"] and c["poisoned_equal"] and c["paged_err"] < 5e-3 for c in got["cases"])
 
 
-def layout_and_table(page_size: int):
+def layout_and_table(page_size: int, rows: int = 8):
     from bench import paged_kernel_check
     from bench.paged_layout import mark_unmasked, ubatch_inputs
 
-    kv, tokens = paged_kernel_check.layout(8, np.random.default_rng(8))
+    kv, tokens = paged_kernel_check.layout(rows, np.random.default_rng(rows))
     mask, table = ubatch_inputs(kv, tokens, page_size)
     return kv, tokens, mask, table, mark_unmasked(kv, tokens, table, page_size)
 
 
-def test_a_page_missing_from_the_table_fails_the_case(cpu_backend):
+@pytest.mark.parametrize(("rows", "row"), [(8, 1), (124, 1), (124, 123)])
+def test_a_page_missing_from_the_table_fails_the_case(cpu_backend, rows, row):
+    """Decode rows (8: row 1, seq 1, the shared prefix) and a prefill (124: a decode row beside the chunk, and the
+    chunk): a sequence whose rows lose their last page reads less than its mask allows. (Rows of one tag share one
+    list by contract, so the page leaves every row of the row's sequence.)"""
     from bench.paged_kernel_check import Case, run_case
 
-    case = Case(64, 16, 8, 4)
-    kv, tokens, mask, _, marked = layout_and_table(16)
+    case = Case(64, 16, rows, 4)
+    kv, tokens, mask, _, marked = layout_and_table(16, rows)
     assert run_case(case, cpu_backend, kv, tokens, mask, marked, np.random.default_rng(1)).ok
     dropped = marked.copy()
-    dropped[1, 0] -= 1  # row 1 (seq 1: the shared prefix) loses its last page
+    dropped[marked[:, 1] == marked[row, 1], 0] -= 1
     got = run_case(case, cpu_backend, kv, tokens, mask, dropped, np.random.default_rng(1))
     assert not got.ok and got.paged_err > 5e-3
+
+
+def test_a_prefill_is_poisoned_outside_every_rows_pages_only():
+    """Above 64 rows the poisoned mask keeps every page some row lists, marks included (CUDA's gather reads a group
+    of rows' pages together); decode rows keep only their own unmarked pages."""
+    from bench.ggml_fa import GGML_FA_PAGE_INDEX
+    from bench.paged_kernel_check import poison
+
+    for rows in (64, 124):
+        kv, tokens, mask, table, marked = layout_and_table(16, rows)
+        got = poison(mask, marked, 16)
+        listed = {int(p) & GGML_FA_PAGE_INDEX for r in marked for p in r[2:2 + r[0]]}
+        cells = np.zeros(kv.n_kv, dtype=bool)
+        for p in listed:
+            cells[p * 16:(p + 1) * 16] = True
+        if rows == 124:
+            assert np.isnan(got[:, ~cells]).all() and not np.isnan(got[:, cells]).any()
+        else:
+            assert np.isnan(got[:, cells]).any()  # another row's pages, and marked ones
 
 
 def test_a_page_marked_where_the_mask_matters_fails_the_case(cpu_backend):
@@ -90,7 +113,8 @@ def test_the_timing_mode_records_paged_and_dense(tmp_path, cpu_backend):
                                     "--page-sizes", "16", "--iters", "1", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert "cases" not in got
-    assert [(t["cells"], t["page_size"], t["seqs"]) for t in got["timings"]] == [(512, 16, 8), (512, 16, 1)]
+    assert [(t["cells"], t["page_size"], t["seqs"], t["rows"]) for t in got["timings"]] == [
+        (512, 16, 8, 8), (512, 16, 1, 1), (512, 16, 8, 64)]
     assert all(t["paged_ms"] > 0 and t["dense_ms"] > 0 for t in got["timings"])
 
 
@@ -104,5 +128,5 @@ def test_the_report_section_says_what_passed_and_what_it_timed(tmp_path, cpu_bac
     assert text.startswith(paged_kernel_check.HEADING)
     assert "`python -m bench.paged_kernel_check --backend CPU --quick --time --cells 512" in text
     assert "--out" not in text
-    assert "**24 of 24 cases passed**" in text
-    assert text.count("\n| 512 | 16 |") == 2
+    assert "**32 of 32 cases passed**" in text
+    assert text.count("\n| 512 | 16 |") == 3 and "\n| 512 | 16 | 8 | 64 |" in text
