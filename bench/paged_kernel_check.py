@@ -24,9 +24,9 @@ poisoned equals paged. The exit status is 1 when any case failed (2 when the bac
 
 --time measures paged (marked pages) and dense at an 8B model's attention (32 query heads, 8 KV heads, 128):
 eight sequences decoding one row each over cells of their own, one sequence over all the cells, and a prompt
-chunk of 512 rows (fewer where a sequence holds fewer cells) ending one of eight sequences (seed 002's TTFT shape),
-for --cells totals (default 4K to 128K) and --page-sizes (default 16 and 64); the median of --iters runs after
-warm-up, each synchronised.
+chunk of 512 rows (fewer where a sequence holds fewer cells) ending one of eight sequences (seed 002's TTFT shape)
+or the only one (its pages are the whole KV: what the gather costs over dense), for --cells totals (default 4K
+to 128K) and --page-sizes (default 16 and 64); the median of --iters runs after warm-up, each synchronised.
 """
 
 from __future__ import annotations
@@ -173,13 +173,13 @@ def time_op(graph: ggml_fa.FlashAttnGraph, iters: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def prefill_inputs(n: int, page_size: int, rows: int, rng: np.random.Generator) -> dict:
-    """The 8B attention over 8 sequences of n/8 cells each (runs of their own), for a prompt chunk of `rows` tokens
-    ending the first sequence: its rows see that sequence's cells up to their own positions; every row lists that
-    sequence's pages (one tag), those wholly before the chunk marked."""
+def prefill_inputs(n: int, seqs: int, page_size: int, rows: int, rng: np.random.Generator) -> dict:
+    """The 8B attention over `seqs` sequences of n/seqs cells each (runs of their own), for a prompt chunk of `rows`
+    tokens ending the first sequence: its rows see that sequence's cells up to their own positions; every row lists
+    that sequence's pages (one tag), those wholly before the chunk marked."""
     from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
 
-    per_seq = n // 8
+    per_seq = n // seqs
     first = per_seq - rows  # the chunk's first position (and cell: the first sequence holds cells 0..per_seq-1)
     mask = np.full((rows, n), -np.inf, dtype=np.float32)
     for i in range(rows):
@@ -196,14 +196,16 @@ def prefill_inputs(n: int, page_size: int, rows: int, rng: np.random.Generator) 
 
 def timings(backend: Backend, cells: list[int], page_sizes: list[int], iters: int, log=print) -> list[dict]:
     """Paged (marked) and dense ms at the 8B attention shape: 8 sequences x n/8 cells decoding one row each, 1
-    sequence x n cells, and a prompt chunk ending one of 8 sequences (rows: PREFILL_ROWS or n/8 if fewer)."""
+    sequence x n cells, and a prompt chunk ending the first of 8 sequences, then of the only one (where its pages
+    cover the KV: what the gather costs over dense) (rows: PREFILL_ROWS, or the sequence's cells if fewer)."""
     from bench.fa_kernel import Shape, inputs
 
     out = []
-    for n, page_size, (seqs, prefill) in itertools.product(cells, page_sizes, ((8, False), (1, False), (8, True))):
-        rows = min(PREFILL_ROWS, n // 8) if prefill else seqs
+    shapes = ((8, False), (1, False), (8, True), (1, True))
+    for n, page_size, (seqs, prefill) in itertools.product(cells, page_sizes, shapes):
+        rows = min(PREFILL_ROWS, n // seqs) if prefill else seqs
         if prefill:
-            x = prefill_inputs(n, page_size, rows, np.random.default_rng(n))
+            x = prefill_inputs(n, seqs, page_size, rows, np.random.default_rng(n))
         else:
             x = inputs(Shape(f"8B, {seqs} x {n // seqs}", 32, 8, 128, seqs, n // seqs), np.random.default_rng(n),
                        page_size)
@@ -214,7 +216,7 @@ def timings(backend: Backend, cells: list[int], page_sizes: list[int], iters: in
             row = {"cells": n, "page_size": page_size, "seqs": seqs, "rows": rows,
                    "paged_ms": round(time_op(paged, iters), 4), "dense_ms": round(time_op(dense, iters), 4)}
         row["paged_over_dense"] = round(row["paged_ms"] / row["dense_ms"], 3)
-        what = f"a {rows}-row chunk of 1 of {seqs} seqs" if prefill else f"{seqs} seq(s)"
+        what = f"a {rows}-row chunk of 1 of {seqs} seq(s)" if prefill else f"{seqs} seq(s)"
         log(f"{n:>7} cells, pages of {page_size:>2}, {what}: paged {row['paged_ms']} ms, dense "
             f"{row['dense_ms']} ms ({row['paged_over_dense']}x)")
         out.append(row)

@@ -114,7 +114,7 @@ def test_the_timing_mode_records_paged_and_dense(tmp_path, cpu_backend):
     got = json.loads(out.read_text())
     assert "cases" not in got
     assert [(t["cells"], t["page_size"], t["seqs"], t["rows"]) for t in got["timings"]] == [
-        (512, 16, 8, 8), (512, 16, 1, 1), (512, 16, 8, 64)]
+        (512, 16, 8, 8), (512, 16, 1, 1), (512, 16, 8, 64), (512, 16, 1, 512)]
     assert all(t["paged_ms"] > 0 and t["dense_ms"] > 0 for t in got["timings"])
 
 
@@ -129,4 +129,5 @@ def test_the_report_section_says_what_passed_and_what_it_timed(tmp_path, cpu_bac
     assert "`python -m bench.paged_kernel_check --backend CPU --quick --time --cells 512" in text
     assert "--out" not in text
     assert "**32 of 32 cases passed**" in text
-    assert text.count("\n| 512 | 16 |") == 3 and "\n| 512 | 16 | 8 | 64 |" in text
+    assert text.count("\n| 512 | 16 |") == 4
+    assert "\n| 512 | 16 | 8 | 64 |" in text and "\n| 512 | 16 | 1 | 512 |" in text
