@@ -67,9 +67,10 @@ SHAPES = (
 )
 
 
-def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE) -> dict:
+def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE,
+           kv: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """q, k, v, mask, the page table ("pages") and the same table with llama.cpp's marks ("marked"), for pages of
-    page_size cells."""
+    page_size cells. `kv`: K and V to use (of the shape's sizes) instead of drawing new ones."""
     from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
 
     rows, lengths = shape.seqs, shape.lengths()
@@ -89,10 +90,12 @@ def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE) -
         for j, page in enumerate(pages):
             if first <= page * page_size and (page + 1) * page_size <= end:  # only the row's own cells
                 marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED
-    return {"q": rng.standard_normal((shape.n_head, rows, shape.head_dim), dtype=np.float32),
-            "k": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),
-            "v": rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim_v or shape.head_dim), dtype=np.float32),
-            "mask": mask, "pages": table, "marked": marked}
+    q = rng.standard_normal((shape.n_head, rows, shape.head_dim), dtype=np.float32)
+    if kv is None:
+        kv = (rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),
+              rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim_v or shape.head_dim), dtype=np.float32))
+    assert kv[0].shape == (shape.n_head_kv, n_kv, shape.head_dim)
+    return {"q": q, "k": kv[0], "v": kv[1], "mask": mask, "pages": table, "marked": marked}
 
 
 def op_ms(graph, threads: int, iters: int) -> float:
