@@ -9,10 +9,11 @@ where a shape gives it: one long sequence decoding beside short ones; pages of 1
 lets each row see its own cells. One row per sequence is the per-row path (several sequences) or
 the split-KV path (one).
 Within a process, paged and unpaged take turns, and (unless --no-marks, for libraries before patch
-0014) paged with the pages marked GGML_FA_PAGE_UNMASKED as llama.cpp marks them (each page that
-holds only the row's own cells: all but the two a sequence shares with its neighbours), which the
-kernel computes without reading the mask; a figure is the median of --iters runs of the op
-(after 3 warm-up runs), and each round measures every shape once.
+0014) paged with the pages marked GGML_FA_PAGE_UNMASKED as llama.cpp marks them (each page whose
+cells from its start are the row's, its last one cut where the row's cells end (patch 0022): all but
+the page a sequence shares with the one before it), which the kernel computes without reading the
+mask; a figure is the median of --iters runs of the op (after 3 warm-up runs), and each round
+measures every shape once.
 
 With --libs, each round runs that measurement once per folder of ggml libraries (a subprocess
 with LLAMA_CPP_LIB_PATH set to it), in turns, so two builds of the patched library (before and
@@ -71,7 +72,7 @@ def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE,
            kv: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """q, k, v, mask, the page table ("pages") and the same table with llama.cpp's marks ("marked"), for pages of
     page_size cells. `kv`: K and V to use (of the shape's sizes) instead of drawing new ones."""
-    from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
+    from bench.ggml_fa import GGML_FA_PAGE_CUT_SHIFT, GGML_FA_PAGE_UNMASKED
 
     rows, lengths = shape.seqs, shape.lengths()
     n_kv = sum(lengths)
@@ -88,8 +89,9 @@ def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE,
         table[r, 2:2 + len(pages)] = list(pages)
         marked[r] = table[r]
         for j, page in enumerate(pages):
-            if first <= page * page_size and (page + 1) * page_size <= end:  # only the row's own cells
-                marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED
+            if first <= page * page_size:  # the row's cells from the page's start: marked, its tail page cut
+                cut = max(0, (page + 1) * page_size - end)
+                marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED | (cut << GGML_FA_PAGE_CUT_SHIFT)
     q = rng.standard_normal((shape.n_head, rows, shape.head_dim), dtype=np.float32)
     if kv is None:
         kv = (rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),

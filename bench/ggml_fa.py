@@ -25,10 +25,18 @@ GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 GGML_TYPE_I32 = 26
 
-# ggml.h (patch 0014): a page index in a page-table row may carry this flag: the mask is 0 at every cell of that page
-# for that row, and the kernel does not read it there
+# ggml.h (patches 0014, 0022): a page index in a page-table row may carry the flag GGML_FA_PAGE_UNMASKED (the mask is 0
+# at every cell of the row's part of that page, and the kernel does not read it there) and a cut (bits 18-29: the row's
+# part of the page ends that many cells before the page does; the cells after are outside the row's pages)
 GGML_FA_PAGE_UNMASKED = 1 << 30
-GGML_FA_PAGE_INDEX = GGML_FA_PAGE_UNMASKED - 1  # a page index without the flag
+GGML_FA_PAGE_CUT_SHIFT = 18
+GGML_FA_PAGE_SIZE_MAX = 1 << 12
+GGML_FA_PAGE_INDEX = (1 << GGML_FA_PAGE_CUT_SHIFT) - 1  # a page index without its flag and cut
+
+
+def page_cut(entry: int) -> int:
+    """The cut of a page-table entry (GGML_FA_PAGE_CUT)."""
+    return (int(entry) >> GGML_FA_PAGE_CUT_SHIFT) & (GGML_FA_PAGE_SIZE_MAX - 1)
 
 
 class _InitParams(ctypes.Structure):
@@ -180,7 +188,8 @@ def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *,
     """Attention of q [n_head, n_tokens, DK] over k [n_head_kv, n_kv, DK], v [n_head_kv, n_kv, DV]
     with mask [n_tokens, n_kv] (0 or -inf), K/V/mask rounded to f16 as llama.cpp stores them.
     pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (equal tags, equal lists), a page index
-    or'ed with GGML_FA_PAGE_UNMASKED where the mask is 0 throughout the page (the kernel then does not read it).
+    or'ed with GGML_FA_PAGE_UNMASKED where the mask is 0 throughout the row's part of the page (the kernel then does
+    not read it) and with a cut (`page_cut`) where that part ends before the page does.
     softcap: the logit soft-cap (0: none); sinks: float32 [n_head], one attention sink logit per head.
     backend: compute there (bench.ggml_backend) instead of ggml's CPU graph compute.
     Returns [n_tokens, n_head, DV]."""

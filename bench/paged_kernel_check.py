@@ -12,13 +12,15 @@ rows beside a 120-token chunk, a prefill, which CUDA runs through the MMA kernel
 its groups of rows mixed, of one sequence, and cut short at the end) and query heads per KV head (1, 4, 8; 2 KV
 heads), over one layout (bench.paged_layout): a prefix two sequences share, sequences with runs of their own and
 cells scattered after evictions, an idle sequence's cells among them, the KV's last page cut short (pages of 7).
-The page table carries llama.cpp's GGML_FA_PAGE_UNMASKED marks. Per case:
+The page table carries llama.cpp's marks: GGML_FA_PAGE_UNMASKED, with a cut on a page the row's sequence fills from
+its start and no further (patch 0022: the cells after the cut are outside the row's pages). Per case:
   - paged: the op with the page table, on the backend, against the reference (max |difference|);
   - dense: the op without it (the kernels llama.cpp runs without pages), same backend, same reference;
   - poisoned: the paged op again with NaN written where the kernel must not read the mask: it must give the
     paged result bit for bit. Up to 64 rows (the decode kernels' contract) that is outside the row's pages and in
-    its marked pages; above (a prefill) it is outside every page of the ubatch's rows: CUDA's gather takes a group
-    of rows' pages together and reads the mask there, which llama.cpp writes whole when an accelerator is present.
+    its marked pages, cut cells included; above (a prefill) it is outside every page of the ubatch's rows: CUDA's
+    gather takes a group of rows' pages together and reads the mask there (cut cells too), which llama.cpp writes
+    whole when an accelerator is present.
 A case passes when its outputs are finite, paged is within max(5e-3, 2 x dense's error) of the reference and
 poisoned equals paged. The exit status is 1 when any case failed (2 when the backend cannot be opened).
 

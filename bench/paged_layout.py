@@ -1,8 +1,8 @@
 """A model of a unified KV's cells for checking paged flash attention against masked attention: who owns
 each cell and at which position, and from that the mask, the per-token page table and llama.cpp's
-GGML_FA_PAGE_UNMASKED marks an ubatch gets.
+marks an ubatch gets (GGML_FA_PAGE_UNMASKED, and a cut for a page the sequence fills from its start).
 
-It is an oracle written apart from the C code (llama_kv_cells, patches 0003, 0008 and 0014): the operator
+It is an oracle written apart from the C code (llama_kv_cells, patches 0003, 0008, 0014 and 0022): the operator
 tests (tests/server/engine/test_paged_attention_op.py) and the kernel check on an accelerator
 (bench/paged_kernel_check.py) build their inputs with it.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
+from bench.ggml_fa import GGML_FA_PAGE_CUT_SHIFT, GGML_FA_PAGE_UNMASKED
 
 
 class UnifiedKV:
@@ -66,17 +66,27 @@ def ubatch_inputs(kv: UnifiedKV, tokens: list[tuple[int, int]], page_size: int) 
     return mask, table
 
 
+def page_mark(kv: UnifiedKV, seq: int, page: int, page_size: int, pos_min: int) -> int | None:
+    """llama.cpp's mark of a page for the tokens of `seq` at positions >= pos_min (llama_kv_cells::seq_page_mark):
+    None, or the cut c when the page's first page_size - c cells all belong to seq at positions <= pos_min and no
+    later cell of the page does (0: the whole page)."""
+    start = page * page_size
+    cells = [c for c in range(start, min(start + page_size, kv.n_kv)) if seq in kv.owners[c]]
+    if not cells or cells != list(range(start, start + len(cells))) or any(kv.pos[c] > pos_min for c in cells):
+        return None
+    return page_size - len(cells)
+
+
 def mark_unmasked(kv: UnifiedKV, tokens: list[tuple[int, int]], table: np.ndarray, page_size: int) -> np.ndarray:
-    """The table with llama.cpp's GGML_FA_PAGE_UNMASKED marks: a page whose every cell belongs to the row's
-    sequence at a position no later than the sequence's lowest position in the ubatch."""
+    """The table with llama.cpp's marks: GGML_FA_PAGE_UNMASKED and the cut of `page_mark`, for each sequence's
+    lowest position in the ubatch."""
     pos_min: dict[int, int] = {}
     for s, p in tokens:
         pos_min[s] = min(pos_min.get(s, p), p)
     marked = table.copy()
     for i, (s, _) in enumerate(tokens):
         for j in range(table[i, 0]):
-            page = int(table[i, 2 + j])
-            cells = range(page * page_size, min((page + 1) * page_size, kv.n_kv))
-            if all(s in kv.owners[c] and kv.pos[c] <= pos_min[s] for c in cells):
-                marked[i, 2 + j] |= GGML_FA_PAGE_UNMASKED
+            cut = page_mark(kv, s, int(table[i, 2 + j]), page_size, pos_min[s])
+            if cut is not None:
+                marked[i, 2 + j] |= GGML_FA_PAGE_UNMASKED | (cut << GGML_FA_PAGE_CUT_SHIFT)
     return marked

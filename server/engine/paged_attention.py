@@ -35,7 +35,7 @@ Contract:
   (patch 0013: a server can be asked to check itself; /props reports it); `self_check(ctx)` says
   whether it is on and how many ubatches failed. `inject_mask_fault(ctx)` (tests only, patch 0018)
   arms a one-shot fault: the next paged mask drops one entry the kernel reads that llama.cpp's mask
-  keeps (the first for the ubatch's first token), as a bug in the mask builder would, so a test can
+  keeps (the first of the ubatch's first token that has one), as a bug in the mask builder would, so a test can
   see the self-check count a real wrong mask and the logits move.
 - `seq_pages(ctx, seq_id)` lists the pages a sequence's attention walks (ascending page
   indices), or None when paged attention is off. With owned pages a page is shared only
@@ -58,6 +58,8 @@ _REASONS = {
     -3: "the KV cache is on a backend without a paged-attention kernel (this build has one for the CPU and "
         "CUDA; none for CANN or others: docs/paged-attention.md)",
     -4: "--page-size is larger than the KV cache",
+    -5: "the KV cache has more than 262,144 pages of --page-size cells (a page-table entry holds the page's index "
+        "in 18 bits): raise --page-size",
 }
 
 

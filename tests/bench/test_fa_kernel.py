@@ -35,20 +35,22 @@ def test_one_library_paged_against_unpaged(tmp_path):
 
 
 def test_pages_are_marked_unmasked_where_they_hold_only_the_rows_cells():
-    """The marked table is llama.cpp's (patch 0014): a sequence's pages shared with a neighbour (2900 cells are not
-    whole 16-cell pages) keep the mask, every other page of its is marked."""
+    """The marked table is llama.cpp's (patches 0014, 0022): a page whose cells from its start are the row's is
+    marked, the first sequence's last page (2900 cells are not whole 16-cell pages) cut where its cells end; the
+    second sequence's first page, whose first cells are the first sequence's, keeps the mask."""
     import numpy as np
 
     from bench import fa_kernel
-    from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
+    from bench.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
 
     shape = fa_kernel.Shape("two sequences", 4, 2, 64, 2, 40)  # cells 0-39 and 40-79: pages 0-2 and 2-4
     x = fa_kernel.inputs(shape, np.random.default_rng(0))
     assert x["pages"][:, :2].tolist() == [[3, 0], [3, 1]]
     assert (x["marked"][:, :2] == x["pages"][:, :2]).all()
     marks = (x["marked"][:, 2:5] & GGML_FA_PAGE_UNMASKED) != 0
-    assert marks.tolist() == [[True, True, False], [False, True, True]]
-    assert ((x["marked"][:, 2:5] & ~GGML_FA_PAGE_UNMASKED) == x["pages"][:, 2:5]).all()
+    assert marks.tolist() == [[True, True, True], [False, True, True]]
+    assert [[page_cut(p) for p in row] for row in x["marked"][:, 2:5]] == [[0, 0, 8], [0, 0, 0]]
+    assert ((x["marked"][:, 2:5] & GGML_FA_PAGE_INDEX) == x["pages"][:, 2:5]).all()
 
 
 def test_two_library_folders_in_turns(tmp_path):

@@ -79,6 +79,20 @@ def test_a_prefill_is_poisoned_outside_every_rows_pages_only():
             assert np.isnan(got[:, cells]).any()  # another row's pages, and marked ones
 
 
+@pytest.mark.parametrize("rows", [1, 8, 64, 124])
+def test_the_layouts_carry_pages_cut_short(rows):
+    """Patch 0022: each row count's layout has pages marked with a cut (a sequence's cells filling a page from its
+    start), so the check crosses the kernels' stop at the cut; a cut page's cells after the cut are -inf in the mask."""
+    from bench.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
+
+    _, _, mask, _, marked = layout_and_table(16, rows)
+    cut = [(i, int(p)) for i, r in enumerate(marked) for p in r[2:2 + r[0]] if page_cut(p)]
+    assert cut and all(p & GGML_FA_PAGE_UNMASKED for _, p in cut)
+    for i, p in cut:
+        end = ((p & GGML_FA_PAGE_INDEX) + 1) * 16
+        assert (mask[i, end - page_cut(p):end] == -np.inf).all() and (mask[i, end - 16:end - page_cut(p)] == 0).all()
+
+
 def test_a_page_marked_where_the_mask_matters_fails_the_case(cpu_backend):
     """Marking a page that holds other sequences' cells tells the kernel to skip a mask it needs: the poisoned run
     (NaN where a marked page's mask would be) no longer equals the paged one, or the result is wrong."""

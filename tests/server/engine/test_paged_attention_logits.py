@@ -357,7 +357,8 @@ def test_the_tolerance_sees_one_wrong_cell(model, toks):
 @pytest.mark.parametrize("self_check", [True, False], ids=["checked", "unchecked"])
 def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
     """The self-check's failure counter against a real fault (patch 0018's inject_mask_fault): the next paged
-    mask drops one cell that sequence 0's decode token may attend to. The checked run counts exactly that
+    mask drops one cell that a token of sequence 0 may attend to, in the tail page its two tokens share. The checked
+    run counts exactly that
     ubatch, once (the fault is spent); unchecked, nothing counts it. Either way the dropped cell reaches the
     kernel: that decode's logits leave the owned-placement bound, so the counter counts a fault that matters."""
     from server.engine import paged_attention
@@ -371,7 +372,11 @@ def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
         assert tw.worst().max_abs <= LAYOUT_BOUND
 
         paged_attention.inject_mask_fault(tw.on.ctx)
-        faulted = tw.decode("faulted", [(toks(5000 + s), tw.pos_range(s)[1] + 1, (s,), True) for s in (0, 1)])
+        # two tokens of sequence 0: the first's tail page holds the second's cell, at a later position, so its mask is
+        # read there (a decode row of a sequence in pages of its own reads no mask: every page is marked, since 0022)
+        p0 = tw.pos_range(0)[1] + 1
+        faulted = tw.decode("faulted", [(toks(5000), p0, (0,), True), (toks(5001), p0 + 1, (0,), True),
+                                        (toks(5002), tw.pos_range(1)[1] + 1, (1,), True)])
         assert tw.self_check_failures() == (1 if self_check else 0)
         assert faulted.max_abs > 5 * LAYOUT_BOUND, faulted
 

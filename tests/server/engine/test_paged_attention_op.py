@@ -242,9 +242,10 @@ def contiguous_prefix_layout(rng, n_kv: int) -> UnifiedKV:
 @pytest.mark.parametrize("tokens_of", ["prefill", "decode", "one", "mixed"])
 def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
     """Patch 0014: llama.cpp marks the pages whose mask is 0 for every token of the row's sequence and leaves the
-    mask unwritten there. With NaN written into those pages' mask (what a read would turn into NaN outputs) the
-    paged result is the unmarked table's over the true mask, bit for bit: the tiled (prefill, a decode row beside
-    a prompt chunk), per-row (decode) and split-KV (one row) paths skip the mask there and add nothing."""
+    mask unwritten there (patch 0022: also a page whose first cells are the sequence's, cut where they end). With
+    NaN written into those pages' mask (what a read would turn into NaN outputs) the paged result is the unmarked
+    table's over the true mask, bit for bit: the tiled (prefill, a decode row beside a prompt chunk), per-row
+    (decode) and split-KV (one row) paths skip the mask there and add nothing."""
     rng = np.random.default_rng({"prefill": 41, "decode": 42, "one": 43, "mixed": 44}[tokens_of])
     kv = contiguous_prefix_layout(rng, 1200)
     for s in (0, 1, 2):
@@ -263,13 +264,16 @@ def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
     marked = mark_unmasked(kv, tokens, table, page_size)
     flagged = (marked[:, 2:] & ggml_fa.GGML_FA_PAGE_UNMASKED) != 0
     assert flagged.sum() >= 10  # the earlier pages of the sequences that had cells before this ubatch
+    cut = [ggml_fa.page_cut(p) for p in marked[:, 2:][flagged]]
+    assert any(cut) == (tokens_of != "prefill")  # patch 0022: a decode row's pages filled from their start, cut
     unwritten = mask.copy()
     for i, row in enumerate(marked):
         for p in row[2:2 + row[0]]:
             if p & ggml_fa.GGML_FA_PAGE_UNMASKED:
-                page = p & ~ggml_fa.GGML_FA_PAGE_UNMASKED
-                assert (mask[i, page * page_size:(page + 1) * page_size] == 0).all()
-                unwritten[i, page * page_size:(page + 1) * page_size] = np.nan
+                page, end = p & ggml_fa.GGML_FA_PAGE_INDEX, (p & ggml_fa.GGML_FA_PAGE_INDEX) * page_size + page_size
+                assert (mask[i, page * page_size:end - ggml_fa.page_cut(p)] == 0).all()
+                assert (mask[i, end - ggml_fa.page_cut(p):end] == -np.inf).all()
+                unwritten[i, page * page_size:end] = np.nan
     q, k, v = random_qkv(rng, len(tokens), kv.n_kv)
     expected = ggml_fa.flash_attn(q, k, v, mask, scale=SCALE, pages=table, page_size=page_size)
     np.testing.assert_allclose(expected, ggml_fa.reference(q, k, v, mask, scale=SCALE), atol=4e-3, rtol=0)

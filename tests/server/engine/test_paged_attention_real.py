@@ -5,6 +5,8 @@ its saved state; and the switch refuses what it cannot run, with the reason."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.cores import model_threads
@@ -61,3 +63,29 @@ def test_page_larger_than_the_kv_is_refused():
 
     with pytest.raises(PagedAttentionUnavailable, match="larger than the KV cache"):
         runtime("on", n_ctx=512, page_size=4096)
+
+
+def test_more_pages_than_a_table_entry_indexes_are_refused(tmp_path):
+    """Patch 0022: a page-table entry keeps the page's index in 18 bits beside its flag and cut, so a KV of more than
+    262,144 pages is refused with the reason (a tiny random-weight model: 262,400 cells of 128 bytes); pages of 2
+    cells over the same KV are taken."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run scripts/setup.sh)")
+    from bench.synth_model import ModelShape, write_model
+    from server.engine import paged_attention
+    from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
+    from server.engine.paged_attention import PagedAttentionUnavailable
+
+    if not paged_attention.compiled_in():
+        pytest.skip("llama-cpp-python was not built from Arbor's patched source")
+    shape = ModelShape("llama", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128, head_dim=32,
+                       context_length=4096)
+    model = write_model(shape, "f32", tmp_path / "tiny.gguf", seed=3)
+    cfg = RuntimeConfig(model, n_ctx=(1 << 18) + 256, n_batch=32, n_seq_max=1, n_threads=1, n_threads_batch=1,
+                        paged_attn="on", page_size=1)
+    with pytest.raises(PagedAttentionUnavailable, match="more than 262,144 pages"):
+        LlamaRuntime(cfg)
+    rt = LlamaRuntime(dataclasses.replace(cfg, page_size=2))
+    try:
+        assert rt.paged_attn.enabled and rt.paged_attn.page_size == 2
+    finally:
+        rt.close()

@@ -41,7 +41,8 @@ def test_on_with_offloaded_layers_asks_llama_cpp(monkeypatch):
 
 
 @pytest.mark.parametrize(("code", "words"), [(-1, "flash attention is off"), (-2, "not one plain unified KV"),
-                                             (-4, "larger than the KV cache"), (-9, "returned -9")])
+                                             (-4, "larger than the KV cache"), (-5, "more than 262,144 pages"),
+                                             (-9, "returned -9")])
 def test_auto_says_why_it_stays_off(monkeypatch, code, words):
     simulate(monkeypatch, code)
     status = pa.configure(object(), "auto", 16)
