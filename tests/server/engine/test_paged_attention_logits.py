@@ -357,10 +357,10 @@ def test_the_tolerance_sees_one_wrong_cell(model, toks):
 @pytest.mark.parametrize("self_check", [True, False], ids=["checked", "unchecked"])
 def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
     """The self-check's failure counter against a real fault (patch 0018's inject_mask_fault): the next paged
-    mask drops one cell that a token of sequence 0 may attend to, in the tail page its two tokens share. The checked
-    run counts exactly that
-    ubatch, once (the fault is spent); unchecked, nothing counts it. Either way the dropped cell reaches the
-    kernel: that decode's logits leave the owned-placement bound, so the counter counts a fault that matters."""
+    mask drops one cell that a token of sequence 0 may attend to, in the tail page its two tokens share. The
+    checked run counts exactly that ubatch, once (the fault is spent); unchecked, nothing counts it. Either way the
+    dropped cell reaches the kernel: that decode's logits leave the owned-placement bound, so the counter counts a
+    fault that matters."""
     from server.engine import paged_attention
 
     with twin(model, 16) as tw:
