@@ -12,8 +12,10 @@ Within a process, paged and unpaged take turns, and (unless --no-marks, for libr
 0014) paged with the pages marked GGML_FA_PAGE_UNMASKED as llama.cpp marks them (each page whose
 cells from its start are the row's, its last one cut where the row's cells end (patch 0022): all but
 the page a sequence shares with the one before it), which the kernel computes without reading the
-mask; a figure is the median of --iters runs of the op (after 3 warm-up runs), and each round
-measures every shape once.
+mask, and again with only the pages that need no cut marked (patch 0014's rule: what the cut saves,
+"cut_over_uncut"; --no-cuts times only that table, for libraries before 0022, which would read a
+cut's bits as part of the page index); a figure is the median of --iters runs of the op (after 3
+warm-up runs), and each round measures every shape once.
 
 With --libs, each round runs that measurement once per folder of ggml libraries (a subprocess
 with LLAMA_CPP_LIB_PATH set to it), in turns, so two builds of the patched library (before and
@@ -70,8 +72,9 @@ SHAPES = (
 
 def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE,
            kv: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
-    """q, k, v, mask, the page table ("pages") and the same table with llama.cpp's marks ("marked"), for pages of
-    page_size cells. `kv`: K and V to use (of the shape's sizes) instead of drawing new ones."""
+    """q, k, v, mask, the page table ("pages"), the same table with llama.cpp's marks ("marked") and with the marks
+    of the pages that need no cut only ("marked_uncut": patch 0014's rule, before 0022), for pages of page_size
+    cells. `kv`: K and V to use (of the shape's sizes) instead of drawing new ones."""
     from bench.ggml_fa import GGML_FA_PAGE_CUT_SHIFT, GGML_FA_PAGE_UNMASKED
 
     rows, lengths = shape.seqs, shape.lengths()
@@ -80,6 +83,7 @@ def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE,
     n_pages = -(-n_kv // page_size)
     table = np.zeros((rows, 2 + n_pages), dtype=np.int32)
     marked = table.copy()
+    uncut = table.copy()
     for r in range(rows):
         first = sum(lengths[:r])
         end = first + lengths[r]
@@ -87,17 +91,19 @@ def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE,
         pages = range(first // page_size, -(-end // page_size))
         table[r, 0], table[r, 1] = len(pages), r
         table[r, 2:2 + len(pages)] = list(pages)
-        marked[r] = table[r]
+        marked[r] = uncut[r] = table[r]
         for j, page in enumerate(pages):
             if first <= page * page_size:  # the row's cells from the page's start: marked, its tail page cut
                 cut = max(0, (page + 1) * page_size - end)
                 marked[r, 2 + j] |= GGML_FA_PAGE_UNMASKED | (cut << GGML_FA_PAGE_CUT_SHIFT)
+                if cut == 0:
+                    uncut[r, 2 + j] |= GGML_FA_PAGE_UNMASKED
     q = rng.standard_normal((shape.n_head, rows, shape.head_dim), dtype=np.float32)
     if kv is None:
         kv = (rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim), dtype=np.float32),
               rng.standard_normal((shape.n_head_kv, n_kv, shape.head_dim_v or shape.head_dim), dtype=np.float32))
     assert kv[0].shape == (shape.n_head_kv, n_kv, shape.head_dim)
-    return {"q": q, "k": kv[0], "v": kv[1], "mask": mask, "pages": table, "marked": marked}
+    return {"q": q, "k": kv[0], "v": kv[1], "mask": mask, "pages": table, "marked": marked, "marked_uncut": uncut}
 
 
 def op_ms(graph, threads: int, iters: int) -> float:
@@ -110,8 +116,10 @@ def op_ms(graph, threads: int, iters: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def measure(shapes: tuple[Shape, ...], threads: int, iters: int, marks: bool = True) -> dict[str, dict[str, float]]:
-    """{shape name: {"paged_ms", "unpaged_ms"[, "paged_marked_ms"]}} with the ggml libraries this process loaded."""
+def measure(shapes: tuple[Shape, ...], threads: int, iters: int, marks: bool = True,
+            cuts: bool = True) -> dict[str, dict[str, float]]:
+    """{shape name: {"paged_ms", "unpaged_ms"[, "paged_marked_ms"[, "paged_marked_uncut_ms"]]}} with the ggml
+    libraries this process loaded; without `cuts` the marked table is "marked_uncut" (libraries before 0022)."""
     from bench.ggml_fa import FlashAttnGraph, has_paged_op
 
     if not has_paged_op():
@@ -126,21 +134,25 @@ def measure(shapes: tuple[Shape, ...], threads: int, iters: int, marks: bool = T
             out[shape.name] = {"paged_ms": round(op_ms(paged, threads, iters), 4),
                                "unpaged_ms": round(op_ms(unpaged, threads, iters), 4)}
         if marks:
-            with FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], scale=scale, pages=x["marked"],
-                                page_size=PAGE_SIZE) as marked:
+            with FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], scale=scale,
+                                pages=x["marked" if cuts else "marked_uncut"], page_size=PAGE_SIZE) as marked:
                 out[shape.name]["paged_marked_ms"] = round(op_ms(marked, threads, iters), 4)
+        if marks and cuts:
+            with FlashAttnGraph(x["q"], x["k"], x["v"], x["mask"], scale=scale, pages=x["marked_uncut"],
+                                page_size=PAGE_SIZE) as uncut:
+                out[shape.name]["paged_marked_uncut_ms"] = round(op_ms(uncut, threads, iters), 4)
     return out
 
 
 def measure_with(lib_dir: str, threads: int, iters: int, marks: bool = True,
-                 shapes: str = "") -> dict[str, dict[str, float]]:
+                 shapes: str = "", cuts: bool = True) -> dict[str, dict[str, float]]:
     """`measure` in a subprocess that loads the ggml libraries of `lib_dir` (shapes: --shapes' indices, "" for all)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "one.json"
         env = {**os.environ, "LLAMA_CPP_LIB_PATH": lib_dir}
         subprocess.run([sys.executable, "-m", "bench.fa_kernel", "--threads", str(threads), "--iters", str(iters),
                         "--rounds", "1", "--out", str(out), "--quiet"] + ([] if marks else ["--no-marks"])
-                       + (["--shapes", shapes] if shapes else []),
+                       + ([] if cuts else ["--no-cuts"]) + (["--shapes", shapes] if shapes else []),
                        env=env, check=True)
         return json.loads(out.read_text())["rounds"][0]
 
@@ -155,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("bench/results/fa_kernel.json"))
     p.add_argument("--no-marks", dest="marks", action="store_false",
                    help="skip the marked-pages variant (libraries built before patch 0014 do not know the mark)")
+    p.add_argument("--no-cuts", dest="cuts", action="store_false",
+                   help="mark only pages that need no cut (libraries built before patch 0022 would read a cut's bits "
+                        "as part of the page index)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     shapes = tuple(SHAPES[int(i)] for i in a.shapes.split(",")) if a.shapes else SHAPES
@@ -165,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--libs names a folder twice: {a.libs}")
     if not libs:
         result["lib"] = os.environ.get("LLAMA_CPP_LIB_PATH", "llama_cpp's own")
-        result["rounds"] = [measure(shapes, a.threads, a.iters, a.marks) for _ in range(a.rounds)]
+        result["rounds"] = [measure(shapes, a.threads, a.iters, a.marks, a.cuts) for _ in range(a.rounds)]
         result["paged_over_unpaged"] = {
             s.name: statistics.median(r[s.name]["paged_ms"] / r[s.name]["unpaged_ms"] for r in result["rounds"])
             for s in shapes}
@@ -174,11 +189,16 @@ def main(argv: list[str] | None = None) -> None:
                 s.name: statistics.median(r[s.name]["paged_marked_ms"] / r[s.name]["paged_ms"]
                                           for r in result["rounds"])
                 for s in shapes}
+        if a.marks and a.cuts:
+            result["cut_over_uncut"] = {
+                s.name: statistics.median(r[s.name]["paged_marked_ms"] / r[s.name]["paged_marked_uncut_ms"]
+                                          for r in result["rounds"])
+                for s in shapes}
     else:
         rounds: dict[str, list] = {d: [] for d in libs}
         for _ in range(a.rounds):  # in turns, so drift on a shared machine hits every library alike
             for d in libs:
-                rounds[d].append(measure_with(d, a.threads, a.iters, a.marks, a.shapes))
+                rounds[d].append(measure_with(d, a.threads, a.iters, a.marks, a.shapes, a.cuts))
         result["libs"] = libs
         result["rounds"] = rounds
         base = libs[0]

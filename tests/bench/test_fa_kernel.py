@@ -32,6 +32,26 @@ def test_one_library_paged_against_unpaged(tmp_path):
     assert got["paged_over_unpaged"][name] == pytest.approx(sum(ratios) / 2)
     marked = sorted(r[name]["paged_marked_ms"] / r[name]["paged_ms"] for r in got["rounds"])
     assert got["marked_over_paged"][name] == pytest.approx(sum(marked) / 2)
+    cut = sorted(r[name]["paged_marked_ms"] / r[name]["paged_marked_uncut_ms"] for r in got["rounds"])
+    assert got["cut_over_uncut"][name] == pytest.approx(sum(cut) / 2)
+
+
+def test_without_cuts_the_marked_table_is_patch_0014s(tmp_path):
+    """--no-cuts (libraries before patch 0022, which would read a cut as page-index bits): the timed marked table
+    carries no cut, and no cut-against-uncut figure is made."""
+    paged_op_or_skip()
+    import numpy as np
+
+    from bench import fa_kernel
+    from bench.ggml_fa import page_cut
+
+    x = fa_kernel.inputs(fa_kernel.SHAPES[0], np.random.default_rng(0))
+    assert any(page_cut(p) for p in x["marked"][:, 2:].ravel()) and not any(page_cut(p) for p in
+                                                                             x["marked_uncut"][:, 2:].ravel())
+    out = tmp_path / "fa.json"
+    fa_kernel.main(["--shapes", "1", "--iters", "2", "--rounds", "1", "--no-cuts", "--out", str(out), "--quiet"])
+    got = json.loads(out.read_text())
+    assert "cut_over_uncut" not in got and "paged_marked_uncut_ms" not in got["rounds"][0][fa_kernel.SHAPES[1].name]
 
 
 def test_pages_are_marked_unmasked_where_they_hold_only_the_rows_cells():
