@@ -9,7 +9,8 @@ more under compute-sanitizer with --quick; here it runs on the CPU backend (the 
 The check runs every combination of head size (64, 96, 128, 256), page size (7, 16, 64), query rows (1, 8, 64:
 one decode row; eight sequences decoding; two decode rows beside a 62-token prompt chunk; and 124: four decode
 rows beside a 120-token chunk, a prefill, which CUDA runs through the MMA kernel's gather over the page table,
-its groups of rows mixed, of one sequence, and cut short at the end) and query heads per KV head (1, 4, 8; 2 KV
+its groups of rows mixed, of one sequence, and cut short at the end; that chunk is written into pages of its own, a
+causal tail, so its rows' lists are prefixes of one another) and query heads per KV head (1, 4, 8; 2 KV
 heads), over one layout (bench.paged_layout): a prefix two sequences share, sequences with runs of their own and
 cells scattered after evictions, an idle sequence's cells among them, the KV's last page cut short (pages of 7).
 The page table carries llama.cpp's marks: GGML_FA_PAGE_UNMASKED, with a cut on a page the row's sequence fills from
@@ -56,6 +57,7 @@ PREFILL_ROWS = 512
 GQA = (1, 4, 8)
 N_HEAD_KV = 2
 N_KV = 1024  # llama.cpp pads the KV it attends to to 256 cells; pages of 7 cells: the last one is cut short
+CHUNK_AT = 896  # where the 124-row layout's chunk starts: a page's first cell at 7, 16 and 64 cells a page
 TOLERANCE = 5e-3
 
 
@@ -84,6 +86,8 @@ def cases(quick: bool) -> list[Case]:
 def layout(rows: int, rng: np.random.Generator) -> tuple[UnifiedKV, list[tuple[int, int]]]:
     """The unified KV and the ubatch's tokens [(seq, pos)] for `rows` query rows (see the module's docstring)."""
     kv = UnifiedKV(N_KV, rng)
+    if rows == 124:
+        kv.reserve(CHUNK_AT, N_KV - CHUNK_AT)
     kv.append(0, 150, contiguous=True)
     kv.share(0, 1)
     kv.append(1, 60, contiguous=True)
@@ -102,7 +106,9 @@ def layout(rows: int, rng: np.random.Generator) -> tuple[UnifiedKV, list[tuple[i
     decoding, chunk = {64: ((0, 2), 62), 124: ((0, 1, 2, 3), 120)}[rows]
     for s in decoding:
         kv.append(s, 1, contiguous=True)
-    kv.append(4, chunk, contiguous=True)  # a prompt chunk's cells, written before attention runs
+    # a prompt chunk's cells, written before attention runs: into the lowest free cells (among other sequences'), or
+    # at 124 rows into pages of its own (a causal tail: each row's list ends at its own cell, patch 0023)
+    kv.append(4, chunk, contiguous=True, at=CHUNK_AT if rows == 124 else None)
     return kv, [(s, kv.next_pos[s] - 1) for s in decoding] + [(4, kv.next_pos[4] - chunk + i) for i in range(chunk)]
 
 

@@ -1,8 +1,9 @@
 """A model of a unified KV's cells for checking paged flash attention against masked attention: who owns
 each cell and at which position, and from that the mask, the per-token page table and llama.cpp's
-marks an ubatch gets (GGML_FA_PAGE_UNMASKED, and a cut for a page the sequence fills from its start).
+marks an ubatch gets (GGML_FA_PAGE_UNMASKED, and a cut for a page the sequence fills from its start), with each
+token's list ending at its own cell in a causal tail.
 
-It is an oracle written apart from the C code (llama_kv_cells, patches 0003, 0008, 0014 and 0022): the operator
+It is an oracle written apart from the C code (llama_kv_cells, patches 0003, 0008, 0014, 0022 and 0023): the operator
 tests (tests/server/engine/test_paged_attention_op.py) and the kernel check on an accelerator
 (bench/paged_kernel_check.py) build their inputs with it.
 """
@@ -25,10 +26,22 @@ class UnifiedKV:
         self.pos = np.full(n_kv, -1)
         self.next_pos: dict[int, int] = {}
 
-    def append(self, seq: int, n: int, *, contiguous: bool = False) -> list[int]:
-        if contiguous:
-            self.free.sort()
-        cells = [int(self.free.pop(0)) for _ in range(n)]
+    def reserve(self, start: int, n: int) -> None:
+        """Keep cells [start, start + n) out of every later placement but `append(..., at=...)`'s."""
+        taken = set(range(start, start + n))
+        self.free = [c for c in self.free if c not in taken]
+
+    def append(self, seq: int, n: int, *, contiguous: bool = False, at: int | None = None) -> list[int]:
+        """n cells for seq at its next positions: the next free ones (scattered, or the lowest with `contiguous`), or
+        [at, at + n), which must hold no cell (a reserved run: pages of the sequence's own)."""
+        if at is not None:
+            cells = list(range(at, at + n))
+            assert all(not self.owners[c] for c in cells), "append(at=...) over used cells"
+            self.free = [c for c in self.free if c not in set(cells)]
+        else:
+            if contiguous:
+                self.free.sort()
+            cells = [int(self.free.pop(0)) for _ in range(n)]
         for c in cells:
             self.owners[c].add(seq)
             self.pos[c] = self.next_pos.get(seq, 0)
@@ -77,16 +90,44 @@ def page_mark(kv: UnifiedKV, seq: int, page: int, page_size: int, pos_min: int) 
     return page_size - len(cells)
 
 
+def causal_tail(kv: UnifiedKV, seq: int, pages: list[int], marks: list[int | None], page_size: int) -> int:
+    """The index in `pages` of the causal tail's first page, len(pages) when there is none: the unmarked pages that end
+    the list, each holding seq's cells from its start, with their positions not decreasing through them in list
+    order (patch 0023)."""
+    tail, later = len(pages), None
+    for j in range(len(pages) - 1, -1, -1):
+        start = pages[j] * page_size
+        cells = [c for c in range(start, min(start + page_size, kv.n_kv)) if seq in kv.owners[c]]
+        positions = [int(kv.pos[c]) for c in cells]
+        if (marks[j] is not None or cells != list(range(start, start + len(cells))) or positions != sorted(positions)
+                or (later is not None and positions[-1] > later)):
+            break
+        tail, later = j, positions[0]
+    return tail
+
+
 def mark_unmasked(kv: UnifiedKV, tokens: list[tuple[int, int]], table: np.ndarray, page_size: int) -> np.ndarray:
     """The table with llama.cpp's marks: GGML_FA_PAGE_UNMASKED and the cut of `page_mark`, for each sequence's
-    lowest position in the ubatch."""
+    lowest position in the ubatch; in a causal tail each token's list ends at the page of its last cell there, every
+    tail page marked and cut after the token's cells in it."""
     pos_min: dict[int, int] = {}
     for s, p in tokens:
         pos_min[s] = min(pos_min.get(s, p), p)
     marked = table.copy()
-    for i, (s, _) in enumerate(tokens):
-        for j in range(table[i, 0]):
-            cut = page_mark(kv, s, int(table[i, 2 + j]), page_size, pos_min[s])
-            if cut is not None:
-                marked[i, 2 + j] |= GGML_FA_PAGE_UNMASKED | (cut << GGML_FA_PAGE_CUT_SHIFT)
+    for i, (s, p) in enumerate(tokens):
+        pages = [int(x) for x in table[i, 2:2 + table[i, 0]]]
+        marks = [page_mark(kv, s, page, page_size, pos_min[s]) for page in pages]
+        tail = causal_tail(kv, s, pages, marks, page_size)
+        entries = [page | (GGML_FA_PAGE_UNMASKED | (cut << GGML_FA_PAGE_CUT_SHIFT) if cut is not None else 0)
+                   for page, cut in zip(pages[:tail], marks[:tail])]
+        for page in pages[tail:]:
+            start = page * page_size
+            seen = sum(1 for c in range(start, min(start + page_size, kv.n_kv))
+                       if s in kv.owners[c] and kv.pos[c] <= p)
+            if seen == 0:
+                break
+            entries.append(page | GGML_FA_PAGE_UNMASKED | ((page_size - seen) << GGML_FA_PAGE_CUT_SHIFT))
+        marked[i, 0] = len(entries)
+        marked[i, 2:] = 0
+        marked[i, 2:2 + len(entries)] = entries
     return marked

@@ -47,8 +47,8 @@ def layout_and_table(page_size: int, rows: int = 8):
 @pytest.mark.parametrize(("rows", "row"), [(8, 1), (124, 1), (124, 123)])
 def test_a_page_missing_from_the_table_fails_the_case(cpu_backend, rows, row):
     """Decode rows (8: row 1, seq 1, the shared prefix) and a prefill (124: a decode row beside the chunk, and the
-    chunk): a sequence whose rows lose their last page reads less than its mask allows. (Rows of one tag share one
-    list by contract, so the page leaves every row of the row's sequence.)"""
+    chunk): a sequence whose rows lose their last page reads less than its mask allows. (Rows of one tag list
+    prefixes of one list by contract, so every row of the row's sequence loses its last page.)"""
     from bench.paged_kernel_check import Case, run_case
 
     case = Case(64, 16, rows, 4)
@@ -91,6 +91,28 @@ def test_the_layouts_carry_pages_cut_short(rows):
     for i, p in cut:
         end = ((p & GGML_FA_PAGE_INDEX) + 1) * 16
         assert (mask[i, end - page_cut(p):end] == -np.inf).all() and (mask[i, end - 16:end - page_cut(p)] == 0).all()
+
+
+@pytest.mark.parametrize("page_size", [7, 16, 64])
+def test_the_prefill_layouts_chunk_is_a_causal_tail(page_size):
+    """Patch 0023: the 124-row layout's chunk lies in pages of its own, so each of its rows lists its sequence's pages
+    only up to its own cell, cut there: lists of one tag that are prefixes of the longest one, equal but for the last
+    entry's cut, and a row's cells up to that cut are exactly those its mask keeps from the chunk's first page on."""
+    from bench.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
+    from bench.paged_kernel_check import CHUNK_AT
+
+    _, tokens, mask, _, marked = layout_and_table(page_size, 124)
+    chunk = [i for i, (s, _) in enumerate(tokens) if s == 4]
+    longest = max(chunk, key=lambda i: marked[i, 0])
+    assert len({int(marked[i, 0]) for i in chunk}) > 1
+    for i in chunk:
+        n = int(marked[i, 0])
+        assert (marked[i, 2:1 + n] == marked[longest, 2:1 + n]).all()
+        last = int(marked[i, 1 + n])
+        assert last & GGML_FA_PAGE_INDEX == marked[longest, 1 + n] & GGML_FA_PAGE_INDEX
+        assert last & GGML_FA_PAGE_UNMASKED
+        end = ((last & GGML_FA_PAGE_INDEX) + 1) * page_size - page_cut(last)
+        assert (mask[i, CHUNK_AT:end] == 0).all() and (mask[i, end:] == -np.inf).all()
 
 
 def test_a_page_marked_where_the_mask_matters_fails_the_case(cpu_backend):

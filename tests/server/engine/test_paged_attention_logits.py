@@ -357,13 +357,14 @@ def test_the_tolerance_sees_one_wrong_cell(model, toks):
 @pytest.mark.parametrize("self_check", [True, False], ids=["checked", "unchecked"])
 def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
     """The self-check's failure counter against a real fault (patch 0018's inject_mask_fault): the next paged
-    mask drops one cell that a token of sequence 0 may attend to, in the tail page its two tokens share. The
-    checked run counts exactly that ubatch, once (the fault is spent); unchecked, nothing counts it. Either way the
-    dropped cell reaches the kernel: that decode's logits leave the owned-placement bound, so the counter counts a
-    fault that matters."""
+    mask drops one cell that a token of sequence 0 may attend to, in a page whose mask is read. With llama.cpp's
+    placement the two sequences' decode tokens share pages, so their rows read the mask there (in pages of its own a
+    sequence reads none: since 0022 no decode row, since 0023 no prompt chunk's row either). The checked run counts
+    exactly that ubatch, once (the fault is spent); unchecked, nothing counts it. Either way the dropped cell reaches
+    the kernel: that decode's logits leave the owned-placement bound, so the counter counts a fault that matters."""
     from server.engine import paged_attention
 
-    with twin(model, 16) as tw:
+    with twin(model, 16, page_placement="shared") as tw:
         paged_attention.set_self_check(tw.on.ctx, self_check)
         prefill(tw, toks, 0, 100, 0)
         prefill(tw, toks, 1, 60, 1000)
@@ -372,16 +373,38 @@ def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
         assert tw.worst().max_abs <= LAYOUT_BOUND
 
         paged_attention.inject_mask_fault(tw.on.ctx)
-        # two tokens of sequence 0: the first's tail page holds the second's cell, at a later position, so its mask is
-        # read there (a decode row of a sequence in pages of its own reads no mask: every page is marked, since 0022)
-        p0 = tw.pos_range(0)[1] + 1
-        faulted = tw.decode("faulted", [(toks(5000), p0, (0,), True), (toks(5001), p0 + 1, (0,), True),
+        faulted = tw.decode("faulted", [(toks(5000), tw.pos_range(0)[1] + 1, (0,), True),
                                         (toks(5002), tw.pos_range(1)[1] + 1, (1,), True)])
         assert tw.self_check_failures() == (1 if self_check else 0)
         assert faulted.max_abs > 5 * LAYOUT_BOUND, faulted
 
         decode_steps(tw, toks, (0, 1), 2, "after the fault", base=6000)
         assert tw.self_check_failures() == (1 if self_check else 0)
+
+
+def test_a_prompt_chunk_in_pages_of_its_own_reads_no_mask(model, toks):
+    """Causality from positions (patch 0023): a prompt chunk written into pages of its sequence's own, here one that
+    begins in the tail page of its prompt's last cells, is a causal tail, so each of its rows lists its pages up to
+    its own cell and reads no mask. A mask fault armed before the chunk finds no mask entry the kernel reads, in the
+    chunk or in the decodes after it: no count, no logit moves. It stays armed until a ubatch does read one: after
+    seq_cp gives sequence 0 a single cell in a page of sequence 1, its decode row reads the mask in that page and
+    takes the fault."""
+    from server.engine import paged_attention
+
+    with twin(model, 16) as tw:
+        paged_attention.set_self_check(tw.on.ctx, True)
+        prefill(tw, toks, 0, 100, 0)
+        prefill(tw, toks, 1, 60, 1000)
+        paged_attention.inject_mask_fault(tw.on.ctx)
+        prefill(tw, toks, 0, 45, 2000, chunk=45)
+        decode_steps(tw, toks, (0, 1), 2, "decode")
+        assert tw.self_check_failures() == 0
+        assert tw.worst().max_abs <= LAYOUT_BOUND
+
+        tw.memory("seq_cp", 1, 0, 30, 31)  # sequence 1's cell at position 30, now sequence 0's too
+        faulted = tw.decode("faulted", [(toks(5000), tw.pos_range(0)[1] + 1, (0,), True)])
+        assert tw.self_check_failures() == 1
+        assert faulted.max_abs > 5 * LAYOUT_BOUND, faulted
 
 
 def test_cell_order_alone_moves_unpaged_logits(model, toks):

@@ -226,10 +226,10 @@ def test_groups_of_any_size_are_walked_in_passes_bit_for_bit(shape, n_threads):
             np.testing.assert_array_equal(paged, unpaged)
 
 
-def contiguous_prefix_layout(rng, n_kv: int) -> UnifiedKV:
+def contiguous_prefix_layout(rng, n_kv: int, kv: UnifiedKV | None = None) -> UnifiedKV:
     """shared_prefix_layout with each sequence's cells in a run (as a prompt's are): most of their pages hold
-    only the sequence's cells; seq 7's idle cells stay scattered over the pool."""
-    kv = UnifiedKV(n_kv, rng)
+    only the sequence's cells; seq 7's idle cells stay scattered over the pool (over `kv`'s free cells if given)."""
+    kv = kv or UnifiedKV(n_kv, rng)
     kv.append(0, 200, contiguous=True)
     kv.share(0, 1)
     kv.append(1, 90, contiguous=True)
@@ -239,15 +239,23 @@ def contiguous_prefix_layout(rng, n_kv: int) -> UnifiedKV:
     return kv
 
 
-@pytest.mark.parametrize("tokens_of", ["prefill", "decode", "one", "mixed"])
+@pytest.mark.parametrize("tokens_of", ["prefill", "decode", "one", "mixed", "tail", "tail-mixed", "tail-short"])
 def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
     """Patch 0014: llama.cpp marks the pages whose mask is 0 for every token of the row's sequence and leaves the
     mask unwritten there (patch 0022: also a page whose first cells are the sequence's, cut where they end). With
     NaN written into those pages' mask (what a read would turn into NaN outputs) the paged result is the unmarked
     table's over the true mask, bit for bit: the tiled (prefill, a decode row beside a prompt chunk), per-row
-    (decode) and split-KV (one row) paths skip the mask there and add nothing."""
-    rng = np.random.default_rng({"prefill": 41, "decode": 42, "one": 43, "mixed": 44}[tokens_of])
-    kv = contiguous_prefix_layout(rng, 1200)
+    (decode) and split-KV (one row) paths skip the mask there and add nothing. Patch 0023: a prompt chunk in pages of
+    its sequence's own ("tail": 70 rows, a 64-row tile and a 6-row one; "tail-mixed": beside two decode rows;
+    "tail-short": 30 rows, the per-row path) is a causal tail, each row's list ending at its own cell, so no row of
+    it reads a mask."""
+    rng = np.random.default_rng({"prefill": 41, "decode": 42, "one": 43, "mixed": 44, "tail": 45,
+                                 "tail-mixed": 46, "tail-short": 47}[tokens_of])
+    own = None
+    if tokens_of.startswith("tail"):
+        own = UnifiedKV(1200, rng)
+        own.reserve(960, 240)  # pages 60-74 at 16 cells a page: sequence 4's own
+    kv = contiguous_prefix_layout(rng, 1200, own)
     for s in (0, 1, 2):
         kv.append(s, 1, contiguous=True)
     if tokens_of == "prefill":
@@ -256,9 +264,16 @@ def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
         tokens = [(s, kv.next_pos[s] - 1) for s in (0, 1, 2)]
     elif tokens_of == "one":
         tokens = [(1, kv.next_pos[1] - 1)]
-    else:
+    elif tokens_of == "mixed":
         kv.append(4, 70, contiguous=True)
         tokens = [(0, kv.next_pos[0] - 1), (2, kv.next_pos[2] - 1)] + [(4, p) for p in range(70)]
+    else:
+        n_chunk = 30 if tokens_of == "tail-short" else 70
+        kv.append(4, 37, at=960)  # its prompt, then a chunk continuing it in the same pages
+        chunk_cells = kv.append(4, n_chunk, at=997)
+        tokens = [(4, p) for p in range(37, 37 + n_chunk)]
+        if tokens_of == "tail-mixed":
+            tokens = [(0, kv.next_pos[0] - 1), (2, kv.next_pos[2] - 1)] + tokens
     page_size = 16
     mask, table = ubatch_inputs(kv, tokens, page_size)
     marked = mark_unmasked(kv, tokens, table, page_size)
@@ -266,6 +281,10 @@ def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
     assert flagged.sum() >= 10  # the earlier pages of the sequences that had cells before this ubatch
     cut = [ggml_fa.page_cut(p) for p in marked[:, 2:][flagged]]
     assert any(cut) == (tokens_of != "prefill")  # patch 0022: a decode row's pages filled from their start, cut
+    chunk = [i for i, (s, _) in enumerate(tokens) if s == 4]
+    if tokens_of.startswith("tail"):  # every page of every chunk row marked, the rows' lists of several lengths
+        assert all(marked[i, 2 + j] & ggml_fa.GGML_FA_PAGE_UNMASKED for i in chunk for j in range(marked[i, 0]))
+        assert len({int(marked[i, 0]) for i in chunk}) == len({c // page_size for c in chunk_cells})
     unwritten = mask.copy()
     for i, row in enumerate(marked):
         for p in row[2:2 + row[0]]:
