@@ -239,13 +239,20 @@ def test_props_slots_metrics(arbor_server, client):
 
 
 def test_two_concurrent_streams_interleave(arbor_server):
-    """Continuous batching, shown by event order: each stream gets tokens before the other ends."""
+    """Continuous batching, shown by event order: a short stream started while a long one is
+    decoding gets all its tokens and ends while the long one is still producing tokens.
+
+    The short stream starts only once the long one has its first token, and the long one has room
+    for 200 tokens, so a late thread start on a busy machine cannot let one finish before the other
+    begins (two streams started together raced that way once in CI)."""
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
+    long_started, short_ended = threading.Event(), threading.Event()
 
-    def run(tag: str, question: str):
-        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0,
-                "stream": True, "ignore_eos": True}
+    def run(tag: str, question: str, max_tokens: int):
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+                "temperature": 0, "stream": True, "ignore_eos": True}
+        after_short = 0
         with httpx.stream("POST", arbor_server.v1 + "/chat/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -253,21 +260,33 @@ def test_two_concurrent_streams_interleave(arbor_server):
                 chunk = json.loads(line[6:])
                 delta = chunk["choices"][0]
                 kind = "end" if delta["finish_reason"] else ("tok" if delta["delta"].get("content") else None)
-                if kind:
-                    with lock:
-                        events.append((tag, kind))
+                if not kind:
+                    continue
+                with lock:
+                    events.append((tag, kind))
+                if tag == "long":
+                    long_started.set()
+                    after_short += short_ended.is_set()
+                    if after_short >= 3:
+                        return  # it outlived the short stream: hang up (the server cancels it)
+                elif kind == "end":
+                    short_ended.set()
 
-    threads = [threading.Thread(target=run, args=("a", "Count to ten.")),
-               threading.Thread(target=run, args=("b", "List three fruits."))]
-    for t in threads:
-        t.start()
-    for t in threads:
+    long = threading.Thread(target=run, args=("long", "Count to one hundred.", 200))
+    long.start()
+    assert long_started.wait(timeout=120), events
+    short = threading.Thread(target=run, args=("short", "List three fruits.", 16))
+    short.start()
+    for t in (short, long):
         t.join(timeout=180)
-    end_a = events.index(("a", "end"))
-    end_b = events.index(("b", "end"))
-    toks_a_before_b_end = sum(1 for e in events[:end_b] if e == ("a", "tok"))
-    toks_b_before_a_end = sum(1 for e in events[:end_a] if e == ("b", "tok"))
-    assert toks_a_before_b_end >= 5 and toks_b_before_a_end >= 5, events
+    end_short = events.index(("short", "end"))
+    first_short = events.index(("short", "tok"))
+    assert ("long", "end") not in events[:end_short], events
+    long_during_short = sum(1 for e in events[first_short:end_short] if e == ("long", "tok"))
+    short_toks = sum(1 for e in events if e == ("short", "tok"))
+    long_after_short = sum(1 for e in events[end_short:] if e == ("long", "tok"))
+    assert long_during_short >= 5 and short_toks >= 5 and long_after_short >= 1, events
+    idle_slots_consistent(arbor_server.base_url)  # the hung-up stream is cancelled before the next test
 
 
 def test_disconnect_cancels_and_frees_the_slot(arbor_server):
