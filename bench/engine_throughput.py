@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from bench.lib_folder import LibFolderError, check_lib_folder
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from server.model_file import embedded_model_path
 
@@ -241,6 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.llama_server:
         os.environ["LLAMA_SERVER"] = a.llama_server
+    if a.arbor_lib is not None:
+        try:
+            check_lib_folder(a.arbor_lib)
+        except LibFolderError as exc:
+            p.error(f"--arbor-lib: {exc}")
     model = a.model or embedded_model_path()
     streams = [int(x) for x in a.streams.split(",")]
     binary = find_llama_server()

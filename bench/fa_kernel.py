@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.lib_folder import LibFolderError, check_lib_folder
+
 PAGE_SIZE = 16
 WARMUP = 3
 
@@ -178,6 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     libs = [d for d in a.libs.split(",") if d]
     if len(set(libs)) != len(libs):
         raise SystemExit(f"--libs names a folder twice: {a.libs}")
+    for d in libs:
+        try:
+            check_lib_folder(Path(d))
+        except LibFolderError as exc:
+            raise SystemExit(f"--libs: {exc}") from None
     if not libs:
         result["lib"] = os.environ.get("LLAMA_CPP_LIB_PATH", "llama_cpp's own")
         result["rounds"] = [measure(shapes, a.threads, a.iters, a.marks, a.cuts) for _ in range(a.rounds)]

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import numpy as np
 
+from bench.lib_folder import check_lib_folder
+
 if TYPE_CHECKING:
     from bench.ggml_backend import Backend
 
@@ -44,8 +46,12 @@ class _InitParams(ctypes.Structure):
 
 
 def lib_dir() -> Path:
+    """The folder of the libraries: LLAMA_CPP_LIB_PATH's (checked: bench.lib_folder), else llama-cpp-python's own."""
     override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    return Path(override) if override else Path(llama_cpp.__file__).parent / "lib"
+    if not override:
+        return Path(llama_cpp.__file__).parent / "lib"
+    check_lib_folder(Path(override))
+    return Path(override)
 
 
 def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
