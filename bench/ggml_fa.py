@@ -11,6 +11,7 @@ accelerator, bench/paged_kernel_check.py), it allocates the tensors on that back
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,10 +49,14 @@ class _InitParams(ctypes.Structure):
 def lib_dir() -> Path:
     """The folder of the libraries: LLAMA_CPP_LIB_PATH's (checked: bench.lib_folder), else llama-cpp-python's own."""
     override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    if not override:
-        return Path(llama_cpp.__file__).parent / "lib"
-    check_lib_folder(Path(override))
-    return Path(override)
+    return _checked_folder(override) if override else Path(llama_cpp.__file__).parent / "lib"
+
+
+@functools.cache
+def _checked_folder(folder: str) -> Path:
+    """`folder` once check_lib_folder passed it: once per process (it reads every library in it)."""
+    check_lib_folder(Path(folder))
+    return Path(folder)
 
 
 def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
