@@ -12,31 +12,11 @@
 #     bash bench/cuda_compile_check.sh [ARCHS]     # default "75;80;86;89;90" (CUDA 13 has no 70)
 set -euo pipefail
 archs=${1:-75;80;86;89;90}
-nvcc_bin=$(readlink -f "$(command -v "${NVCC:-nvcc}")") || { echo "cuda_compile_check: no nvcc" >&2; exit 1; }
-# a wrapper script (`exec /usr/local/cuda-X/bin/nvcc`) points at the real one
-if head -c 2 "$nvcc_bin" | grep -q '#!'; then nvcc_bin=$(grep -o '/[^ ]*/bin/nvcc' "$nvcc_bin" | head -1); fi
-toolkit=$(dirname "$(dirname "$nvcc_bin")")
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 src=$(scripts/llama-cpp-source.sh "$work/src")/vendor/llama.cpp
-python3 -m pip download --quiet --no-deps -d "$work/whl" "nvidia-cublas>=13,<14"
-python3 - "$work" <<'PY'
-import pathlib, sys, zipfile
-work = pathlib.Path(sys.argv[1])
-with zipfile.ZipFile(next((work / "whl").glob("*.whl"))) as z:
-    z.extractall(work / "cublas", members=[n for n in z.namelist() if "/include/" in n or "/lib/" in n])
-PY
-cublas=$(dirname "$(dirname "$(find "$work/cublas" -name cublas_v2.h -print -quit)")")
-root="$work/cuda"  # the toolkit with cuBLAS and a driver stub merged in
-mkdir -p "$root/include" "$root/lib64/stubs"
-ln -s "$toolkit/bin" "$root/bin"; ln -s "$toolkit/nvvm" "$root/nvvm"
-[ -d "$toolkit/targets" ] && ln -s "$toolkit/targets" "$root/targets"
-shopt -s nullglob  # a toolkit has lib64/ (CUDA's installer) or lib/ (the PyPI packages' nvidia/cu13)
-for f in "$toolkit"/include/* "$cublas"/include/*; do ln -sf "$f" "$root/include/"; done
-for f in "$toolkit"/lib64/* "$toolkit"/lib/* "$cublas"/lib/*; do ln -sf "$f" "$root/lib64/"; done
-# the PyPI packages ship versioned names only (libcudart.so.13, libcublas.so.13): CMake looks for the plain ones
-for lib in "$root"/lib64/*.so.*; do [ -e "${lib%.so.*}.so" ] || ln -sf "$lib" "${lib%.so.*}.so"; done
-echo "" | cc -shared -o "$root/lib64/stubs/libcuda.so" -x c -
-ln -s lib64 "$root/lib"  # the PyPI nvcc's nvcc.profile links from $(TOP)/lib
+# shellcheck disable=SC1091  # sourced from beside this script
+. "$(dirname "$0")/cuda_toolkit.sh"
+root=$(cuda_toolkit_merge "$work")  # the toolkit with cuBLAS and a driver stub merged in
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" \
   -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" -DCUDAToolkit_ROOT="$root" -DGGML_NATIVE=OFF -DGGML_CUDA_NCCL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \

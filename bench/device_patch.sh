@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# Applies Arbor's llama.cpp patches (patches/llama.cpp/, the paged attention) to what
-# ../shared/device/prepare.sh put in .device/, so the GPU host builds the patched llama.cpp.
+# Replaces the stock llama.cpp that ../shared/device/prepare.sh put in .device/ with the one Arbor
+# builds (scripts/llama-cpp-source.sh: the pinned release with every patch in patches/llama.cpp/
+# applied), so a GPU host that compiles (../shared/device/build.sh) builds the patched llama.cpp.
 # Run it once after prepare.sh, from the project root:  bash bench/device_patch.sh
-# A patch that does not apply stops it with the patch's name. Stock llama-server, built on the host
-# from the same tree, never turns paged attention on, so it still runs llama.cpp's own attention.
+# Then build on the host with libarbor-chat (the server's chat layer, patch 0007) among the targets:
+#     TARGETS="llama mtmd arbor-chat llama-server llama-bench" bash .device/build.sh llama-1b q8_0
+# (bench/device_prebuild.sh compiles here instead and saves the host that compile.) Stock
+# llama-server, built from the same tree, never turns paged attention on, so it still runs
+# llama.cpp's own attention.
 set -euo pipefail
 D=.device
 if [ ! -f "$D/llama.cpp.tar.gz" ] || [ ! -d "$D/llama_cpp_py" ]; then
   echo "device_patch: run ../shared/device/prepare.sh first" >&2; exit 1
 fi
-if [ -f "$D/patched" ]; then echo "device_patch: already patched ($(cat "$D/patched"))"; exit 0; fi
+version=$(scripts/llama-cpp-source.sh --version)
+if [ "$(cat "$D/patched" 2> /dev/null)" = "$version" ]; then echo "device_patch: already patched ($version)"; exit 0; fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/vendor"
-tar xzf "$D/llama.cpp.tar.gz" -C "$tmp/vendor"
-for p in patches/llama.cpp/*.patch; do
-  # prepare.sh trims models/docs/media/benches; no patch touches them
-  patch -p1 --forward --batch --fuzz=0 --silent -d "$tmp" <"$p" || { echo "device_patch: patch $(basename "$p") does not apply" >&2; exit 1; }
-  echo "device_patch: applied $(basename "$p")"
-done
-tar czf "$D/llama.cpp.tar.gz" -C "$tmp/vendor" llama.cpp
-scripts/llama-cpp-source.sh --version > "$D/patched"
-echo "device_patch: .device/llama.cpp.tar.gz now holds llama.cpp with paged attention ($(cat "$D/patched"))"
+vendor=$(scripts/llama-cpp-source.sh "$tmp/src")/vendor
+# as prepare.sh trims it: no patch touches these
+rm -rf "$vendor/llama.cpp/models" "$vendor/llama.cpp/docs" "$vendor/llama.cpp/media" "$vendor/llama.cpp/benches"
+tar czf "$D/llama.cpp.tar.gz" -C "$vendor" llama.cpp
+echo "$version" > "$D/patched"
+echo "device_patch: .device/llama.cpp.tar.gz now holds llama.cpp with Arbor's patches ($version)"

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The GPU-host measurements of issues 10 and 11 in one run, within a deadline.
+# The GPU-host measurements of issues 10, 11 and 33 in one run, within a deadline.
 #
-# On a GPU host prepared as ../shared/device/README.md says, from the project root. Prepare with
+# On a GPU host prepared as ../shared/device/README.md says, from the project root. Prepare here with
 #     EXTRA_WHEELS="prometheus-client tqdm h11 anyio sniffio click httpx httpcore idna certifi" \
 #         bash ../shared/device/prepare.sh
-# (the server needs prometheus-client, the replay client tqdm; the rest is for hosts without them)
-# and `bash bench/device_patch.sh` (our llama.cpp patches: paged attention, CUDA's kernel included),
-# then on the host run `bash .device/build.sh llama-1b q8_0` and:
+# (the server needs prometheus-client, the replay client tqdm; the rest is for hosts without them), then
+# either compile here, which saves the host a 4-minute compile (about an hour on 2 cores, once):
+#     bash bench/device_prebuild.sh                  # writes .device/prebuilt.tar.xz
+# and on the host run `bash bench/device_prebuild.sh --install`, or patch the source here
+# (`bash bench/device_patch.sh`) and compile on the host:
+#     TARGETS="llama mtmd arbor-chat llama-server llama-bench" bash .device/build.sh llama-1b q8_0
+# Either way the host gets our llama.cpp patches (paged attention, CUDA's kernels included). Then:
 #     bash bench/device_suite.sh [OUT]          # OUT: default $OUT, else /tmp/device-suite
 # Elsewhere (to try the script on a CPU), name the parts:
 #     MODEL=/tmp/synth.gguf LLAMA_SERVER=/path/llama-server NGL=0 THREADS=2 bash bench/device_suite.sh /tmp/ds
@@ -14,17 +18,19 @@
 # Steps, most wanted first; each gets what is left of DEADLINE_S (default 480 s) and the run stops
 # starting new ones when less than a minute is left:
 #   1. llama-bench: the build's raw prefill and decode speed;
-#   1b. the paged flash-attention kernels (decode, and the prefill through the MMA gather) against the dense ones
-#      on random data, timed from 4K to 128K cells
-#      (issue 33, bench/paged_kernel_check.py; its quick grid runs again under compute-sanitizer after step 5);
-#   2. decode tok/s and TTFT at 1, 4 and 16 streams: arbor-server against stock llama-server
+#   2. the paged flash-attention kernels (decode, and the prefill through the MMA gather) against the dense ones
+#      on random data, timed from 4K to 128K cells, then their quick grid under compute-sanitizer's memcheck
+#      (issue 33, bench/paged_kernel_check.py);
+#   3. seed 002's shape (8 streams, each its own 16K-token prompt, 8 slots of 16K cells): arbor-server with
+#      paged attention on and as auto leaves it, against stock llama-server split and unified (issue 33);
+#   4. decode tok/s and TTFT at 1, 4 and 16 streams: arbor-server against stock llama-server
 #      (split and unified KV), same flags (issue 11);
-#   3. the large agent and shared-prefix workloads, same prompts for every server, every cache
-#      configuration against --no-cache and llama-server (issue 10);
-#   4. paged attention (issue 22): CUDA's paged kernel against the dense one (top-1 agreement on a
+#   5. paged attention (issue 22): CUDA's paged kernel against the dense one (top-1 agreement on a
 #      scripted workload), then what idle KV cells (kept prefixes) cost the running requests'
 #      steps on this backend, unpaged and paged;
-#   5. host store and restore throughput with the model offloaded (issue 10).
+#   6. the large agent and shared-prefix workloads, same prompts for every server, every cache
+#      configuration against --no-cache and llama-server (issue 10);
+#   7. host store and restore throughput with the model offloaded (issue 10).
 # Writes OUT/summary.md (bench.report over what finished), OUT/suite.log and OUT/results.tgz
 # (raw JSON and server logs): three files, within what a device run sends back.
 set -uo pipefail
@@ -42,6 +48,8 @@ PY=${PYTHON:-python3}
 if [ -d /tmp/site ]; then  # the layout .device/build.sh installs
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
   export LD_LIBRARY_PATH=/tmp/site/llama_cpp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # cuBLAS where bench/device_prebuild.sh --install found it (the prebuilt libraries were linked elsewhere)
+  [ -s /tmp/w/cuda_lib_dir ] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(cat /tmp/w/cuda_lib_dir)
   export PATH=/tmp/site/bin:$PATH
 fi
 export LLAMA_SERVER
@@ -81,27 +89,12 @@ if [ -x "$LLAMA_BENCH" ]; then
   step llama_bench "$LLAMA_BENCH" -m "$MODEL" -ngl "$NGL" -p 512 -n 128 -r 2 -o md
 fi
 # issue 33: the paged kernel has never run on a GPU: check it against the dense kernels on random data (the whole
-# grid) and time both from 4K to 128K cells; the quick grid runs again under compute-sanitizer's memcheck last
+# grid) and time both from 4K to 128K cells; then the quick grid under compute-sanitizer's memcheck
 KERNEL_BACKEND=gpu
 [ "$NGL" = 0 ] && KERNEL_BACKEND=CPU  # trying the script on a CPU
 KERNEL_CELLS=4096,8192,16384,32768,65536,131072
 [ "$NGL" = 0 ] && KERNEL_CELLS=4096,8192
 step paged_kernel_check "$PY" -m bench.paged_kernel_check --backend "$KERNEL_BACKEND" --time --cells "$KERNEL_CELLS" --out "$R/paged_kernel_check.json"
-step engine_throughput "$PY" -m bench.engine_throughput --model "$MODEL" --n-gpu-layers "$NGL" \
-  --threads "$THREADS" --parallel 4 --ctx-size 16384 --streams 1,4,16 --rounds 1 --repeat 1 \
-  --max-tokens 256 --llama-server "$LLAMA_SERVER" --out "$R/engine_throughput.json"
-step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions,shared_prefix \
-  --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
-  --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' 'arbor A,S,H idle-cells 0' \
-  'arbor A,S,H paged' \
-  'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
-step paged_agreement "$PY" -m bench.paged_agreement --model "$MODEL" --n-gpu-layers "$NGL" \
-  --threads "$THREADS" --out "$R/paged_agreement.json"
-step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
-  --page-size 0,16 --out "$R/idle_cells.json"
-step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
-  --out "$R/cache_micro.json"
-
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
 if [ -n "$SANITIZER" ] && [ "$KERNEL_BACKEND" = gpu ]; then
   step paged_kernel_sanitizer timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 9 \
@@ -109,6 +102,28 @@ if [ -n "$SANITIZER" ] && [ "$KERNEL_BACKEND" = gpu ]; then
 else
   say "skipped paged_kernel_sanitizer: no GPU, or no compute-sanitizer on PATH or in /usr/local/cuda/bin"
 fi
+# seed 002's shape, scaled to the model: 8 streams of unique 16K-token prompts on 8 slots; on a GPU `auto`
+# leaves paged attention off, so arbor-server runs both ways
+SEED_CTX=131072; SEED_PROMPT=16000
+[ "$NGL" = 0 ] && { SEED_CTX=8192; SEED_PROMPT=900; }
+step seed_shape "$PY" -m bench.engine_throughput --model "$MODEL" --n-gpu-layers "$NGL" \
+  --threads "$THREADS" --parallel 8 --ctx-size "$SEED_CTX" --streams 8 --prompt-tokens "$SEED_PROMPT" --rounds 1 \
+  --repeat 1 --max-tokens 128 --arbor-paged --llama-server "$LLAMA_SERVER" --out "$R/seed_shape_gpu.json"
+step engine_throughput "$PY" -m bench.engine_throughput --model "$MODEL" --n-gpu-layers "$NGL" \
+  --threads "$THREADS" --parallel 4 --ctx-size 16384 --streams 1,4,16 --rounds 1 --repeat 1 \
+  --max-tokens 256 --llama-server "$LLAMA_SERVER" --out "$R/engine_throughput.json"
+step paged_agreement "$PY" -m bench.paged_agreement --model "$MODEL" --n-gpu-layers "$NGL" \
+  --threads "$THREADS" --out "$R/paged_agreement.json"
+step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
+  --page-size 0,16 --out "$R/idle_cells.json"
+step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions,shared_prefix \
+  --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
+  --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' 'arbor A,S,H idle-cells 0' \
+  'arbor A,S,H paged' \
+  'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
+step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
+  --out "$R/cache_micro.json"
+
 "$PY" -m bench.report --results "$R" --out "$OUT/summary.md" >> "$LOG" 2>&1 || say "report failed"
 tar czf "$OUT/results.tgz" -C "$OUT" results 2>> "$LOG"
 rm -rf "$R"

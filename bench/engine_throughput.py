@@ -21,8 +21,9 @@ another patch series, before/after a patch in the same run). `--repeat N`
 cycles through all servers N times and keeps each level's median, against machine noise.
 `--prompt-tokens N` gives every request its own long prompt (about N tokens of words no
 other request shares: seed 002's shape, 16K-token prompts at 8 concurrent requests, scaled);
-`--arbor-unpaged` adds arbor-server with `--paged-attn off` beside its default, `--arbor-shared-pages`
-arbor-server with `--page-placement shared` (llama.cpp's placement).
+`--arbor-unpaged` adds arbor-server with `--paged-attn off` beside its default, `--arbor-paged`
+arbor-server with `--paged-attn on` (where the default `auto` leaves it off: layers on a GPU),
+`--arbor-shared-pages` arbor-server with `--page-placement shared` (llama.cpp's placement).
 On Linux each level also records the server's CPU time per completion token (whole process
 and main thread), which a busy shared machine distorts far less than wall-clock tok/s.
 
@@ -172,6 +173,8 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConf
     out = [ServerConfig("arbor-server", "arbor", arbor)]
     if a.arbor_unpaged:
         out.append(ServerConfig("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"]))
+    if a.arbor_paged:
+        out.append(ServerConfig("arbor-server --paged-attn on", "arbor", arbor + ["--paged-attn", "on"]))
     if a.arbor_shared_pages:
         out.append(ServerConfig("arbor-server --page-placement shared", "arbor",
                                 arbor + ["--page-placement", "shared"]))
@@ -225,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=0, help="a unique prompt of about this many tokens per "
                    "request (default: a one-line prompt)")
     p.add_argument("--arbor-unpaged", action="store_true", help="also run arbor-server with --paged-attn off")
+    p.add_argument("--arbor-paged", action="store_true",
+                   help="also run arbor-server with --paged-attn on (auto leaves it off with layers on a GPU)")
     p.add_argument("--arbor-shared-pages", action="store_true",
                    help="also run arbor-server with --page-placement shared (llama.cpp's placement)")
     p.add_argument("--arbor-decode-threads", type=int, default=None,

@@ -156,7 +156,15 @@ def idle_cells_section(res: Path) -> list[str]:
 
 
 SEED_SHAPE_FILES = {"seed_shape_synth.json": "compute-light synthetic model",
-                    "seed_shape_embedded.json": "embedded model"}
+                    "seed_shape_embedded.json": "embedded model",
+                    "seed_shape_gpu.json": "GPU host (bench/device_suite.sh)"}
+
+
+def _variant_flags(settings: dict) -> str:
+    """The arbor-server variants a bench.engine_throughput run added, as its command line named them."""
+    flags = {"arbor_unpaged": "--arbor-unpaged", "arbor_paged": "--arbor-paged",
+             "arbor_shared_pages": "--arbor-shared-pages"}
+    return "".join(f" {flag}" for key, flag in flags.items() if settings.get(key))
 
 
 def paged_section(res: Path) -> list[str]:
@@ -174,7 +182,7 @@ def paged_section(res: Path) -> list[str]:
         st = data["settings"]
         out += [f"**Seed 002's shape, {label}** (`python -m bench.engine_throughput --parallel {st['parallel']} "
                 f"--ctx-size {st['ctx_size']} --streams {st['streams']} --prompt-tokens {st['prompt_tokens']} "
-                f"--max-tokens {st['max_tokens']} --repeat {st['repeat']} --arbor-unpaged`, model "
+                f"--max-tokens {st['max_tokens']} --repeat {st['repeat']}{_variant_flags(st)}`, model "
                 f"`{Path(data['model']).name}`: concurrent requests with unique prompts, medians):", "",
                 "| server | streams | prompt tokens | TTFT mean s | decode tok/s |", "|---|---|---|---|---|"]
         for run in data["runs"]:

@@ -11,8 +11,8 @@ from bench.engine_throughput import server_configs
 
 def args(**kw) -> argparse.Namespace:
     base = {"parallel": 4, "ctx_size": 8192, "arbor_no_cache": False, "n_gpu_layers": 0, "threads": 1,
-            "arbor_unpaged": False, "arbor_shared_pages": False, "arbor_decode_threads": None, "arbor_src": None,
-            "arbor_lib": None,
+            "arbor_unpaged": False, "arbor_paged": False, "arbor_shared_pages": False, "arbor_decode_threads": None,
+            "arbor_src": None, "arbor_lib": None,
             "no_llama_server": False}
     return argparse.Namespace(**{**base, **kw})
 
@@ -51,3 +51,11 @@ def test_the_library_variant_differs_from_arbor_by_its_environment_alone(tmp_pat
     variant = configs[f"arbor-server (lib {tmp_path})"]
     assert variant == (configs["arbor-server"][0], {"LLAMA_CPP_LIB_PATH": str(tmp_path.resolve())})
     assert configs["arbor-server"][1] == {}
+
+
+def test_the_paged_and_unpaged_variants_differ_from_arbor_by_their_paged_attn_flag_alone():
+    configs = {name: extra for name, _, extra, *_ in server_configs(args(arbor_paged=True, arbor_unpaged=True), None)}
+    arbor = configs["arbor-server"]
+    assert "--paged-attn" not in arbor  # the default: auto
+    assert configs["arbor-server --paged-attn on"] == arbor + ["--paged-attn", "on"]
+    assert configs["arbor-server --paged-attn off"] == arbor + ["--paged-attn", "off"]

@@ -64,6 +64,22 @@ def test_paged_section_renders_the_seed_shape_and_the_synthetic_figures(tmp_path
     assert "--seqs 4 --tokens 128 --prompt 32`, best of 2 interleaved repeats" in text
     assert "unified + paged with owned pages 2040 (**1.02x**)" in text
     assert "llama.cpp's placement (decode tokens of all sequences sharing pages) 1900 (0.95x)" in text
+    assert "--max-tokens 128 --repeat 2`, model" in text  # a run without variants names none
+
+
+def test_the_seed_shape_command_names_the_variants_the_run_added(tmp_path):
+    from bench.report import paged_section
+
+    level = {"concurrency": 8, "prompt_tokens_mean": 16010.0, "ttft_mean_s": 0.5, "decode_tok_s": 900.0}
+    (tmp_path / "seed_shape_gpu.json").write_text(json.dumps({
+        "model": "/tmp/w/model.gguf", "settings": {"parallel": 8, "ctx_size": 131072, "streams": "8",
+                                                   "prompt_tokens": 16000, "max_tokens": 128, "repeat": 1,
+                                                   "arbor_paged": True, "arbor_unpaged": False},
+        "runs": [{"name": "arbor-server --paged-attn on", "levels": [level]}]}))
+    text = "\n".join(paged_section(tmp_path))
+    assert "**Seed 002's shape, GPU host (bench/device_suite.sh)**" in text
+    assert "--max-tokens 128 --repeat 1 --arbor-paged`, model `model.gguf`" in text
+    assert "| arbor-server --paged-attn on | 8 | 16010 | 0.50 | 900.0 |" in text
 
 
 def _hostile(only="", server_args="", cases=None, stalls=None, baseline=0.5, longest=3.0):

