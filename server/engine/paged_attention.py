@@ -16,8 +16,8 @@ Contract:
   unified plain KV cache, KV on a backend without a paged kernel, page size too large).
 - `configure(ctx, mode, page_size, offloaded=...)` applies a `--paged-attn` mode: "on" must
   succeed (else `PagedAttentionUnavailable`), "auto" turns it on where it was measured to pay
-  (the CPU backend: not with layers offloaded, where the CUDA kernel is compiled but not yet
-  measured) and says why not otherwise, "off" leaves llama.cpp's attention as it is. It
+  (the CPU backend: not with layers offloaded, where the CUDA kernels are correct but were measured
+  slower than llama.cpp's own on an H200) and says why not otherwise, "off" leaves llama.cpp's attention as it is. It
   returns what is in force. The CPU kernel reads every KV type (`--cache-type-k/-v`: its
   per-row path dequantizes K and V as llama.cpp's does); "on" with layers offloaded and a
   KV type other than f16 raises (CUDA's paged kernel reads f16 only).
@@ -111,8 +111,10 @@ def configure(ctx, mode: Literal["auto", "on", "off"], page_size: int, *,
     if mode == "off":
         return PagedAttentionStatus(compiled_in(), 0, "turned off (--paged-attn off)")
     if mode == "auto" and offloaded:
+        # measured on an H200 (docs/benchmark-notes.md, "Paged attention on a GPU"): correct, but slower there
         return PagedAttentionStatus(compiled_in(), 0, "layers are offloaded to an accelerator, where paged attention "
-                                    "has not been measured yet: turn it on with --paged-attn on (CUDA)")
+                                    "was measured slower than llama.cpp's own (CUDA: its decode kernel and the "
+                                    "seed's shape through the server): turn it on with --paged-attn on")
     if offloaded and kv_types != ("f16", "f16"):
         # CUDA's paged kernel reads f16 K and V only; any other type would run llama.cpp's own kernel over every
         # cell (masked outside the pages: right, but not paged). The CPU kernel reads every KV type.
