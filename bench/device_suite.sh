@@ -33,6 +33,8 @@
 #   7. host store and restore throughput with the model offloaded (issue 10).
 # Writes OUT/summary.md (bench.report over what finished), OUT/suite.log and OUT/results.tgz
 # (raw JSON and server logs): three files, within what a device run sends back.
+# STEPS="name ..." runs only the steps named (llama_bench paged_kernel_check paged_kernel_sanitizer seed_shape
+# engine_throughput paged_agreement idle_cells run_all cache_micro), for a second run that completes a first.
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/device-suite}}
 R=$OUT/results
@@ -60,6 +62,7 @@ say() { echo "[$(($(date +%s) - START)) s] $*" | tee -a "$LOG"; }
 left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
 step() {  # step NAME CMD...: run with what is left of the deadline, log its tail
   local name=$1; shift
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then say "skipped $name: not in STEPS"; return; fi
   local budget; budget=$(left)
   if [ "$budget" -lt 60 ]; then say "skipped $name: ${budget} s left"; return; fi
   say "start $name (at most ${budget} s)"
@@ -97,7 +100,7 @@ KERNEL_CELLS=4096,8192,16384,32768,65536,131072
 step paged_kernel_check "$PY" -m bench.paged_kernel_check --backend "$KERNEL_BACKEND" --time --cells "$KERNEL_CELLS" --out "$R/paged_kernel_check.json"
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
 if [ -n "$SANITIZER" ] && [ "$KERNEL_BACKEND" = gpu ]; then
-  step paged_kernel_sanitizer timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 9 \
+  step paged_kernel_sanitizer timeout 120 "$SANITIZER" --tool memcheck --error-exitcode 9 \
     "$PY" -m bench.paged_kernel_check --backend "$KERNEL_BACKEND" --quick --out "$R/paged_kernel_sanitizer.json"
 else
   say "skipped paged_kernel_sanitizer: no GPU, or no compute-sanitizer on PATH or in /usr/local/cuda/bin"

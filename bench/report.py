@@ -226,6 +226,44 @@ def paged_section(res: Path) -> list[str]:
     return out + [""]
 
 
+DEVICE_HEADING = "## On a GPU host: the paged kernels, the seed shape and the engine (bench/device_suite.sh)"
+DEVICE_DIR = "device"  # bench/results/device/: what a device run's results.tgz holds under results/
+
+
+def _demoted(section: list[str]) -> list[str]:
+    """A section of its own as a part of another: its '## ' heading one level down, its pointer dropped."""
+    body = [line for line in section if not line.startswith(READING_PREFIX)]
+    return ["#" + body[0], *body[1:]]
+
+
+def device_section(res: Path) -> list[str]:
+    """The GPU host's figures (bench/device_suite.sh, issues 11 and 33), from bench/results/device/: the paged kernels
+    against the dense ones and under compute-sanitizer, seed 002's shape, idle cells and agreement with paging on the
+    GPU, decode at 1/4/16 streams. Each part as its own section renders it, one level down."""
+    d = res / DEVICE_DIR
+    out = [DEVICE_HEADING, ""]
+    if not d.is_dir():
+        return out + ["Not measured in this revision.", ""]
+    note = d / "README.md"  # what ran where: the host, the build, which run gave which file
+    if note.exists():
+        out += [note.read_text().strip(), ""]
+    if (d / "paged_kernel_check.json").exists():
+        out += _demoted(paged_kernel_check.report_section(d))
+    sanitizer = _load(d / "paged_kernel_sanitizer.json")
+    if sanitizer is not None:
+        n = len(sanitizer["cases"])
+        out += ["", f"Under `compute-sanitizer --tool memcheck` (`--quick`): {n - sanitizer['failed']} of {n} cases "
+                    "passed, and memcheck exited 0 (its error summary is in the run's log).", ""]
+    if (d / "seed_shape_gpu.json").exists() or (d / "paged_agreement.json").exists():
+        paged = paged_section(d)
+        out += _demoted([paged[0], "", *paged[4:]])  # without its pointers to the CPU sections above it
+    if (d / "idle_cells.json").exists():
+        out += _demoted(idle_cells_section(d))
+    if (d / "engine_throughput.json").exists():
+        out += _demoted(engine_section(d))
+    return out + [""]
+
+
 RUN_ALL_DIRS = {
     "run_all": ("Workloads: every configuration side by side",
                 "python -m bench.run_all --quick"),
@@ -353,6 +391,7 @@ READING_TOPICS = {
     checkpoint_agreement.HEADING: "Sliding-window and hybrid models",
     swa_memory.HEADING: "Sliding-window KV memory",
     paged_kernel_check.HEADING: "Idle cells and paged attention",
+    DEVICE_HEADING: "Paged attention on a GPU",
 }
 
 
@@ -615,7 +654,7 @@ def main(argv: list[str] | None = None) -> None:
                                                     tree_evict_section, hostile_section,
                                                     kv_types.report_section, api_parity.report_section,
                                                     checkpoint_agreement.report_section, swa_memory.report_section,
-                                                    paged_kernel_check.report_section)]
+                                                    paged_kernel_check.report_section, device_section)]
     for section in sections:
         lines += reading_pointer(_or_carried(section, old))
     a.out.parent.mkdir(parents=True, exist_ok=True)

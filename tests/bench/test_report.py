@@ -148,3 +148,30 @@ def test_regenerating_without_results_keeps_the_tables_and_one_pointer_each(tmp_
     assert hostile.count("Reading these figures: ") == 1
     main(["--results", str(results), "--out", str(out)])
     assert out.read_text() == second  # a carried section stays as it was
+
+
+def test_the_device_section_renders_a_gpu_run_and_says_when_there_is_none(tmp_path):
+    from bench.report import DEVICE_HEADING, device_section
+
+    assert device_section(tmp_path) == [DEVICE_HEADING, "", "Not measured in this revision.", ""]
+    d = tmp_path / "device"
+    d.mkdir()
+    (d / "README.md").write_text("An H200, patches 0001-0024.\n")
+    case = {"head_size": 64, "page_size": 7, "rows": 124, "gqa": 4, "paged_err": 0.0011, "dense_err": 0.001}
+    (d / "paged_kernel_sanitizer.json").write_text(json.dumps({"cases": [case] * 32, "failed": 0}))
+    (d / "paged_kernel_check.json").write_text(json.dumps({
+        "backend": {"name": "CUDA0", "description": "NVIDIA H200"}, "args": ["--backend", "gpu", "--out", "x.json"],
+        "cases": [case] * 144, "failed": 0,
+        "timings": [{"cells": 131072, "page_size": 16, "seqs": 8, "rows": 512, "paged_ms": 0.887, "dense_ms": 4.014,
+                     "paged_over_dense": 0.221}]}))
+    (d / "paged_agreement.json").write_text(json.dumps({"n_gpu_layers": 999, "predictions": 802, "agreement": 0.9327}))
+    text = "\n".join(device_section(tmp_path))
+    assert "An H200, patches 0001-0024." in text
+    assert "### The paged kernel against the dense one on random data (issue 33)" in text
+    assert "`python -m bench.paged_kernel_check --backend gpu` on CUDA0 (NVIDIA H200)" in text
+    assert "**144 of 144 cases passed**" in text and "| 131,072 | 16 | 8 | 512 | 0.887 | 4.014 | 0.22x |" in text
+    assert "32 of 32 cases passed, and memcheck exited 0" in text
+    assert "### Paged attention against unpaged and stock llama-server" in text
+    assert "paged = unpaged for **93.27%**" in text
+    assert "two sections above" not in text  # the CPU sections' pointers stay out of the GPU's part
+    assert "### Engine" not in text  # no file, no part
