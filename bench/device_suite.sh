@@ -7,7 +7,8 @@
 # (the server needs prometheus-client, the replay client tqdm; the rest is for hosts without them), then
 # either compile here, which saves the host a 4-minute compile (about an hour on 2 cores, once):
 #     bash bench/device_prebuild.sh                  # writes .device/prebuilt.tar.xz
-# and on the host run `bash bench/device_prebuild.sh --install`, or patch the source here
+# and on the host run `bash bench/device_prebuild.sh --install` (carry .device without llama.cpp.tar.gz and py-spy's
+# wheel, which it does not need: a device call carries at most 64 MiB), or patch the source here
 # (`bash bench/device_patch.sh`) and compile on the host:
 #     TARGETS="llama mtmd arbor-chat llama-server llama-bench" bash .device/build.sh llama-1b q8_0
 # Either way the host gets our llama.cpp patches (paged attention, CUDA's kernels included). Then:
