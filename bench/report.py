@@ -253,7 +253,7 @@ def device_section(res: Path) -> list[str]:
     if sanitizer is not None:
         n = len(sanitizer["cases"])
         out += ["", f"Under `compute-sanitizer --tool memcheck` (`--quick`): {n - sanitizer['failed']} of {n} cases "
-                    "passed, and memcheck exited 0 (its error summary is in the run's log).", ""]
+                    "passed (memcheck's own verdict is in the run's log, not in this file).", ""]
     if (d / "seed_shape_gpu.json").exists() or (d / "paged_agreement.json").exists():
         paged = paged_section(d)
         out += _demoted([paged[0], "", *paged[4:]])  # without its pointers to the CPU sections above it

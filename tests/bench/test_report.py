@@ -170,7 +170,7 @@ def test_the_device_section_renders_a_gpu_run_and_says_when_there_is_none(tmp_pa
     assert "### The paged kernel against the dense one on random data (issue 33)" in text
     assert "`python -m bench.paged_kernel_check --backend gpu` on CUDA0 (NVIDIA H200)" in text
     assert "**144 of 144 cases passed**" in text and "| 131,072 | 16 | 8 | 512 | 0.887 | 4.014 | 0.22x |" in text
-    assert "32 of 32 cases passed, and memcheck exited 0" in text
+    assert "`compute-sanitizer --tool memcheck` (`--quick`): 32 of 32 cases passed" in text
     assert "### Paged attention against unpaged and stock llama-server" in text
     assert "paged = unpaged for **93.27%**" in text
     assert "two sections above" not in text  # the CPU sections' pointers stay out of the GPU's part
