@@ -120,11 +120,16 @@ step paged_agreement "$PY" -m bench.paged_agreement --model "$MODEL" --n-gpu-lay
   --threads "$THREADS" --out "$R/paged_agreement.json"
 step idle_cells "$PY" -m bench.idle_cells --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
   --page-size 0,16 --out "$R/idle_cells.json"
-step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions,shared_prefix \
-  --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
-  --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' 'arbor A,S,H idle-cells 0' \
-  'arbor A,S,H paged' \
-  'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
+# the workloads drive the workbench's agents, whose packages (LangChain, LangGraph) a GPU host without network lacks
+if "$PY" -c "import langchain_core, langgraph" 2> /dev/null; then
+  step run_all "$PY" -m bench.run_all --large --same-prompts --only agent_sessions,shared_prefix \
+    --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" --parallel 4 --ctx-size 16384 \
+    --configs 'arbor --no-cache' 'arbor A' 'arbor A,S' 'arbor A,H' 'arbor A,S,H' 'arbor A,S,H idle-cells 0' \
+    'arbor A,S,H paged' \
+    'llama-server -np 4 (split KV)' 'llama-server -np 4 --kv-unified' --out "$R/run_all"
+else
+  say "skipped run_all: the workbench's packages (langchain-core, langgraph) are not installed here"
+fi
 step cache_micro "$PY" -m bench.cache_micro --model "$MODEL" --n-gpu-layers "$NGL" --threads "$THREADS" \
   --out "$R/cache_micro.json"
 
