@@ -4,12 +4,13 @@
 # minutes go to measuring rather than to a 4-minute compile.
 #     bash bench/device_prebuild.sh [ARCHS]     # here; default 90 (H100/H200). Writes .device/prebuilt.tar.xz
 #     bash bench/device_prebuild.sh --install   # on the GPU host, from the project root
-# The pack holds libllama, libggml*, libmtmd, libarbor-chat (with libllama-common), llama-server and llama-bench from the tree
-# scripts/llama-cpp-source.sh prepares (every patch applied; stock llama-server never turns paged
-# attention on). --install lays it out as ../shared/device/build.sh would (/tmp/site with the wheels
+# The pack holds libllama, libggml*, libmtmd, libarbor-chat (with libllama-common), llama-server and
+# llama-bench from the tree scripts/llama-cpp-source.sh prepares (every patch applied; stock
+# llama-server never turns paged attention on). --install lays it out as ../shared/device/build.sh would (/tmp/site with the wheels
 # and llama-cpp-python's package, /tmp/w/build/bin, the model /tmp/w/model.gguf from SHAPE/TYPE,
 # default llama-1b q8_0) and checks that the libraries load and see the GPU; it needs .device/ from
-# ../shared/device/prepare.sh. Here, a 2-core machine takes about an hour (ggml-cuda's template instances).
+# ../shared/device/prepare.sh. Here, a 2-core machine took 30 minutes (ggml-cuda's template instances),
+# then about 30 s for each kernel file changed since.
 set -euo pipefail
 D=.device
 if [ "${1:-}" = --install ]; then

@@ -5,7 +5,7 @@
 #     EXTRA_WHEELS="prometheus-client tqdm h11 anyio sniffio click httpx httpcore idna certifi" \
 #         bash ../shared/device/prepare.sh
 # (the server needs prometheus-client, the replay client tqdm; the rest is for hosts without them), then
-# either compile here, which saves the host a 4-minute compile (about an hour on 2 cores, once):
+# either compile here, which saves the host a 4-minute compile (30 minutes on 2 cores, once):
 #     bash bench/device_prebuild.sh                  # writes .device/prebuilt.tar.xz
 # and on the host run `bash bench/device_prebuild.sh --install` (carry .device without llama.cpp.tar.gz and py-spy's
 # wheel, which it does not need: a device call carries at most 64 MiB), or patch the source here
@@ -92,8 +92,8 @@ fi
 if [ -x "$LLAMA_BENCH" ]; then
   step llama_bench "$LLAMA_BENCH" -m "$MODEL" -ngl "$NGL" -p 512 -n 128 -r 2 -o md
 fi
-# issue 33: the paged kernel has never run on a GPU: check it against the dense kernels on random data (the whole
-# grid) and time both from 4K to 128K cells; then the quick grid under compute-sanitizer's memcheck
+# issue 33: the paged kernels against the dense ones on random data (the whole grid), both timed from 4K to 128K
+# cells; then the quick grid under compute-sanitizer's memcheck (first run: 2026-12-04, an H200, patch 0024)
 KERNEL_BACKEND=gpu
 [ "$NGL" = 0 ] && KERNEL_BACKEND=CPU  # trying the script on a CPU
 KERNEL_CELLS=4096,8192,16384,32768,65536,131072
