@@ -37,7 +37,9 @@ def check_lib_folder(folder: Path) -> None:
         if m and path.is_file():
             names[m.group(1)].append(path)
     for lib, paths in names.items():
-        digests = {p.name: _digest(p.resolve()) for p in paths}
+        files = {p.name: p.resolve() for p in paths}
+        by_file = {f: _digest(f) for f in set(files.values())}  # names that link to one file read it once
+        digests = {name: by_file[f] for name, f in files.items()}
         if len(set(digests.values())) > 1:
             groups: dict[str, list[str]] = defaultdict(list)
             for name, digest in digests.items():

@@ -167,12 +167,14 @@ def _variant_flags(settings: dict) -> str:
     return "".join(f" {flag}" for key, flag in flags.items() if settings.get(key))
 
 
-def paged_section(res: Path) -> list[str]:
+def paged_section(res: Path, pointers: bool = True) -> list[str]:
     """Paged attention (issue 22): the seed's shape scaled to this machine, the synthetic model's idle-cell
-    and unified/split figures (the embedded model's are in the sections above), the paged/unpaged agreement."""
-    out = ["## Paged attention against unpaged and stock llama-server", "",
-           "Design and patch files: `docs/paged-attention.md`. The embedded model's idle-cell and unified/split "
-           "figures are in the two sections above.", ""]
+    and unified/split figures (the embedded model's are in the sections above), the paged/unpaged agreement.
+    `pointers=False` leaves out the line that points to the design and to the CPU sections above it."""
+    out = ["## Paged attention against unpaged and stock llama-server", ""]
+    if pointers:
+        out += ["Design and patch files: `docs/paged-attention.md`. The embedded model's idle-cell and unified/split "
+                "figures are in the two sections above.", ""]
     found = False
     for name, label in SEED_SHAPE_FILES.items():
         data = _load(res / name)
@@ -255,8 +257,7 @@ def device_section(res: Path) -> list[str]:
         out += ["", f"Under `compute-sanitizer --tool memcheck` (`--quick`): {n - sanitizer['failed']} of {n} cases "
                     "passed (memcheck's own verdict is in the run's log, not in this file).", ""]
     if (d / "seed_shape_gpu.json").exists() or (d / "paged_agreement.json").exists():
-        paged = paged_section(d)
-        out += _demoted([paged[0], "", *paged[4:]])  # without its pointers to the CPU sections above it
+        out += _demoted(paged_section(d, pointers=False))
     if (d / "idle_cells.json").exists():
         out += _demoted(idle_cells_section(d))
     if (d / "engine_throughput.json").exists():
