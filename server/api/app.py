@@ -112,6 +112,9 @@ def _live_gauges(state: ServerState) -> dict[str, tuple[str, float]]:
         "arbor:kv_cells_reserved": ("KV cells reserved by running requests.", loaded.engine.scheduler.reserved_cells),
         "arbor:kv_full_total": ("Decodes that found the KV pool full and freed cells first.", stats.n_kv_full),
         "arbor:requests_preempted_total": ("Requests stopped because the KV pool stayed full.", stats.n_preempted),
+        "arbor:kv_cells_defragmented_total": ("KV cells moved out of pages shared with another sequence's cells "
+                                              "(paged attention's defragmentation).",
+                                              loaded.runtime.n_cells_defragmented),
         **_cache_gauges(loaded),
     }
 

@@ -211,6 +211,7 @@ class LlamaRuntime:
             paged_attention.set_owned_pages(self.ctx, config.page_placement == "owned")
         # where paged attention places a step's tokens (None: paging is off)
         self.page_placement = config.page_placement if self.paged_attn.enabled else None
+        self.n_cells_defragmented = 0  # cells defragment_pages moved so far (/metrics)
         if self.paged_attn.note and config.paged_attn == "auto":
             log.warning("paged attention is off: %s", self.paged_attn.note)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
@@ -370,6 +371,17 @@ class LlamaRuntime:
     def seq_pages(self, seq_id: int) -> list[int] | None:
         """The pages of KV cells seq_id's attention walks (paged attention); None when it is off."""
         return paged_attention.seq_pages(self.ctx, seq_id)
+
+    def defragment_pages(self) -> int:
+        """With pages owned by one sequence, move the cells a full cache placed among another sequence's cells
+        into pages of their own sequences, as far as free cells allow (llama_paged_attn_defrag); between decodes
+        only (the engine thread). Returns the cells moved: 0 with paging off, llama.cpp's placement or nothing
+        to move."""
+        if self.page_placement != "owned":
+            return 0
+        moved = paged_attention.defragment(self.ctx)
+        self.n_cells_defragmented += moved
+        return moved
 
     def paged_self_check(self) -> paged_attention.SelfCheck | None:
         """Whether llama.cpp checks every paged mask (LLAMA_PAGED_ATTN_SELF_CHECK, debug builds) and its failures;

@@ -154,6 +154,14 @@ def set_owned_pages(ctx, owned: bool) -> None:
     _bound("llama_set_paged_attn_own_pages", (ctypes.c_void_p, ctypes.c_bool), ctypes.c_int32)(ctx, owned)
 
 
+def defragment(ctx) -> int:
+    """Move the cells a full cache put among another sequence's cells into pages of their own sequences
+    (llama_paged_attn_defrag), as far as free cells allow; call it between decodes. Returns the cells moved,
+    0 where nothing applies (paging off, llama.cpp's placement, another kind of KV, a K-shift pending)."""
+    moved = _bound("llama_paged_attn_defrag", (ctypes.c_void_p,), ctypes.c_int32)(ctx)
+    return max(int(moved), 0)
+
+
 def set_self_check(ctx, on: bool) -> None:
     if _bound("llama_set_paged_attn_self_check", (ctypes.c_void_p, ctypes.c_bool), ctypes.c_int32)(ctx, on) != 0:
         raise PagedAttentionUnavailable("the model's memory is not a plain KV cache: there is no paged mask to check")

@@ -170,10 +170,16 @@ class LlamaRunner:
         self.prefix.on_finished(seq, reason)
 
     def reclaim(self, slots: SlotPool) -> bool:
-        return self.prefix.reclaim(slots)
+        freed = self.prefix.reclaim(slots)
+        if freed:
+            # a full cache put tokens among other sequences' cells; the freed pages can take them back
+            self.runtime.defragment_pages()
+        return freed
 
     def background(self, idle: bool) -> None:
         self.prefix.background(idle)
+        if idle:
+            self.runtime.defragment_pages()
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         return self.runtime.piece(token, special=special)

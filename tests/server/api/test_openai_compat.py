@@ -234,7 +234,7 @@ def test_props_slots_metrics(arbor_server, client):
     idle_slots_consistent(b)
     text = httpx.get(b + "/metrics").text
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",
-                 "arbor:cache_reused_tokens_total", "arbor:cache_tree_nodes"):
+                 "arbor:cache_reused_tokens_total", "arbor:cache_tree_nodes", "arbor:kv_cells_defragmented_total"):
         assert name in text
 
 

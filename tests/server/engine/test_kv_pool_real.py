@@ -21,8 +21,10 @@ CTX = 640  # 4 slots: an even share would be 160 cells
 
 @pytest.fixture(scope="module")
 def small_pool(tmp_path_factory):
+    # llama.cpp checks every paged mask it builds: a full pool places cells among other sequences' and the
+    # engine then defragments them (patch 0025), so the masks after those moves are checked too
     server = start_server(tmp_path_factory.mktemp("kvpool"), "--parallel", "4", "--ctx-size", str(CTX),
-                          "--batch-size", "128", "--cache-tiers", "A")
+                          "--batch-size", "128", "--cache-tiers", "A", env={"LLAMA_PAGED_ATTN_SELF_CHECK": "1"})
     yield server
     stop_server(server)
 
@@ -91,6 +93,8 @@ def test_four_long_requests_fit_or_queue_and_each_runs_to_its_length(small_pool)
     # the idle slots' kept KV filled the pool; later requests made room by dropping it
     assert _metric(small_pool, "arbor:kv_full_total") >= 1
     idle_slots_consistent(small_pool.base_url)
+    paged = httpx.get(small_pool.base_url + "/props").json()["arbor"]["paged_attention"]
+    assert paged["self_check"] == {"on": True, "failures": 0}, paged
 
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_a_400(small_pool):

@@ -184,3 +184,58 @@ def test_llama_cpp_placement_puts_the_decode_tokens_of_all_sequences_in_every_pa
         assert all(len(p) > math.ceil(60 / PAGE) + 15 for p in pages)
     finally:
         close(rt)
+
+
+def test_defragmentation_moves_a_full_caches_strays_into_pages_of_their_own():
+    """A full cache put a prompt among the other sequences' cells; once cells are freed, llama_paged_attn_defrag moves
+    the cells that are a minority in such a page (K, V and bookkeeping) into pages of their own sequence: no page is
+    mixed any more, the self-check of the next masks passes (close), and a moved sequence's next decode gives the
+    logits it gave before the move, up to the cell order's own spread (test_paged_attention_logits.LAYOUT_BOUND)."""
+    from server.engine.llama_runtime import BatchEntry
+    from tests.server.engine.test_paged_attention_logits import LAYOUT_BOUND
+
+    rt = runtime("on", n_ctx=256, n_seq_max=9, n_batch=256)
+    try:
+        for s in range(8):
+            prefill(rt, s, prompt_tokens(rt, 17, s))  # 8 x (a full page + one cell): every page in use
+        prefill(rt, 8, prompt_tokens(rt, 40, 9))      # no free page: its cells fill the others' second pages
+        theirs = set(rt.seq_pages(8))
+        holders = [s for s in range(8) if set(rt.seq_pages(s)) & theirs]
+        assert len(holders) == 3                      # 15 + 15 + 10 free cells: one cell of each holder is a minority
+        assert rt.defragment_pages() == 0             # no free page yet: nothing can move
+
+        def next_logits(seq: int) -> np.ndarray:
+            rt.decode([BatchEntry(300, 17, seq, True)])
+            row = np.array(rt.logits_matrix(1))
+            assert rt.seq_rm(seq, 17, -1)
+            return row
+
+        before = {s: next_logits(s) for s in holders}
+        for s in [s for s in range(8) if s not in holders][:4]:
+            assert rt.seq_rm(s)                       # frees 8 pages
+        assert rt.defragment_pages() == len(holders) == rt.n_cells_defragmented
+        live = holders + [8] + [s for s in range(8) if s not in holders][4:]
+        pages = {s: set(rt.seq_pages(s)) for s in live}
+        for a in live:
+            for b in live:
+                assert a == b or not pages[a] & pages[b], (a, b, pages)  # no page holds two sequences' cells
+        assert len(pages[8]) == math.ceil(40 / PAGE) and all(len(pages[s]) == 2 for s in holders)
+        assert rt.defragment_pages() == 0
+        for s in holders:
+            after = next_logits(s)
+            assert np.argmax(after) == np.argmax(before[s])
+            assert float(np.abs(after - before[s]).max()) <= LAYOUT_BOUND, (s, float(np.abs(after - before[s]).max()))
+    finally:
+        close(rt)
+
+
+def test_defragmentation_does_nothing_with_llama_cpp_placement_or_paging_off():
+    from server.engine import paged_attention
+
+    for kw in ({"paged": "on", "page_placement": "shared"}, {"paged": "off"}):
+        rt = runtime(kw.pop("paged"), n_ctx=256, n_seq_max=2, **kw)
+        try:
+            prefill(rt, 0, prompt_tokens(rt, 20))
+            assert paged_attention.defragment(rt.ctx) == 0
+        finally:
+            close(rt)
