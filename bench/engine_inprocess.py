@@ -24,11 +24,6 @@ from server.engine.sequence import Finished, GenerationRequest
 from server.settings import ServerSettings
 
 
-def decode_rate(model, n: int, max_tokens: int) -> float:
-    """Aggregate decode tokens/s from the first token of any request to the end of the last."""
-    return decode_level(model, n, max_tokens)["decode_tok_s"]
-
-
 def decode_level(model, n: int, max_tokens: int) -> dict:
     """`n` concurrent greedy requests of `max_tokens` tokens (ignore_eos): their aggregate decode
     tokens/s and the engine thread's time per step, split as the module docstring says."""
@@ -77,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     model = bootstrap.load(ServerSettings(model=a.model, parallel=a.parallel, ctx_size=8192,
                                           threads=a.threads, no_cache=True))
     try:
-        decode_rate(model, 1, 8)  # warm-up
+        decode_level(model, 1, 8)  # warm-up
         samples: dict[int, list[dict]] = {n: [] for n in levels}
         for _ in range(a.repeat):
             for n in levels:
