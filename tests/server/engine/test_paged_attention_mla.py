@@ -96,3 +96,37 @@ def test_mla_paged_logits_match_unpaged(mla_model):
                f"top-1 differs at {int((top1_off != top1_on).sum())} rows")
     assert diff.max() <= MAX_ABS_DIFF, summary
     assert (top1_off == top1_on).all(), summary
+
+
+def test_defragmentation_moves_k_only_cells(mla_model):
+    """Patch 0025 on a K-only (MLA) cache, whose layers have no V tensor: the cells a full cache made a
+    minority in their pages move, and each moved sequence's next logits are those it had before the move."""
+    from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
+
+    rt = LlamaRuntime(RuntimeConfig(mla_model, n_ctx=256, n_batch=256, n_seq_max=9, n_threads=THREADS,
+                                    n_threads_batch=THREADS, flash_attn=True, kv_unified=True, paged_attn="on",
+                                    page_size=PAGE_SIZE, page_placement="owned"))
+    try:
+        assert rt.n_ctx == 256 and rt.paged_attn.enabled
+        rng = np.random.default_rng(11)
+        for s in range(8):  # 8 x (a full page + one cell): every page in use
+            rt.decode([BatchEntry(int(t), i, s, i == 16) for i, t in enumerate(rng.integers(3, rt.n_vocab, 17))])
+        rt.decode([BatchEntry(int(t), i, 8, i == 39) for i, t in enumerate(rng.integers(3, rt.n_vocab, 40))])
+        theirs = set(rt.seq_pages(8))
+        holders = [s for s in range(8) if set(rt.seq_pages(s)) & theirs]
+
+        def next_logits(seq: int) -> np.ndarray:
+            rt.decode([BatchEntry(5, 17, seq, True)])
+            row = np.array(rt.logits_matrix(1))
+            assert rt.seq_rm(seq, 17, -1)
+            return row
+
+        before = {s: next_logits(s) for s in holders}
+        for s in [s for s in range(8) if s not in holders][:4]:
+            assert rt.seq_rm(s)
+        assert rt.defragment_pages() == len(holders) > 0
+        for s in holders:
+            assert not set(rt.seq_pages(s)) & set(rt.seq_pages(8))
+            assert float(np.abs(next_logits(s) - before[s]).max()) <= MAX_ABS_DIFF
+    finally:
+        rt.close()
