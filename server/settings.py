@@ -88,6 +88,11 @@ class ServerSettings(BaseSettings):
         0, ge=0, le=8192, description="prompt tokens a step carries while other requests decode (0: the rest of "
         "--batch-size); smaller keeps their streams moving during a long prompt at some cost to its prefill "
         "(docs/benchmarks.md, hostile requests, measures 128)")
+    stream_interval_ms: float = Field(
+        10.0, ge=0, le=1000, description="longest a streamed token waits to be sent with the ones after it: while "
+        "a stream's tokens come faster, it gets one chunk per interval (fewer socket writes and reply parses per "
+        "token for the HTTP front end); a request's first token and its end are sent at once; 0 sends every token "
+        "as it is sampled, as llama-server does")
     threads: int = Field(default_factory=physical_cores, ge=1, description="CPU threads (default: physical cores, "
                          "as llama.cpp)", json_schema_extra={"short": "-t"})
     threads_batch: int | None = Field(

@@ -35,7 +35,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        deliver = LoopDelivery(asyncio.get_running_loop())
+        deliver = LoopDelivery(asyncio.get_running_loop(), settings.stream_interval_ms / 1000)
 
         kv_events = None
 

@@ -12,7 +12,7 @@ from bench.engine_throughput import server_configs
 def args(**kw) -> argparse.Namespace:
     base = {"parallel": 4, "ctx_size": 8192, "arbor_no_cache": False, "n_gpu_layers": 0, "threads": 1,
             "arbor_unpaged": False, "arbor_paged": False, "arbor_shared_pages": False, "arbor_decode_threads": None,
-            "arbor_src": None, "arbor_lib": None,
+            "arbor_stream_interval_ms": None, "arbor_src": None, "arbor_lib": None,
             "no_llama_server": False}
     return argparse.Namespace(**{**base, **kw})
 
@@ -43,6 +43,12 @@ def test_the_shared_pages_variant_adds_the_placement_alone():
     configs = {name: extra for name, _, extra, *_ in server_configs(args(arbor_shared_pages=True), None)}
     assert set(configs) == {"arbor-server", "arbor-server --page-placement shared"}
     assert configs["arbor-server --page-placement shared"] == configs["arbor-server"] + ["--page-placement", "shared"]
+
+
+def test_the_stream_interval_variant_adds_its_flag_alone():
+    configs = {name: extra for name, _, extra, *_ in server_configs(args(arbor_stream_interval_ms=0.0), None)}
+    assert set(configs) == {"arbor-server", "arbor-server --stream-interval-ms 0"}
+    assert configs["arbor-server --stream-interval-ms 0"] == configs["arbor-server"] + ["--stream-interval-ms", "0"]
 
 
 def test_the_library_variant_differs_from_arbor_by_its_environment_alone(tmp_path):
