@@ -69,5 +69,6 @@ def test_the_end_of_a_stream_is_not_held_for_the_timer(slow_chunks_server):
     t = last["timings"]
     generated = (t["prompt_ms"] + t["predicted_ms"]) / 1000
     # The timer was armed by the first token's chunk: an end held for it would come 1 s after that,
-    # at least 0.3 s after the reply was done where the reply takes under 0.7 s (0.16 s here).
-    assert to_finish - generated < 0.25, (to_finish, t)
+    # more than 0.45 s after the reply was done where the reply takes under 0.55 s (0.16 s here); the
+    # margin is for the request's own HTTP, template and tokenizer time on a loaded host.
+    assert to_finish - generated < 0.45, (to_finish, t)
