@@ -78,6 +78,8 @@ async def props(state: StateDep, model: ModelDep):
             "cache_tiers": [t for t in s.cache_tiers if s.tier_enabled(t)],
             "cache_note": model.cache_note,
             "architecture": info.architecture,
+            # --stream-interval-ms: the longest a streamed token waits to share a chunk (0: a chunk per token)
+            "stream_interval_ms": s.stream_interval_ms,
             "paged_attention": {
                 "compiled_in": model.runtime.paged_attn.compiled_in,
                 "enabled": model.runtime.paged_attn.enabled,

@@ -231,6 +231,7 @@ def test_props_slots_metrics(arbor_server, client):
     # (llama.cpp's self-check of every paged mask is off in a release build unless LLAMA_PAGED_ATTN_SELF_CHECK asks)
     assert props["arbor"]["paged_attention"] == {"compiled_in": True, "enabled": True, "page_size": 16, "note": None,
                                                  "placement": "owned", "self_check": {"on": False, "failures": 0}}
+    assert props["arbor"]["stream_interval_ms"] == 10  # the default in force
     idle_slots_consistent(b)
     text = httpx.get(b + "/metrics").text
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",

@@ -56,6 +56,7 @@ def stream_chunks(v1: str) -> tuple[list[str], dict, float]:
 
 
 def test_a_fast_stream_gets_several_tokens_per_chunk_and_the_same_text(slow_chunks_server):
+    assert httpx.get(slow_chunks_server.base_url + "/props").json()["arbor"]["stream_interval_ms"] == 1000
     whole = httpx.post(slow_chunks_server.v1 + "/chat/completions", json=BODY, timeout=120).json()
     pieces, last, _ = stream_chunks(slow_chunks_server.v1)
     assert last["usage"]["completion_tokens"] == TOKENS
