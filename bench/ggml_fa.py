@@ -37,6 +37,41 @@ GGML_FA_PAGE_SIZE_MAX = 1 << 12
 GGML_FA_PAGE_INDEX = (1 << GGML_FA_PAGE_CUT_SHIFT) - 1  # a page index without its flag and cut
 
 
+GGML_FA_ROW_INTS = 4  # ggml.h (patch 0026): a query row's header in the page table, { n, tag, off, last }
+
+
+def pack_page_table(rows: np.ndarray) -> np.ndarray:
+    """ggml_flash_attn_ext_set_pages' table (patch 0026) from one page list per query row, `rows` int [n_rows,
+    2 + n_pages_max] of {n, tag, p_0..p_{n-1}}: a header per row {n, tag, off, last}, then one list per tag (its
+    longest row's), which every row of the tag reads up to its own end but for its last entry, its own. Raises
+    ValueError for rows of one tag that are not prefixes of one list but for their last page's marks (the contract:
+    the same page, its own cut)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    n_rows = rows.shape[0]
+    longest: dict[int, int] = {}
+    for r in range(n_rows):
+        tag = int(rows[r, 1])
+        if tag not in longest or rows[r, 0] > rows[longest[tag], 0]:
+            longest[tag] = r
+    header = np.zeros((n_rows, GGML_FA_ROW_INTS), np.int64)
+    offsets: dict[int, int] = {}
+    lists: list[np.ndarray] = []
+    off = GGML_FA_ROW_INTS * n_rows
+    for tag, r in longest.items():
+        offsets[tag] = off
+        lists.append(rows[r, 2:2 + int(rows[r, 0])])
+        off += int(rows[r, 0])
+    for r in range(n_rows):
+        n, tag = int(rows[r, 0]), int(rows[r, 1])
+        shared = rows[longest[tag]]
+        if not (np.array_equal(rows[r, 2:1 + n], shared[2:1 + n])
+                and (n == 0 or (rows[r, 1 + n] & GGML_FA_PAGE_INDEX) == (shared[1 + n] & GGML_FA_PAGE_INDEX))):
+            raise ValueError(f"row {r} (tag {tag}) is no prefix of its tag's longest list but for its last page's "
+                             "marks")
+        header[r] = (n, tag, offsets[tag], rows[r, 1 + n] if n > 0 else 0)
+    return np.concatenate([header.ravel(), *lists]).astype(np.int32)
+
+
 def page_cut(entry: int) -> int:
     """The cut of a page-table entry (GGML_FA_PAGE_CUT)."""
     return (int(entry) >> GGML_FA_PAGE_CUT_SHIFT) & (GGML_FA_PAGE_SIZE_MAX - 1)
@@ -141,7 +176,8 @@ class FlashAttnGraph:
             base.ggml_flash_attn_ext_add_sinks(self.out, tensor(GGML_TYPE_F32, sinks.astype(np.float32),
                                                                 (n_head, 1, 1, 1)))
         if pages is not None:
-            tp = tensor(GGML_TYPE_I32, pages.astype(np.int32), (pages.shape[1], n_tokens, 1, 1))
+            packed = pack_page_table(pages)
+            tp = tensor(GGML_TYPE_I32, packed, (packed.size, 1, 1, 1))
             base.ggml_flash_attn_ext_set_pages(self.out, tp, page_size)
         self.graph = base.ggml_new_graph(self.ctx)
         base.ggml_build_forward_expand(self.graph, self.out)
@@ -198,7 +234,8 @@ def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *,
                softcap: float = 0.0, sinks: np.ndarray | None = None, backend: Backend | None = None) -> np.ndarray:
     """Attention of q [n_head, n_tokens, DK] over k [n_head_kv, n_kv, DK], v [n_head_kv, n_kv, DV]
     with mask [n_tokens, n_kv] (0 or -inf), K/V/mask rounded to f16 as llama.cpp stores them.
-    pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (equal tags, equal lists), a page index
+    pages: int32 [n_tokens, 2 + n_pages_max] rows {n, tag, p_0..p_{n-1}} (rows of one tag: prefixes of one list
+    but for their last entries; ggml takes them packed per tag, `pack_page_table`), a page index
     or'ed with GGML_FA_PAGE_UNMASKED where the mask is 0 throughout the row's part of the page (the kernel then does
     not read it) and with a cut (`page_cut`) where that part ends before the page does.
     softcap: the logit soft-cap (0: none); sinks: float32 [n_head], one attention sink logit per head.

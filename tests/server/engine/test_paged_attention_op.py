@@ -331,3 +331,30 @@ def test_a_long_row_beside_short_ones_is_cut_among_the_threads(n_threads, extras
     np.testing.assert_allclose(paged, ggml_fa.reference(q, k, v, mask, **kw), atol=4e-3, rtol=0)
     assert not np.array_equal(paged[0], unpaged[0])
     np.testing.assert_array_equal(paged[1:], unpaged[1:])
+
+
+def test_the_page_table_is_packed_per_sequence():
+    """ggml takes one list per tag (patch 0026): the rows' headers name it and carry their own last entries."""
+    cut = 3 << ggml_fa.GGML_FA_PAGE_CUT_SHIFT
+    flag = ggml_fa.GGML_FA_PAGE_UNMASKED
+    rows = np.zeros((4, 2 + 4), np.int64)
+    rows[0, :5] = (3, 7, 0 | flag, 2 | flag, 5 | flag | cut)  # a prompt chunk's first row: its list ends at its cell
+    rows[1, :6] = (4, 7, 0 | flag, 2 | flag, 5 | flag, 6 | flag | cut)  # its last row: the longest, the tag's list
+    rows[2, :4] = (2, 9, 1, 3)  # another sequence's decode row
+    rows[3, :2] = (0, 4)  # a row with no pages
+    packed = ggml_fa.pack_page_table(rows)
+    header = packed[:16].reshape(4, 4)
+    assert [tuple(h[:2]) for h in header] == [(3, 7), (4, 7), (2, 9), (0, 4)]
+    assert header[0, 2] == header[1, 2] == 16  # one list for the two rows of tag 7, right after the headers
+    assert list(packed[16:20]) == list(rows[1, 2:6]) and header[2, 2] == 20 and list(packed[20:22]) == [1, 3]
+    assert packed.size == 22  # the per-row table took 4 x 6
+    assert header[0, 3] == 5 | flag | cut and header[1, 3] == 6 | flag | cut and header[3, 3] == 0
+    for r in range(4):  # each row reads its own list back: the shared list up to its end, its own last entry
+        n, _, off, last = header[r]
+        assert [packed[off + j] if j + 1 < n else last for j in range(n)] == list(rows[r, 2:2 + n])
+
+
+def test_rows_of_one_tag_must_share_their_list():
+    rows = np.array([[2, 1, 0, 4, 0], [3, 1, 0, 5, 6]], np.int64)  # the first row's page 4 is not in the other's
+    with pytest.raises(ValueError, match="no prefix"):
+        ggml_fa.pack_page_table(rows)
