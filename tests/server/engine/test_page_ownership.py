@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.server.engine import test_paged_attention_real
+from tests.server.engine.kv_probe import next_logits
 
 pytestmark = pytest.mark.model
 PAGE = 16
@@ -191,7 +192,6 @@ def test_defragmentation_moves_a_full_caches_strays_into_pages_of_their_own():
     the cells that are a minority in such a page (K, V and bookkeeping) into pages of their own sequence: no page is
     mixed any more, the self-check of the next masks passes (close), and a moved sequence's next decode gives the
     logits it gave before the move, up to the cell order's own spread (test_paged_attention_logits.LAYOUT_BOUND)."""
-    from server.engine.llama_runtime import BatchEntry
     from tests.server.engine.test_paged_attention_logits import LAYOUT_BOUND
 
     rt = runtime("on", n_ctx=256, n_seq_max=9, n_batch=256)
@@ -204,13 +204,7 @@ def test_defragmentation_moves_a_full_caches_strays_into_pages_of_their_own():
         assert len(holders) == 3                      # 15 + 15 + 10 free cells: one cell of each holder is a minority
         assert rt.defragment_pages() == 0             # no free page yet: nothing can move
 
-        def next_logits(seq: int) -> np.ndarray:
-            rt.decode([BatchEntry(300, 17, seq, True)])
-            row = np.array(rt.logits_matrix(1))
-            assert rt.seq_rm(seq, 17, -1)
-            return row
-
-        before = {s: next_logits(s) for s in holders}
+        before = {s: next_logits(rt, s, 17, 300) for s in holders}
         for s in [s for s in range(8) if s not in holders][:4]:
             assert rt.seq_rm(s)                       # frees 8 pages
         assert rt.defragment_pages() == len(holders) == rt.n_cells_defragmented
@@ -222,7 +216,7 @@ def test_defragmentation_moves_a_full_caches_strays_into_pages_of_their_own():
         assert len(pages[8]) == math.ceil(40 / PAGE) and all(len(pages[s]) == 2 for s in holders)
         assert rt.defragment_pages() == 0
         for s in holders:
-            after = next_logits(s)
+            after = next_logits(rt, s, 17, 300)
             assert np.argmax(after) == np.argmax(before[s])
             assert float(np.abs(after - before[s]).max()) <= LAYOUT_BOUND, (s, float(np.abs(after - before[s]).max()))
     finally:

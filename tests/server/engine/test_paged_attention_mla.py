@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.server.engine.kv_probe import next_logits
+
 pytestmark = pytest.mark.model
 
 PAGE_SIZE = 16
@@ -115,18 +117,12 @@ def test_defragmentation_moves_k_only_cells(mla_model):
         theirs = set(rt.seq_pages(8))
         holders = [s for s in range(8) if set(rt.seq_pages(s)) & theirs]
 
-        def next_logits(seq: int) -> np.ndarray:
-            rt.decode([BatchEntry(5, 17, seq, True)])
-            row = np.array(rt.logits_matrix(1))
-            assert rt.seq_rm(seq, 17, -1)
-            return row
-
-        before = {s: next_logits(s) for s in holders}
+        before = {s: next_logits(rt, s, 17, 5) for s in holders}
         for s in [s for s in range(8) if s not in holders][:4]:
             assert rt.seq_rm(s)
         assert rt.defragment_pages() == len(holders) > 0
         for s in holders:
             assert not set(rt.seq_pages(s)) & set(rt.seq_pages(8))
-            assert float(np.abs(next_logits(s) - before[s]).max()) <= MAX_ABS_DIFF
+            assert float(np.abs(next_logits(rt, s, 17, 5) - before[s]).max()) <= MAX_ABS_DIFF
     finally:
         rt.close()
