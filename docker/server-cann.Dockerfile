@@ -25,11 +25,11 @@ ARG SOC_TYPE=Ascend910B3
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # CANN images normally ship gcc, g++, make and cmake; install them only where one is missing.
 # hadolint ignore=DL3008,DL3032,DL3033,DL3041
-RUN if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null || ! command -v patch >/dev/null; then \
+RUN if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null || ! command -v git >/dev/null; then \
       if command -v apt-get >/dev/null; then \
-        apt-get update && apt-get install -y --no-install-recommends build-essential cmake patch && rm -rf /var/lib/apt/lists/*; \
+        apt-get update && apt-get install -y --no-install-recommends build-essential cmake git && rm -rf /var/lib/apt/lists/*; \
       else \
-        yum install -y gcc gcc-c++ make cmake patch && yum clean all; \
+        yum install -y gcc gcc-c++ make cmake git && yum clean all; \
       fi; \
     fi
 RUN test -f "$CANN_ENV" || { echo "server-cann: CANN_ENV=$CANN_ENV does not exist in CANN_BASE_IMAGE; pass --build-arg CANN_ENV=<path of set_env.sh>" >&2; exit 1; }
@@ -37,6 +37,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
 COPY patches /opt/arbor/patches
+COPY native /opt/arbor/native
 # The driver's libascend_hal.so (and the few driver libraries beside it) come from the host at run
 # time (compose mounts the driver); the toolkit's stubs stand in for them while building and checking.
 # hadolint ignore=SC1090

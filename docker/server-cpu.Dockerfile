@@ -22,12 +22,13 @@ ARG CPU_CMAKE_ARGS=
 ARG BUILD_JOBS=
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential cmake patch \
+ && apt-get install -y --no-install-recommends build-essential cmake git \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
 COPY patches /opt/arbor/patches
+COPY native /opt/arbor/native
 RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
     bash /opt/arbor/build-llama-cpp.sh "$LLAMA_CPP_PYTHON_SPEC"
 # The dependencies from the hash-pinned lock (scripts/lock-dependencies.sh; DEVELOPERS.md, "Dependencies"):

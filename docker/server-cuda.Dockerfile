@@ -24,12 +24,13 @@ ARG BUILD_JOBS=
 COPY docker/install-python.sh docker/build-llama-cpp.sh docker/check-llama-cpp.sh scripts/llama-cpp-source.sh /opt/arbor/
 # hadolint ignore=DL3008
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends build-essential cmake patch \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends build-essential cmake git \
  && rm -rf /var/lib/apt/lists/* \
  && python=$(bash /opt/arbor/install-python.sh --dev) \
  && "$python" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY patches /opt/arbor/patches
+COPY native /opt/arbor/native
 # NCCL off: the runtime image has no libnccl, and one server uses one GPU.
 RUN TARGETARCH="$TARGETARCH" CPU_CMAKE_ARGS="$CPU_CMAKE_ARGS" PIP_INDEX_URL="$PIP_INDEX_URL" BUILD_JOBS="$BUILD_JOBS" \
     CUDA_ARCHITECTURES="$CUDA_ARCHITECTURES" CUDA_VERSION="$CUDA_VERSION" \

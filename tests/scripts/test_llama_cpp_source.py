@@ -1,6 +1,6 @@
-"""scripts/llama-cpp-source.sh: the one pin, the archive checked against its pinned SHA-256, the
-patch series applied in order, a version stamped with the patches' hash, and a build stopped by
-name when a patch does not apply."""
+"""scripts/llama-cpp-source.sh: the one pin, the archive checked against its pinned SHA-256, native/ copied in
+and the topic series applied in order with `git am -3`, a version stamped with the hash of both, a build stopped
+by name when a topic does not apply, and the reverse: a --tree whose topic commits --regenerate writes back."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ SCRIPT = REPO / "scripts" / "llama-cpp-source.sh"
 RELEASE = (REPO / "patches" / "llama-cpp-python.version").read_text().strip()
 
 
-def run(*args: str, patches: Path | None = None) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin"}
+def run(*args: str, patches: Path | None = None, native: Path | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     if patches is not None:
         env["ARBOR_PATCHES"] = str(patches)
+    if native is not None:
+        env["ARBOR_NATIVE"] = str(native)
     return subprocess.run([shutil.which("bash"), str(SCRIPT), *args], env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -53,13 +55,20 @@ def patch_set(tmp: Path, *patches: tuple[str, str]) -> Path:
     return root
 
 
-ADD_LINE = """--- a/vendor/llama.cpp/ggml.h
+def topic(subject: str, diff: str) -> str:
+    """`diff` as `git format-patch` writes a topic: an mbox message with a Subject."""
+    return (f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: Arbor <arbor@localhost>\n"
+            f"Date: Sat, 1 Jan 2000 00:00:00 +0000\nSubject: [PATCH] {subject}\n\nWhy it is there.\n---\n"
+            f"diff --git a/vendor/llama.cpp/ggml.h b/vendor/llama.cpp/ggml.h\n{diff}")
+
+
+ADD_LINE = topic("ggml: add a line", """--- a/vendor/llama.cpp/ggml.h
 +++ b/vendor/llama.cpp/ggml.h
 @@ -1,2 +1,3 @@
  int a;
 +int paged;
  int b;
-"""
+""")
 
 
 def test_the_pin_is_one_release_and_pyproject_says_the_same():
@@ -75,7 +84,7 @@ def test_the_version_names_the_release_and_the_patches():
 
 def test_patches_apply_in_order_and_stamp_the_version(tmp_path):
     second = ADD_LINE.replace("+int paged;\n int b;", " int b;\n+int pages;").replace("-1,2 +1,3", "-1,3 +1,4")
-    second = second.replace(" int a;\n int b;", " int a;\n int paged;\n int b;")
+    second = second.replace(" int a;\n int b;", " int a;\n int paged;\n int b;").replace("add a line", "one more")
     patches = patch_set(tmp_path, ("0001-add.patch", ADD_LINE), ("0002-more.patch", second))
     sdist = fake_sdist(tmp_path, "9.8.7", "int a;\nint b;\n")
     pin(patches, sdist)
@@ -122,8 +131,74 @@ def test_a_range_in_the_pin_file_is_refused(tmp_path):
     assert done.returncode == 1 and "not one exact release" in done.stderr
 
 
-def test_the_real_patches_apply_to_the_pinned_release_when_its_archive_is_cached(tmp_path):
-    """The real series applies to the pinned release (scripts/setup.sh keeps its archive in ~/.cache/arbor)."""
+def test_native_sources_are_copied_in_and_stamped_into_the_version(tmp_path):
+    patches = patch_set(tmp_path, ("0001-add.patch", ADD_LINE))
+    native = tmp_path / "native"
+    (native / "src").mkdir(parents=True)
+    (native / "src" / "pages.cpp").write_text("int pages(void) { return 1; }\n")
+    sdist = fake_sdist(tmp_path, "9.8.7", "int a;\nint b;\n")
+    pin(patches, sdist)
+    done = run("--sdist", str(sdist), str(tmp_path / "src"), patches=patches, native=native)
+    assert done.returncode == 0, done.stderr
+    src = Path(done.stdout.strip().splitlines()[-1])
+    assert (src / "vendor/llama.cpp/src/pages.cpp").read_text() == "int pages(void) { return 1; }\n"
+    assert not (src / ".git").exists()  # the build's own repository is gone; the archive's own is left as it was
+    before = run("--version", patches=patches, native=native).stdout.strip()
+    (native / "src" / "pages.cpp").write_text("int pages(void) { return 2; }\n")
+    assert run("--version", patches=patches, native=native).stdout.strip() != before  # an edit rebuilds
+
+
+def test_a_native_file_that_would_replace_llama_cpps_own_is_refused(tmp_path):
+    patches = patch_set(tmp_path, ("0001-add.patch", ADD_LINE))
+    native = tmp_path / "native"
+    native.mkdir()
+    (native / "ggml.h").write_text("int replaced;\n")
+    sdist = fake_sdist(tmp_path, "9.8.7", "int a;\nint b;\n")
+    pin(patches, sdist)
+    done = run("--sdist", str(sdist), str(tmp_path / "src"), patches=patches, native=native)
+    assert done.returncode == 1 and "native/ggml.h would replace llama.cpp's own" in done.stderr
+
+
+def test_a_tree_regenerates_its_topics_and_copies_native_edits_back(tmp_path):
+    patches = patch_set(tmp_path, ("0001-ggml-add-a-line.patch", ADD_LINE))
+    native = tmp_path / "native"
+    native.mkdir()
+    (native / "paged.cu").write_text("// v1\n")
+    sdist = fake_sdist(tmp_path, "9.8.7", "int a;\nint b;\n")
+    pin(patches, sdist)
+    done = run("--tree", "--sdist", str(sdist), str(tmp_path / "tree"), patches=patches, native=native)
+    assert done.returncode == 0, done.stderr
+    src = Path(done.stdout.strip().splitlines()[-1])
+    log = subprocess.run(["git", "-C", str(src), "log", "--format=%s"], capture_output=True, text=True).stdout
+    assert log.splitlines() == ["ggml: add a line", "arbor: native sources (native/, copied; not a topic)",
+                                "llama-cpp-python 9.8.7 (the pinned release)"]
+    # nothing changed: the same topic back (in format-patch's own form: a diffstat, full blob ids) ...
+    assert run("--regenerate", str(src), patches=patches, native=native).returncode == 0
+    assert [p.name for p in (patches / "llama.cpp").iterdir()] == ["0001-ggml-add-a-line.patch"]
+    first = (patches / "llama.cpp" / "0001-ggml-add-a-line.patch").read_text()
+    assert "Subject: [PATCH] ggml: add a line\n\nWhy it is there.\n" in first
+    assert ADD_LINE[ADD_LINE.index("--- a/"):] in first
+    # ... and a tree made from that regenerates it byte for byte
+    again = run("--tree", "--sdist", str(sdist), str(tmp_path / "again"), patches=patches, native=native)
+    assert run("--regenerate", again.stdout.strip().splitlines()[-1], patches=patches, native=native).returncode == 0
+    assert (patches / "llama.cpp" / "0001-ggml-add-a-line.patch").read_text() == first
+    # an edit of a native file stays uncommitted and goes back to native/
+    (src / "vendor/llama.cpp/paged.cu").write_text("// v2\n")
+    assert run("--regenerate", str(src), patches=patches, native=native).returncode == 0
+    assert (native / "paged.cu").read_text() == "// v2\n"
+    # a topic that adds a file is refused: new code belongs in native/
+    (src / "vendor/llama.cpp/new.c").write_text("int n;\n")
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "vendor/llama.cpp/new.c"], check=True)
+    subprocess.run([*git, "commit", "-q", "--amend", "--no-edit"], check=True)
+    refused = run("--regenerate", str(src), patches=patches, native=native)
+    assert refused.returncode == 1 and "new code of Arbor's belongs in native/" in refused.stderr
+
+
+def test_the_real_series_applies_and_is_as_regenerate_writes_it(tmp_path):
+    """The real series applies to the pinned release (scripts/setup.sh keeps its archive in ~/.cache/arbor), copies
+    native/ in, and is in the form --regenerate writes: a --tree of it regenerates the same topics byte for byte, so
+    no topic was edited by hand and every fix is amended into its topic."""
     archive = Path.home() / f".cache/arbor/sdist/llama_cpp_python-{RELEASE}.tar.gz"
     if not archive.is_file():
         import pytest
@@ -133,3 +208,17 @@ def test_the_real_patches_apply_to_the_pinned_release_when_its_archive_is_cached
     assert done.returncode == 0, done.stderr
     src = Path(done.stdout.strip().splitlines()[-1])
     assert "llama_set_paged_attn" in (src / "vendor/llama.cpp/include/llama.h").read_text()
+    for f in (REPO / "native").rglob("*"):
+        if f.is_file() and f.name != "README.md":
+            assert (src / "vendor/llama.cpp" / f.relative_to(REPO / "native")).read_bytes() == f.read_bytes()
+    copy = tmp_path / "copy"
+    shutil.copytree(REPO / "patches", copy / "patches")
+    shutil.copytree(REPO / "native", copy / "native")
+    tree = run("--tree", "--sdist", str(archive), str(tmp_path / "tree"), patches=copy / "patches")
+    assert tree.returncode == 0, tree.stderr
+    regenerated = run("--regenerate", tree.stdout.strip().splitlines()[-1], patches=copy / "patches")
+    assert regenerated.returncode == 0, regenerated.stderr
+    topics = sorted((REPO / "patches" / "llama.cpp").glob("*.patch"))
+    assert [p.name for p in sorted((copy / "patches" / "llama.cpp").glob("*.patch"))] == [p.name for p in topics]
+    for p in topics:
+        assert (copy / "patches" / "llama.cpp" / p.name).read_bytes() == p.read_bytes(), p.name
