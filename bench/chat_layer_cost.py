@@ -33,7 +33,7 @@ from typing import Any
 
 from gguf import GGUFReader
 
-from bench.family_model import template_text
+from harness.models.family_model import template_text
 from server.api.chat_layer import ChatTemplates
 from server.api.conversation import ChatOptions, plan_conversation
 from server.api.prompting import PreparedRequest

@@ -269,7 +269,7 @@ RUN_ALL_DIRS = {
     "run_all": ("Workloads: every configuration side by side",
                 "python -m bench.run_all --quick"),
     "run_all_synth": ("Workloads on a compute-light synthetic model (llama, 4 layers, 256 wide, q8_0)",
-                      "python bench/synth_model.py --shape custom --arch llama --n-layer 4 --n-embd 256 --n-head 4 "
+                      "python -m bench.synth_model --shape custom --arch llama --n-layer 4 --n-embd 256 --n-head 4 "
                       "--n-head-kv 2 --n-ff 512 --type q8_0 --out var/models/llama-4x256-synth.q8_0.gguf && "
                       "python -m bench.run_all --quick --model var/models/llama-4x256-synth.q8_0.gguf "
                       "--out bench/results/run_all_synth"),
@@ -278,7 +278,7 @@ RUN_ALL_DIRS = {
                     "--out var/models/gemma3-swa-bench6.gguf && python -m bench.run_all --quick --same-prompts "
                     "--model var/models/gemma3-swa-bench6.gguf --out bench/results/run_all_swa"),
     "run_all_hybrid": ("Workloads on a hybrid model (LFM2 shape, 6 layers of 1024: 4 conv, 2 attention, q8_0)",
-                       "python -c \"from pathlib import Path; from bench.synth_swa_hybrid import shape_for, "
+                       "python -c \"from pathlib import Path; from harness.models.synth_swa_hybrid import shape_for, "
                        "write_model; write_model(shape_for('lfm2', 'bench', n_layer=6, attn_layers=(2, 5)), "
                        "Path('var/models/lfm2-hybrid-bench6.gguf'))\" && python -m bench.run_all --quick "
                        "--same-prompts --model var/models/lfm2-hybrid-bench6.gguf --out bench/results/run_all_hybrid"),

@@ -1,7 +1,9 @@
 """Imports go one way (DESIGN.md, "The house"): scenarios use tools, never the reverse; the app
 serves the frontend, which never imports the app; the workbench talks to the server only over
-HTTP; the server stands alone. Checked on the source (AST), so an import inside a function,
-a relative import or an importlib call with a literal name is caught too."""
+HTTP; the server stands alone; the benchmark harness (harness/) stands alone too, so the workbench's
+replay and the benchmarks' entry points (bench/) can both use it, and nothing but bench/ and the
+tests imports bench/. Checked on the source (AST), so an import inside a function, a relative
+import or an importlib call with a literal name is caught too."""
 
 from __future__ import annotations
 
@@ -11,15 +13,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "frontend", "scenarios", "server", "tools")
+PACKAGES = ("app", "frontend", "harness", "scenarios", "server", "tools")
 
 #: package -> the project packages it must not import
 FORBIDDEN: dict[str, frozenset[str]] = {
-    "tools": frozenset({"scenarios", "app", "frontend", "server"}),
-    "scenarios": frozenset({"app", "frontend", "server"}),
-    "frontend": frozenset({"app", "scenarios", "tools", "server"}),
-    "app": frozenset({"server"}),
-    "server": frozenset({"app", "frontend", "scenarios", "tools"}),
+    "tools": frozenset({"scenarios", "app", "frontend", "server", "harness", "bench", "tests"}),
+    "scenarios": frozenset({"app", "frontend", "server", "harness", "bench", "tests"}),
+    "frontend": frozenset({"app", "scenarios", "tools", "server", "harness", "bench", "tests"}),
+    "app": frozenset({"server", "bench", "tests"}),
+    "server": frozenset({"app", "frontend", "scenarios", "tools", "harness", "bench", "tests"}),
+    # talks to servers over HTTP and to llama.cpp's libraries through ctypes: none of the project
+    "harness": frozenset({"app", "server", "frontend", "scenarios", "tools", "bench", "tests"}),
 }
 
 

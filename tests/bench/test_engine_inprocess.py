@@ -4,7 +4,7 @@ rate, its samples and the engine thread's time per step split into forward and t
 import json
 
 from bench.engine_inprocess import main
-from bench.synth_model import ModelShape, write_model
+from harness.models.synth_model import ModelShape, write_model
 
 TINY = ModelShape("llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, head_dim=16)
 

@@ -34,7 +34,7 @@ def test_the_kv_caches_and_compute_buffers_are_read_from_llama_cpps_log():
 
 @needs_llama_cpp
 def test_the_derived_model_has_no_sliding_window_and_the_same_shape(tmp_path):
-    from bench.synth_swa_hybrid import write_swa_model
+    from harness.models.synth_swa_hybrid import write_swa_model
     from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
 
     swa = write_swa_model(tmp_path / "gemma3-tiny.gguf", seed=3)

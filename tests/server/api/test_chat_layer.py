@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.family_model import FAMILIES, template_text
+from harness.models.family_model import FAMILIES, template_text
 from server.api.chat_layer import ChatLayerError, ChatTemplates, ReplyParser
 from server.api.grammars import forced_call_grammar
 from server.api.reply_stream import ContentDelta, ReasoningDelta, ReplyStream, ToolCallDelta

@@ -1,5 +1,5 @@
 """Real model families through the real server: random-weight models carrying a family's own
-tokenizer and chat template (bench/family_model.py), a GBNF grammar forcing exactly what a model
+tokenizer and chat template (harness/models/family_model.py), a GBNF grammar forcing exactly what a model
 of that family writes, and the OpenAI API's answer read back, streamed and not: reasoning apart
 from the content, tool calls parsed the family's way, finish_reason "tool_calls"."""
 
@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from bench.family_model import write_family_model
+from harness.models.family_model import write_family_model
 from tests.server.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.model

@@ -1,6 +1,6 @@
 """Tier A with state checkpoints on real llama.cpp models whose state cannot be cut back: a
 sliding-window model (Gemma 3 shape) and a hybrid one (attention + recurrent layers), random
-weights from bench/synth_swa_hybrid.py.
+weights from harness/models/synth_swa_hybrid.py.
 
 The logits after a reused prefix must equal those of the whole prompt computed from nothing,
 in the same context. Cutting a sliding-window slot back without its window's cells (what slot
@@ -32,7 +32,7 @@ BRANCH = 200  # where the second prompt leaves the first
 @pytest.fixture(scope="module", params=["swa", "hybrid"])
 def model(request, tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run scripts/setup.sh)")
-    from bench import synth_swa_hybrid as synth
+    from harness.models import synth_swa_hybrid as synth
     from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
 
     write = synth.write_swa_model if request.param == "swa" else synth.write_hybrid_model

@@ -55,7 +55,7 @@ N_CTX = 1024  # n_kv is padded to 256 cells: above 256 used cells a one-token de
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run scripts/setup.sh)")
-    from bench.synth_model import ModelShape, write_model
+    from harness.models.synth_model import ModelShape, write_model
     from server.engine import paged_attention
 
     if not paged_attention.compiled_in():

@@ -1,4 +1,4 @@
-"""Paged attention on an MLA model (deepseek2, random weights from bench/synth_mla.py): llama.cpp runs
+"""Paged attention on an MLA model (deepseek2, random weights from harness/models/synth_mla.py): llama.cpp runs
 MLA through its K-only attention graph (V is a view of K), which patch 0006 gives the page table;
 before it, that graph ran flash attention over every cell with the paged mask, which on a CPU-only
 build is not written outside each sequence's pages, and read stale bytes there. The same KV
@@ -27,7 +27,7 @@ MAX_ABS_DIFF = 2e-4
 @pytest.fixture(scope="module")
 def mla_model(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run scripts/setup.sh)")
-    from bench.synth_mla import MLAShape, write_model
+    from harness.models.synth_mla import MLAShape, write_model
 
     return write_model(MLAShape(), tmp_path_factory.mktemp("mla") / "deepseek2-mla.gguf", type_name="f32", seed=3)
 

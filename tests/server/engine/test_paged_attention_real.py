@@ -70,7 +70,7 @@ def test_more_pages_than_a_table_entry_indexes_are_refused(tmp_path):
     262,144 pages is refused with the reason (a tiny random-weight model: 262,400 cells of 128 bytes); pages of 2
     cells over the same KV are taken."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run scripts/setup.sh)")
-    from bench.synth_model import ModelShape, write_model
+    from harness.models.synth_model import ModelShape, write_model
     from server.engine import paged_attention
     from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
     from server.engine.paged_attention import PagedAttentionUnavailable

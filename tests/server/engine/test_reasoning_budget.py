@@ -14,7 +14,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from bench.family_model import vocab_file
+from harness.models.family_model import vocab_file
 from server.engine.reasoning_budget import BudgetState, budget_state
 from server.engine.sampling import SamplerChain
 from server.engine.sampling_params import Constraint, ReasoningBudget, SamplingParams

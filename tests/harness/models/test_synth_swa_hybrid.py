@@ -1,4 +1,4 @@
-"""bench/synth_swa_hybrid.py: the sliding-window (gemma3) and hybrid (lfm2) models it writes load in
+"""harness/models/synth_swa_hybrid.py: the sliding-window (gemma3) and hybrid (lfm2) models it writes load in
 the real engine through Arbor's runtime, decode deterministically with finite logits, and their
 per-sequence states have the layout the cache's checkpoints (issue 32) will be built on:
 
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from bench.synth_swa_hybrid import (
+from harness.models.synth_swa_hybrid import (
     SHAPES,
     HybridShape,
     SWAShape,

@@ -1,4 +1,4 @@
-"""bench/synth_model.py: the GGUF it writes has the planned tensors and the embedded tokenizer,
+"""harness/models/synth_model.py: the GGUF it writes has the planned tensors and the embedded tokenizer,
 and llama.cpp loads it, tokenizes like the embedded model and decodes with finite logits."""
 
 import ctypes
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from bench.synth_model import (
+from harness.models.synth_model import (
     SHAPES,
     TOKENIZER_VOCAB,
     ModelShape,
