@@ -48,8 +48,8 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from bench.lib_folder import LibFolderError, check_lib_folder
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
+from harness.kernels.lib_folder import LibFolderError, check_lib_folder
 from server.model_file import embedded_model_path
 
 TOPICS = ["pumps", "tides", "compilers", "bridges", "orchards", "satellites", "glaciers", "markets"]

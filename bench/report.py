@@ -18,7 +18,8 @@ import subprocess
 from pathlib import Path
 
 from app.replay.results import load_results
-from bench import api_parity, checkpoint_agreement, kv_types, paged_kernel_check, paged_logits, swa_memory
+from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, swa_memory
+from harness.kernels import paged_kernel_check
 
 
 def _load(path: Path) -> dict | None:

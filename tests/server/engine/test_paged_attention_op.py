@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench import ggml_fa
-from bench.paged_layout import UnifiedKV, mark_unmasked, ubatch_inputs
+from harness.kernels import ggml_fa
+from harness.kernels.paged_layout import UnifiedKV, mark_unmasked, ubatch_inputs
 
 pytestmark = pytest.mark.skipif(not ggml_fa.has_paged_op(),
                                 reason="llama-cpp-python was built without Arbor's paged attention patch")

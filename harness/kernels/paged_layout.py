@@ -5,14 +5,14 @@ token's list ending at its own cell in a causal tail.
 
 It is an oracle written apart from the C code (llama_kv_cells, patches 0003, 0008, 0014, 0022 and 0023): the operator
 tests (tests/server/engine/test_paged_attention_op.py) and the kernel check on an accelerator
-(bench/paged_kernel_check.py) build their inputs with it.
+(paged_kernel_check.py) build their inputs with it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.ggml_fa import GGML_FA_PAGE_CUT_SHIFT, GGML_FA_PAGE_UNMASKED
+from harness.kernels.ggml_fa import GGML_FA_PAGE_CUT_SHIFT, GGML_FA_PAGE_UNMASKED
 
 
 class UnifiedKV:

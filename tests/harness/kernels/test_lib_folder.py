@@ -1,5 +1,5 @@
-"""bench.lib_folder: a folder for LLAMA_CPP_LIB_PATH whose names of one library are different files is refused, where
-the loader and ctypes would otherwise open different builds in one process."""
+"""harness/kernels/lib_folder.py: a folder for LLAMA_CPP_LIB_PATH whose names of one library are
+different files is refused, where the loader and ctypes would otherwise open different builds in one process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib_folder import LibFolderError, check_lib_folder
+from harness.kernels.lib_folder import LibFolderError, check_lib_folder
 
 NAMES = ("libggml-cpu.so", "libggml-cpu.so.0", "libggml-cpu.so.0.25.3")
 

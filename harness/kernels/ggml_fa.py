@@ -3,9 +3,9 @@ that llama-cpp-python ships, or those in LLAMA_CPP_LIB_PATH), with and without a
 page table.
 
 For the operator tests (tests/server/engine/test_paged_attention_op.py) and the kernel benchmark
-(bench/fa_kernel.py): it builds a one-op graph in a ggml context, fills the inputs from numpy
-arrays and computes it with ggml's CPU backend; given a `bench.ggml_backend.Backend` (the kernel check on an
-accelerator, bench/paged_kernel_check.py), it allocates the tensors on that backend and computes there.
+(fa_kernel.py): it builds a one-op graph in a ggml context, fills the inputs from numpy
+arrays and computes it with ggml's CPU backend; given a `ggml_backend.Backend` (the kernel check on an
+accelerator, paged_kernel_check.py), it allocates the tensors on that backend and computes there.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import numpy as np
 
-from bench.lib_folder import check_lib_folder
+from harness.kernels.lib_folder import check_lib_folder
 
 if TYPE_CHECKING:
-    from bench.ggml_backend import Backend
+    from harness.kernels.ggml_backend import Backend
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
@@ -82,7 +82,7 @@ class _InitParams(ctypes.Structure):
 
 
 def lib_dir() -> Path:
-    """The folder of the libraries: LLAMA_CPP_LIB_PATH's (checked: bench.lib_folder), else llama-cpp-python's own."""
+    """The folder of the libraries: LLAMA_CPP_LIB_PATH's (checked: lib_folder), else llama-cpp-python's own."""
     override = os.environ.get("LLAMA_CPP_LIB_PATH")
     return _checked_folder(override) if override else Path(llama_cpp.__file__).parent / "lib"
 
@@ -136,7 +136,7 @@ def has_paged_op() -> bool:
 
 class FlashAttnGraph:
     """One flash-attention op in a ggml context of its own, built once: `compute()` runs it again (the
-    operator tests run it once, bench/fa_kernel.py times it), `result()` reads the output. Shapes and the
+    operator tests run it once, fa_kernel.py times it), `result()` reads the output. Shapes and the
     meaning of the arguments: `flash_attn`. Close it (or use it as a context manager) to free the context."""
 
     def __init__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *, scale: float,
@@ -155,7 +155,7 @@ class FlashAttnGraph:
                     + (64 << 20))
             self.ctx = base.ggml_init(_InitParams(size, None, False))
         else:  # tensor headers and the graph in the context, the data on the backend (the backend calls, overheads
-            # included, were bound by bench.ggml_backend when the Backend was opened)
+            # included, were bound by ggml_backend when the Backend was opened)
             self.ctx = base.ggml_init(_InitParams(base.ggml_tensor_overhead() * 16 + base.ggml_graph_overhead(),
                                                   None, True))
         assert self.ctx, "ggml_init failed"
@@ -239,7 +239,7 @@ def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *,
     or'ed with GGML_FA_PAGE_UNMASKED where the mask is 0 throughout the row's part of the page (the kernel then does
     not read it) and with a cut (`page_cut`) where that part ends before the page does.
     softcap: the logit soft-cap (0: none); sinks: float32 [n_head], one attention sink logit per head.
-    backend: compute there (bench.ggml_backend) instead of ggml's CPU graph compute.
+    backend: compute there (ggml_backend) instead of ggml's CPU graph compute.
     Returns [n_tokens, n_head, DV]."""
     with FlashAttnGraph(q, k, v, mask, scale=scale, pages=pages, page_size=page_size, softcap=softcap,
                         sinks=sinks, backend=backend) as graph:

@@ -1,5 +1,5 @@
 """A folder of llama.cpp libraries for LLAMA_CPP_LIB_PATH (`bench.fa_kernel --libs`, `bench.engine_throughput
---arbor-lib`, `bench.ggml_fa`), checked before a measurement uses it.
+--arbor-lib`, `ggml_fa`), checked before a measurement uses it.
 
 A wheel's `lib/` holds each library under every name the loader asks for (`libggml-cpu.so`, `.so.0`,
 `.so.0.25.3`) as separate copies, not links: ctypes opens `libggml-cpu.so` while libllama loads the `.so.0`.

@@ -1,8 +1,8 @@
 """ggml's backends from Python (ctypes over the ggml libraries llama-cpp-python ships, or those in
 LLAMA_CPP_LIB_PATH): the devices the libraries registered, and a backend opened on one of them.
 
-bench/ggml_fa.py runs its flash-attention graph on such a backend when given one (the kernel check on an
-accelerator, bench/paged_kernel_check.py); without one it computes on the CPU as before.
+ggml_fa.py runs its flash-attention graph on such a backend when given one (the kernel check on an
+accelerator, paged_kernel_check.py); without one it computes on the CPU as before.
 
 Contract: `devices()` lists what the loaded libraries registered (a CPU build: the CPU only; a CUDA build:
 CUDA0.. and the CPU); `Backend(name)` opens the named device ("CPU", "CUDA0"), or the first GPU for "gpu",
@@ -15,7 +15,7 @@ import ctypes
 from dataclasses import dataclass
 from functools import cache
 
-from bench.ggml_fa import lib_dir, libs
+from harness.kernels.ggml_fa import lib_dir, libs
 
 # enum ggml_backend_dev_type (ggml-backend.h)
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}

@@ -1,6 +1,6 @@
-"""bench/paged_kernel_check.py on the CPU backend (ggml's backend API, as on a GPU host): the quick grid passes and
-its file says so, a wrong page table or a kernel that reads the mask where it must not is caught, a device the
-libraries lack is a clear exit, and the timing mode records paged and dense per size."""
+"""harness/kernels/paged_kernel_check.py on the CPU backend (ggml's backend API, as on a GPU host): the
+quick grid passes and its file says so, a wrong page table or a kernel that reads the mask where it must
+not is caught, a device the libraries lack is a clear exit, and the timing mode records paged and dense per size."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run 
 
 @pytest.fixture
 def cpu_backend():
-    from bench.ggml_backend import Backend
-    from bench.ggml_fa import has_paged_op
+    from harness.kernels.ggml_backend import Backend
+    from harness.kernels.ggml_fa import has_paged_op
 
     if not has_paged_op():
         pytest.skip("llama-cpp-python was built without Arbor's paged attention patch")
@@ -24,7 +24,7 @@ def cpu_backend():
 
 
 def test_the_quick_grid_passes_on_the_cpu_backend(tmp_path, cpu_backend):
-    from bench import paged_kernel_check
+    from harness.kernels import paged_kernel_check
 
     out = tmp_path / "check.json"
     assert paged_kernel_check.main(["--backend", "CPU", "--quick", "--out", str(out)]) == 0
@@ -36,8 +36,8 @@ def test_the_quick_grid_passes_on_the_cpu_backend(tmp_path, cpu_backend):
 
 
 def layout_and_table(page_size: int, rows: int = 8):
-    from bench import paged_kernel_check
-    from bench.paged_layout import mark_unmasked, ubatch_inputs
+    from harness.kernels import paged_kernel_check
+    from harness.kernels.paged_layout import mark_unmasked, ubatch_inputs
 
     kv, tokens = paged_kernel_check.layout(rows, np.random.default_rng(rows))
     mask, table = ubatch_inputs(kv, tokens, page_size)
@@ -49,7 +49,7 @@ def test_a_page_missing_from_the_table_fails_the_case(cpu_backend, rows, row):
     """Decode rows (8: row 1, seq 1, the shared prefix) and a prefill (124: a decode row beside the chunk, and the
     chunk): a sequence whose rows lose their last page reads less than its mask allows. (Rows of one tag list
     prefixes of one list by contract, so every row of the row's sequence loses its last page.)"""
-    from bench.paged_kernel_check import Case, run_case
+    from harness.kernels.paged_kernel_check import Case, run_case
 
     case = Case(64, 16, rows, 4)
     kv, tokens, mask, _, marked = layout_and_table(16, rows)
@@ -63,8 +63,8 @@ def test_a_page_missing_from_the_table_fails_the_case(cpu_backend, rows, row):
 def test_a_prefill_is_poisoned_outside_every_rows_pages_only():
     """Above 64 rows the poisoned mask keeps every page some row lists, marks included (CUDA's gather reads a group
     of rows' pages together); decode rows keep only their own unmarked pages."""
-    from bench.ggml_fa import GGML_FA_PAGE_INDEX
-    from bench.paged_kernel_check import poison
+    from harness.kernels.ggml_fa import GGML_FA_PAGE_INDEX
+    from harness.kernels.paged_kernel_check import poison
 
     for rows in (64, 124):
         kv, tokens, mask, table, marked = layout_and_table(16, rows)
@@ -83,7 +83,7 @@ def test_a_prefill_is_poisoned_outside_every_rows_pages_only():
 def test_the_layouts_carry_pages_cut_short(rows):
     """Patch 0022: each row count's layout has pages marked with a cut (a sequence's cells filling a page from its
     start), so the check crosses the kernels' stop at the cut; a cut page's cells after the cut are -inf in the mask."""
-    from bench.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
+    from harness.kernels.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
 
     _, _, mask, _, marked = layout_and_table(16, rows)
     cut = [(i, int(p)) for i, r in enumerate(marked) for p in r[2:2 + r[0]] if page_cut(p)]
@@ -98,8 +98,8 @@ def test_the_prefill_layouts_chunk_is_a_causal_tail(page_size):
     """Patch 0023: the 124-row layout's chunk lies in pages of its own, so each of its rows lists its sequence's pages
     only up to its own cell, cut there: lists of one tag that are prefixes of the longest one, equal but for the last
     entry's cut, and a row's cells up to that cut are exactly those its mask keeps from the chunk's first page on."""
-    from bench.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
-    from bench.paged_kernel_check import CHUNK_AT
+    from harness.kernels.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
+    from harness.kernels.paged_kernel_check import CHUNK_AT
 
     _, tokens, mask, _, marked = layout_and_table(page_size, 124)
     chunk = [i for i, (s, _) in enumerate(tokens) if s == 4]
@@ -118,8 +118,8 @@ def test_the_prefill_layouts_chunk_is_a_causal_tail(page_size):
 def test_a_page_marked_where_the_mask_matters_fails_the_case(cpu_backend):
     """Marking a page that holds other sequences' cells tells the kernel to skip a mask it needs: the poisoned run
     (NaN where a marked page's mask would be) no longer equals the paged one, or the result is wrong."""
-    from bench.ggml_fa import GGML_FA_PAGE_UNMASKED
-    from bench.paged_kernel_check import Case, run_case
+    from harness.kernels.ggml_fa import GGML_FA_PAGE_UNMASKED
+    from harness.kernels.paged_kernel_check import Case, run_case
 
     case = Case(64, 16, 8, 1)
     kv, tokens, mask, table, marked = layout_and_table(16)
@@ -134,7 +134,7 @@ def test_a_page_marked_where_the_mask_matters_fails_the_case(cpu_backend):
 
 
 def test_a_device_the_libraries_lack_is_a_clear_exit(tmp_path, capsys):
-    from bench import paged_kernel_check
+    from harness.kernels import paged_kernel_check
 
     assert paged_kernel_check.main(["--backend", "NoSuchDevice0", "--out", str(tmp_path / "x.json")]) == 2
     assert "no ggml device 'NoSuchDevice0'" in capsys.readouterr().err
@@ -142,7 +142,7 @@ def test_a_device_the_libraries_lack_is_a_clear_exit(tmp_path, capsys):
 
 
 def test_the_timing_mode_records_paged_and_dense(tmp_path, cpu_backend):
-    from bench import paged_kernel_check
+    from harness.kernels import paged_kernel_check
 
     out = tmp_path / "time.json"
     assert paged_kernel_check.main(["--backend", "CPU", "--no-check", "--time", "--cells", "512",
@@ -155,7 +155,7 @@ def test_the_timing_mode_records_paged_and_dense(tmp_path, cpu_backend):
 
 
 def test_the_report_section_says_what_passed_and_what_it_timed(tmp_path, cpu_backend):
-    from bench import paged_kernel_check
+    from harness.kernels import paged_kernel_check
 
     assert "Not measured in this revision." in paged_kernel_check.report_section(tmp_path)
     assert paged_kernel_check.main(["--backend", "CPU", "--quick", "--time", "--cells", "512", "--page-sizes", "16",

@@ -1,4 +1,4 @@
-"""bench/fa_kernel.py at a size that runs in seconds: in one process (paged against unpaged) and across
+"""harness/kernels/fa_kernel.py at a size that runs in seconds: in one process (paged against unpaged) and across
 two library folders (here the same one twice, each in a subprocess): the file holds what it measured."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run 
 
 
 def paged_op_or_skip() -> None:
-    from bench.ggml_fa import has_paged_op
+    from harness.kernels.ggml_fa import has_paged_op
 
     if not has_paged_op():
         pytest.skip("llama-cpp-python was built without Arbor's paged attention patch")
@@ -19,7 +19,7 @@ def paged_op_or_skip() -> None:
 
 def test_one_library_paged_against_unpaged(tmp_path):
     paged_op_or_skip()
-    from bench import fa_kernel
+    from harness.kernels import fa_kernel
 
     out = tmp_path / "fa.json"
     fa_kernel.main(["--shapes", "1", "--iters", "2", "--rounds", "2", "--out", str(out), "--quiet"])
@@ -42,8 +42,8 @@ def test_without_cuts_the_marked_table_is_patch_0014s(tmp_path):
     paged_op_or_skip()
     import numpy as np
 
-    from bench import fa_kernel
-    from bench.ggml_fa import page_cut
+    from harness.kernels import fa_kernel
+    from harness.kernels.ggml_fa import page_cut
 
     x = fa_kernel.inputs(fa_kernel.SHAPES[0], np.random.default_rng(0))
     assert any(page_cut(p) for p in x["marked"][:, 2:].ravel()) and not any(page_cut(p) for p in
@@ -60,8 +60,8 @@ def test_pages_are_marked_unmasked_where_they_hold_only_the_rows_cells():
     second sequence's first page, whose first cells are the first sequence's, keeps the mask."""
     import numpy as np
 
-    from bench import fa_kernel
-    from bench.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
+    from harness.kernels import fa_kernel
+    from harness.kernels.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
 
     shape = fa_kernel.Shape("two sequences", 4, 2, 64, 2, 40)  # cells 0-39 and 40-79: pages 0-2 and 2-4
     x = fa_kernel.inputs(shape, np.random.default_rng(0))
@@ -75,8 +75,8 @@ def test_pages_are_marked_unmasked_where_they_hold_only_the_rows_cells():
 
 def test_two_library_folders_in_turns(tmp_path):
     paged_op_or_skip()
-    from bench import fa_kernel
-    from bench.ggml_fa import lib_dir
+    from harness.kernels import fa_kernel
+    from harness.kernels.ggml_fa import lib_dir
 
     lib = lib_dir()
     other = tmp_path / "other-build"  # a second folder: links to the same libraries
@@ -97,7 +97,7 @@ def test_two_library_folders_in_turns(tmp_path):
 
 
 def test_a_folder_named_twice_is_refused(tmp_path):
-    from bench import fa_kernel
+    from harness.kernels import fa_kernel
 
     with pytest.raises(SystemExit, match="twice"):
         fa_kernel.main(["--libs", "/x,/x", "--out", str(tmp_path / "fa.json")])
@@ -107,7 +107,7 @@ def test_a_long_first_sequence_takes_its_own_length():
     """The ragged shape (one long sequence decoding beside short ones): each row sees its own run of cells."""
     import numpy as np
 
-    from bench import fa_kernel
+    from harness.kernels import fa_kernel
 
     shape = fa_kernel.Shape("long beside short", 4, 2, 64, 3, 20, first_seq_cells=50)
     assert shape.lengths() == [50, 20, 20]
@@ -122,7 +122,7 @@ def test_an_mla_shape_gives_v_its_own_head_size():
     """MLA's shapes (DeepSeek, Kimi): one KV head, K rows 576 wide, V rows 512."""
     import numpy as np
 
-    from bench import fa_kernel
+    from harness.kernels import fa_kernel
 
     shape = fa_kernel.Shape("mla", 128, 1, 576, 2, 20, head_dim_v=512)
     x = fa_kernel.inputs(shape, np.random.default_rng(0))
