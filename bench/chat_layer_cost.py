@@ -34,9 +34,9 @@ from typing import Any
 from gguf import GGUFReader
 
 from harness.models.family_model import template_text
-from server.api.chat_layer import ChatTemplates
-from server.api.conversation import ChatOptions, plan_conversation
-from server.api.prompting import PreparedRequest
+from server.api.engine_bridge.chat_layer import ChatTemplates
+from server.api.engine_bridge.conversation import ChatOptions, plan_conversation
+from server.api.engine_bridge.prompting import PreparedRequest
 from server.api.schemas import ChatCompletionRequest
 from server.model_file import embedded_model_path
 

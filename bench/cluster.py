@@ -9,7 +9,7 @@ context managers (`replicas`, `router`), so what they measure is what this start
 The router is SMG (PyPI `smg`, the `scale` extra; the successor of SGLang's router). It
 needs nothing Arbor-specific: arbor-server answers `GET /version`, so SMG classifies it as a
 vLLM-compatible worker and reads its load from `/metrics` under vLLM's names
-(server/api/vllm_metrics.py). Health is probed every second and one failure takes a replica
+(server/api/http/vllm_metrics.py). Health is probed every second and one failure takes a replica
 out, so a dead replica stops receiving requests within about a second; requests that hit it
 meanwhile are retried on another (SMG's retries). Every request must name the served model
 (SMG routes by model id: give every replica the same `--alias`). With `--shared`, a

@@ -5,8 +5,8 @@
   choice, output length, sampling); :func:`lines_as` a whole chat manifest so (``arbor replay
   convert``, ``arbor replay generate --api``): one workload sent through every API.
 - :func:`to_chat`: a Responses or Messages body back as the chat body the server renders its
-  prompt from, following arbor-server's own translations (server/api/responses_api/translate.py,
-  server/api/messages_api/translate.py); used to tokenize a line for the ideal and to render it
+  prompt from, following arbor-server's own translations (server/api/protocols/openai_responses/translate.py,
+  server/api/protocols/anthropic_messages/translate.py); used to tokenize a line for the ideal and to render it
   as text. It reads what those translations read and ignores the rest (best effort for bodies
   it cannot follow, such as a ``previous_response_id`` whose stored chain only the server has).
 - :func:`continues_with_tool_result`: whether a body's conversation ends with a tool's result

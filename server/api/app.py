@@ -13,17 +13,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server import bootstrap
-from server.api.aliases import UnprefixedAliases
-from server.api.chat_layer import ChatTemplates
-from server.api.cors import install_cors
-from server.api.errors import install_error_handlers
-from server.api.generation import LoopDelivery
-from server.api.host_check import HostCheck
-from server.api.messages_api.errors import AnthropicErrors
-from server.api.request_guard import RequestGuard
+from server.api.engine_bridge.chat_layer import ChatTemplates
+from server.api.engine_bridge.generation import LoopDelivery
+from server.api.http.aliases import UnprefixedAliases
+from server.api.http.cors import install_cors
+from server.api.http.errors import install_error_handlers
+from server.api.http.host_check import HostCheck
+from server.api.http.request_guard import RequestGuard
+from server.api.http.state import ServerState
+from server.api.http.vllm_metrics import VllmAliases
+from server.api.protocols.anthropic_messages.errors import AnthropicErrors
 from server.api.routes import cache, chat, completions, embeddings, info, messages, native_completion, responses, tokens
-from server.api.state import ServerState
-from server.api.vllm_metrics import VllmAliases
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)

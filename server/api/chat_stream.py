@@ -1,5 +1,5 @@
 """The SSE frames of one streamed chat choice: reasoning and content deltas and tool calls as the
-family's parser reads them out of the text (server.api.reply_stream), log-probabilities when
+family's parser reads them out of the text (server.api.engine_bridge.reply_stream), log-probabilities when
 asked for, and the choice's last chunk."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from server.api import responses as R
-from server.api.logprob_format import chat_logprobs
-from server.api.reply_stream import ContentDelta, Delta, ReasoningDelta, ReplyStream, ToolCallDelta
+from server.api.engine_bridge.reply_stream import ContentDelta, Delta, ReasoningDelta, ReplyStream, ToolCallDelta
+from server.api.protocols.logprob_format import chat_logprobs
 from server.engine.sequence import Finished, TextDelta
 
 

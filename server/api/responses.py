@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from server.api.errors import APIError
-from server.api.reply_stream import ToolCall
+from server.api.engine_bridge.reply_stream import ToolCall
+from server.api.http.errors import APIError
 from server.engine.sequence import Finished
 
 

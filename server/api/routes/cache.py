@@ -8,8 +8,8 @@ import json
 
 from fastapi import APIRouter, Depends, Request
 
-from server.api.deps import ModelDep, require_api_key
-from server.api.errors import invalid
+from server.api.http.deps import ModelDep, require_api_key
+from server.api.http.errors import invalid
 from server.cache.checkpointed_slots import CheckpointedSlotReuse
 from server.cache.kv_ops import used_cells
 from server.cache.lifecycle import CacheHintError, parse_cache_hint

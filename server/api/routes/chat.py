@@ -10,12 +10,12 @@ from fastapi.responses import StreamingResponse
 
 from server.api import responses as R
 from server.api.chat_stream import ChatChoiceStream
-from server.api.choices import Choices
-from server.api.deps import ModelDep, StateDep, require_api_key
-from server.api.errors import APIError
-from server.api.generation import Collected, engine_error
-from server.api.logprob_format import chat_logprobs
-from server.api.prompting import PreparedRequest, prepare_chat
+from server.api.engine_bridge.choices import Choices
+from server.api.engine_bridge.generation import Collected, engine_error
+from server.api.engine_bridge.prompting import PreparedRequest, prepare_chat
+from server.api.http.deps import ModelDep, StateDep, require_api_key
+from server.api.http.errors import APIError
+from server.api.protocols.logprob_format import chat_logprobs
 from server.api.schemas import ChatCompletionRequest
 from server.engine.sequence import Finished
 

@@ -9,12 +9,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server.api import responses as R
-from server.api.choices import Choices
-from server.api.deps import ModelDep, StateDep, require_api_key
-from server.api.errors import APIError
-from server.api.generation import engine_error
-from server.api.logprob_format import completion_logprobs
-from server.api.prompting import prepare_completion
+from server.api.engine_bridge.choices import Choices
+from server.api.engine_bridge.generation import engine_error
+from server.api.engine_bridge.prompting import prepare_completion
+from server.api.http.deps import ModelDep, StateDep, require_api_key
+from server.api.http.errors import APIError
+from server.api.protocols.logprob_format import completion_logprobs
 from server.api.schemas import CompletionRequest
 from server.engine.sequence import Finished
 

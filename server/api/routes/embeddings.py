@@ -21,10 +21,10 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.api.client_watch import ClientWatch
-from server.api.deps import ModelDep, StateDep, require_api_key
-from server.api.errors import APIError, invalid
-from server.api.prompting import check_model_name
+from server.api.engine_bridge.prompting import check_model_name
+from server.api.http.client_watch import ClientWatch
+from server.api.http.deps import ModelDep, StateDep, require_api_key
+from server.api.http.errors import APIError, invalid
 from server.bootstrap import LoadedModel
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

@@ -9,9 +9,9 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server.api.deps import ModelDep, StateDep, require_api_key
-from server.api.errors import APIError
-from server.api.prompting import templates
+from server.api.engine_bridge.prompting import templates
+from server.api.http.deps import ModelDep, StateDep, require_api_key
+from server.api.http.errors import APIError
 from server.build_info import arbor_version, build_string
 from server.engine.offload import OffloadReport
 from server.engine.paged_attention import SelfCheck
@@ -34,7 +34,7 @@ async def health(state: StateDep):
 async def version():
     """vLLM's `/version`. Routers probe it to classify a worker whose `/v1/models` `owned_by`
     they do not know (SMG: model_gateway/src/workflow/steps/local/detect_backend.rs); a
-    worker answering it is scraped for vLLM's metric names, which server/api/vllm_metrics.py
+    worker answering it is scraped for vLLM's metric names, which server/api/http/vllm_metrics.py
     provides. Unauthenticated, as vLLM's."""
     return {"version": arbor_version(), "build": build_string()}
 

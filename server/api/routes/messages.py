@@ -1,8 +1,8 @@
-"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API (server.api.messages_api).
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API (server.api.protocols.anthropic_messages).
 
 The body is read and validated here rather than by FastAPI, so a bad request's message names
 Anthropic's fields (messages.0.content.1, ...); errors take Anthropic's format on these paths
-(messages_api.errors.AnthropicErrors, installed by the app).
+(protocols.anthropic_messages.errors.AnthropicErrors, installed by the app).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from server.api.choices import Choices
-from server.api.deps import ModelDep, StateDep, require_api_key
-from server.api.errors import APIError, invalid
-from server.api.generation import engine_error
-from server.api.messages_api.events import MessageEvents
-from server.api.messages_api.prepare import count_tokens, prepare_messages
-from server.api.messages_api.reply import message, new_message_id, stop_reason
-from server.api.messages_api.request import CountTokensRequest, MessagesRequest, parse_request
+from server.api.engine_bridge.choices import Choices
+from server.api.engine_bridge.generation import engine_error
+from server.api.http.deps import ModelDep, StateDep, require_api_key
+from server.api.http.errors import APIError, invalid
+from server.api.protocols.anthropic_messages.events import MessageEvents
+from server.api.protocols.anthropic_messages.prepare import count_tokens, prepare_messages
+from server.api.protocols.anthropic_messages.reply import message, new_message_id, stop_reason
+from server.api.protocols.anthropic_messages.request import CountTokensRequest, MessagesRequest, parse_request
 from server.engine.sequence import Finished
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

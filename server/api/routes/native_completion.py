@@ -25,12 +25,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field, field_validator
 
 from server.api import responses as R
-from server.api.client_watch import ClientWatch
-from server.api.deps import ModelDep, StateDep, require_api_key
-from server.api.errors import APIError, invalid
-from server.api.generation import Generation, engine_error
-from server.api.logprob_format import native_probabilities
-from server.api.prompting import prepare_completion
+from server.api.engine_bridge.generation import Generation, engine_error
+from server.api.engine_bridge.prompting import prepare_completion
+from server.api.http.client_watch import ClientWatch
+from server.api.http.deps import ModelDep, StateDep, require_api_key
+from server.api.http.errors import APIError, invalid
+from server.api.protocols.logprob_format import native_probabilities
 from server.api.schemas import CompletionRequest, SamplingFields
 from server.engine.logprobs import MAX_TOP_LOGPROBS
 from server.engine.sequence import Finished

@@ -1,5 +1,5 @@
 """POST /v1/responses (streamed or not), GET and DELETE /v1/responses/{id}: OpenAI's Responses
-API, translated to and from the chat path (server.api.responses_api)."""
+API, translated to and from the chat path (server.api.protocols.openai_responses)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server.api import responses as R
-from server.api.choices import Choices
-from server.api.deps import ModelDep, StateDep, require_api_key
-from server.api.errors import APIError
-from server.api.generation import engine_error
-from server.api.prompting import prepare_chat
-from server.api.responses_api.events import ResponseEvents
-from server.api.responses_api.output import ResponseHead, final_status, item_id, reply_items, response_body
-from server.api.responses_api.request import ResponsesRequest
-from server.api.responses_api.store import ResponseStore, StoredResponse
-from server.api.responses_api.translate import PlannedResponse, plan_response
+from server.api.engine_bridge.choices import Choices
+from server.api.engine_bridge.generation import engine_error
+from server.api.engine_bridge.prompting import prepare_chat
+from server.api.http.deps import ModelDep, StateDep, require_api_key
+from server.api.http.errors import APIError
+from server.api.protocols.openai_responses.events import ResponseEvents
+from server.api.protocols.openai_responses.output import ResponseHead, final_status, item_id, reply_items, response_body
+from server.api.protocols.openai_responses.request import ResponsesRequest
+from server.api.protocols.openai_responses.store import ResponseStore, StoredResponse
+from server.api.protocols.openai_responses.translate import PlannedResponse, plan_response
 from server.bootstrap import LoadedModel
 from server.engine.sequence import Finished
 

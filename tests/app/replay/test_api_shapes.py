@@ -1,7 +1,7 @@
 """A chat request as its Responses and Messages equivalents (app/replay/api_shapes.py), and back.
 
-The strongest check needs no model: arbor-server's own translations (server/api/responses_api,
-server/api/messages_api) turn the translated bodies back into the chat messages and tools of the
+The strongest check needs no model: arbor-server's own translations (server/api/protocols/openai_responses,
+server/api/protocols/anthropic_messages) turn the translated bodies back into the chat messages and tools of the
 original, so every API renders the same prompt. The real-server figures are in
 tests/app/replay/test_replay_three_apis.py and bench/api_parity.py.
 """
@@ -20,10 +20,10 @@ from app.replay.api_shapes import (
     to_responses,
 )
 from app.replay.generators import agent_sessions, workload_ideal
-from server.api.messages_api.request import MessagesRequest, parse_request
-from server.api.messages_api.translate import chat_request
-from server.api.responses_api.request import ResponsesRequest
-from server.api.responses_api.translate import plan_response
+from server.api.protocols.anthropic_messages.request import MessagesRequest, parse_request
+from server.api.protocols.anthropic_messages.translate import chat_request
+from server.api.protocols.openai_responses.request import ResponsesRequest
+from server.api.protocols.openai_responses.translate import plan_response
 from server.settings import ServerSettings
 
 TOOL = {"type": "function", "function": {"name": "query_logs", "description": "Search logs",

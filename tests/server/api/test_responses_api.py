@@ -16,14 +16,14 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import ValidationError
 
 from server.api import responses as R
-from server.api.chat_layer import EMPTY_REPLY, ParsedCall, ParsedReply
-from server.api.errors import APIError
-from server.api.reply_stream import ContentDelta, ReasoningDelta, ReplyStream, ToolCall, ToolCallDelta
-from server.api.responses_api.events import ResponseEvents
-from server.api.responses_api.output import ResponseHead, reply_items
-from server.api.responses_api.request import ResponsesRequest
-from server.api.responses_api.store import ResponseStore, StoredResponse
-from server.api.responses_api.translate import plan_response
+from server.api.engine_bridge.chat_layer import EMPTY_REPLY, ParsedCall, ParsedReply
+from server.api.engine_bridge.reply_stream import ContentDelta, ReasoningDelta, ReplyStream, ToolCall, ToolCallDelta
+from server.api.http.errors import APIError
+from server.api.protocols.openai_responses.events import ResponseEvents
+from server.api.protocols.openai_responses.output import ResponseHead, reply_items
+from server.api.protocols.openai_responses.request import ResponsesRequest
+from server.api.protocols.openai_responses.store import ResponseStore, StoredResponse
+from server.api.protocols.openai_responses.translate import plan_response
 from server.engine.sequence import CacheReport, Finished, TextDelta
 from tests.server.api.test_openai_compat import idle_slots_consistent
 
