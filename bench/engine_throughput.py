@@ -50,6 +50,7 @@ import httpx
 
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from harness.kernels.lib_folder import LibFolderError, check_lib_folder
+from harness.serving import sse
 from server.model_file import embedded_model_path
 
 TOPICS = ["pumps", "tides", "compilers", "bridges", "orchards", "satellites", "glaciers", "markets"]
@@ -78,10 +79,7 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: i
     prompt_n = 0
     async with client.stream("POST", url, json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse.ajson_chunks(r.aiter_lines()):
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 if first is None:
                     first = time.perf_counter()

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from bench.servers import arbor_command, free_port, running
+from harness.serving import sse
 
 KEY = "bench-hostile-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -240,11 +241,9 @@ class Watcher(threading.Thread):
                 try:
                     with client.stream("POST", self.url, json=body) as r:
                         r.raise_for_status()
-                        for line in r.iter_lines():
-                            if line.startswith("data: ") and line != "data: [DONE]":
-                                chunk = json.loads(line[6:])
-                                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                                    times.append(time.perf_counter())
+                        for chunk in sse.json_chunks(r.iter_lines()):
+                            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                                times.append(time.perf_counter())
                 except httpx.HTTPError as exc:
                     self.error = f"{type(exc).__name__}: {exc}"
                     return

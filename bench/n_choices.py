@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from bench.servers import arbor_command, free_port, running
+from harness.serving import sse
 
 WORDS = "the pump station logs pressure flow and temperature every minute for the field crew".split()
 
@@ -43,10 +44,7 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", url, json=streamed) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse.ajson_chunks(r.aiter_lines()):
             for c in chunk.get("choices", []):
                 if c["delta"].get("content") and c["index"] not in first:
                     first[c["index"]] = time.perf_counter()

@@ -42,6 +42,7 @@ from pathlib import Path
 import httpx
 
 from bench.servers import arbor_command, free_port, running
+from harness.serving import sse
 
 WORDS = ("pump valve sensor alarm shift report pressure flow tank motor fan belt filter relay switch panel cable "
          "bearing seal gauge meter line crew ticket").split()
@@ -205,7 +206,8 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict, cu
                 return
             first = True
             async for line in r.aiter_lines():
-                if first and line.startswith("data: {") and _has_text(line[6:]):
+                data = sse.data_of(line)
+                if first and data is not None and data.startswith("{") and _has_text(data):
                     first = False
                     ttfts.append(time.perf_counter() - t0)
                     if cut:
