@@ -23,6 +23,7 @@ import numpy as np
 
 from bench.redis_store import SHARED_SECRET, start_redis
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.path_kv import HeldKV
 from server.cache.shared_tier import SharedTier
 
 N_LAYER, ROW = 30, 384  # SmolLM2-135M (the embedded model): 3 KV heads x 64 x f16
@@ -42,7 +43,7 @@ def measure(url: str, chunk: int, tokens: list[int], seg: KVSegment, prefill_tps
     tier = SharedTier(url, f"bench{chunk}", chunk, secret=SHARED_SECRET, lookup_timeout_s=1.0)
     try:
         t0 = time.perf_counter()
-        tier.store(tokens, [(0, seg)])
+        tier.store(tokens, HeldKV([(0, seg)]))
         tier.wait_idle()
         write_s = time.perf_counter() - t0
         lookups = []

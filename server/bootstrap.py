@@ -26,6 +26,7 @@ from server.cache.lifecycle import SessionRegistry
 from server.cache.radix_tree import RadixTree
 from server.cache.router import CacheRouter
 from server.cache.shared_tier import SharedTier
+from server.cache.tiers import ON_TREE, KVTier, Source
 from server.engine.embedder import Embedder, EmbeddingsUnavailable
 from server.engine.engine import Deliver, Engine, deliver_inline
 from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
@@ -95,45 +96,46 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                                max_pinned=settings.cache_max_pinned_sessions,
                                max_pinned_bytes=settings.cache_max_pinned_mb * 1024 * 1024)
     policy = LifecyclePolicy(registry)
-    tiers = {t for t in ("A", "S", "H", "D") if settings.tier_enabled(t)}
+    enabled = {source for source in Source if settings.tier_enabled(source)}
     states = None
-    tree = RadixTree() if tiers & {"S", "H", "D"} else None  # one tree indexes S owners, H and D
-    host = HostTier(tree, settings.cache_ram * 1024 * 1024, policy) if "H" in tiers and tree is not None else None
-    disk = shared = None
-    if "D" in tiers or settings.cache_shared:
+    tree = RadixTree() if enabled & set(ON_TREE) else None  # one tree indexes S owners, H and D
+    tiers: list[KVTier] = []  # the stored tiers, fastest first (server.cache.tiers.STORED)
+    if Source.H in enabled and tree is not None:
+        tiers.append(HostTier(tree, settings.cache_ram * 1024 * 1024, policy))
+    if Source.D in enabled or settings.cache_shared:
         info = runtime.info
         # D and R share one fingerprint: only replicas of the same model file, KV types and
         # layout ever read each other's KV (the shared store's keys start with it).
         fp = model_fingerprint(path, architecture=info.architecture, n_layer=info.n_layer, n_embd=info.n_embd,
                                kv_types=f"k={settings.cache_type_k},v={settings.cache_type_v},fa={settings.flash_attn}")
-    if "D" in tiers:
+    if Source.D in enabled:
         assert tree is not None and settings.cache_dir is not None  # D: the settings require --cache-dir
-        disk = DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
-                        queue_bytes=settings.cache_disk_queue * 1024 * 1024,
-                        reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024)
+        tiers.append(DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
+                              queue_bytes=settings.cache_disk_queue * 1024 * 1024,
+                              reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024))
     if partial_state:  # window cells or a recurrent state: A, S (other slots), H and D with checkpoints
         files = (CheckpointFiles(settings.cache_dir / "checkpoints", fp, settings.cache_checkpoint_disk * 1024 * 1024,
                                  queue_bytes=settings.cache_disk_queue * 1024 * 1024)
-                 if disk is not None and settings.cache_dir is not None and settings.cache_checkpoint_disk else None)
+                 if Source.D in enabled and settings.cache_dir is not None and settings.cache_checkpoint_disk else None)
         states = SlotStates(runtime, memory, per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every,
                             store=CheckpointStore(settings.cache_checkpoint_ram * 1024 * 1024, files),
-                            align=settings.cache_shared_chunk if settings.cache_shared and "H" in tiers else 0)
-    if settings.cache_shared and "H" in tiers:  # written from the host tier
+                            align=settings.cache_shared_chunk if settings.cache_shared and Source.H in enabled else 0)
+    if settings.cache_shared and Source.H in enabled:  # written from the host tier
         assert settings.cache_shared_secret is not None  # the settings require it
-        shared = SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
-                            secret=settings.cache_shared_secret.get_secret_value(),  # the settings require it
-                            lookup_timeout_s=settings.cache_shared_timeout_ms / 1000.0,
-                            queue_bytes=settings.cache_shared_queue * 1024 * 1024,
-                            max_value_bytes=settings.cache_shared_max_value_mb * 1024 * 1024,
-                            checkpoints=states is not None)
+        tiers.append(SharedTier(settings.cache_shared, fp, settings.cache_shared_chunk,
+                                secret=settings.cache_shared_secret.get_secret_value(),  # the settings require it
+                                lookup_timeout_s=settings.cache_shared_timeout_ms / 1000.0,
+                                queue_bytes=settings.cache_shared_queue * 1024 * 1024,
+                                max_value_bytes=settings.cache_shared_max_value_mb * 1024 * 1024,
+                                checkpoints=states is not None))
     return CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids, partial_state=states is not None), slots=slots, running=running,
-        tiers=tiers, tree=tree, host=host, disk=disk,
-        resident_cells=settings.resident_cells if "S" in tiers and seq_ids.layout.owners else None,
+        enabled=enabled, tree=tree, tiers=tiers,
+        resident_cells=settings.resident_cells if Source.S in enabled and seq_ids.layout.owners else None,
         registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
-        shared=shared, states=states,
+        states=states,
     )
 
 
@@ -141,13 +143,13 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
     """Load the model and start the engine; `deliver` hands each step's events to their
     sinks (the HTTP server passes one that runs them on its event loop)."""
     path = model_path(settings)
-    wants_cache = any(settings.tier_enabled(t) for t in ("S", "H", "D"))
+    wants_cache = any(settings.tier_enabled(source) for source in ON_TREE)
     layout = SequenceIdLayout(
         slots=settings.parallel,
-        owners=MAX_RESIDENT_OWNERS if settings.tier_enabled("S") else 0,
+        owners=MAX_RESIDENT_OWNERS if settings.tier_enabled(Source.S) else 0,
         scratch=SCRATCH_SEQUENCES if wants_cache else 0,
         # a slot's kept KV waits under one of these while it is written back piece by piece
-        parked=settings.parallel if settings.tier_enabled("H") and settings.cache_write_back_step else 0,
+        parked=settings.parallel if settings.tier_enabled(Source.H) and settings.cache_write_back_step else 0,
     )
     seq_ids = SequenceIdPool(layout)
     flash = {"auto": None, "on": True, "off": False}[settings.flash_attn]
@@ -155,7 +157,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         RuntimeConfig(
             model_path=path,
             # resident owners may hold cells beyond what the slots use
-            n_ctx=settings.ctx_size + (settings.resident_cells if settings.tier_enabled("S") else 0),
+            n_ctx=settings.ctx_size + (settings.resident_cells if settings.tier_enabled(Source.S) else 0),
             n_batch=settings.batch_size,
             n_seq_max=layout.total,
             n_threads=settings.threads,
@@ -187,12 +189,13 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
                                    partial_state=structure.needs_checkpoints)
             prefix: PrefixProvider = router
         elif memory.needs_checkpoints:  # a slot cut back without its state would attend to missing cells
-            prefix = CheckpointedSlotReuse(runtime, memory, reuse=settings.tier_enabled("A"),
+            prefix = CheckpointedSlotReuse(runtime, memory, reuse=settings.tier_enabled(Source.A),
                                            per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every)
         else:
-            prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled("A"))
+            prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled(Source.A))
         scheduler = Scheduler(
-            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue, reuse=settings.tier_enabled("A"),
+            slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue,
+            reuse=settings.tier_enabled(Source.A),
             kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
             prefill_while_decoding=settings.prefill_while_decoding or None,
         )

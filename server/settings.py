@@ -13,9 +13,10 @@ from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from server.cache.store_url import redact_url
+from server.cache.tiers import ON_TREE, Source
 from server.engine.kv_types import KVCacheType, is_quantized
 
-CACHE_TIERS = ("A", "S", "H", "D")
+CACHE_TIERS = (Source.A, Source.S, Source.H, Source.D)  # what --cache-tiers may name (R: --cache-shared)
 MIN_SHARED_SECRET_BYTES = 16  # as server.cache.shared_tier.MIN_SECRET_BYTES
 # How a thinking model's reasoning comes back (llama-server's names; server.api.engine_bridge.conversation).
 ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
@@ -321,13 +322,13 @@ class ServerSettings(BaseSettings):
     def _consistent(self):
         if self.batch_size < self.parallel:
             raise ValueError(f"--batch-size ({self.batch_size}) must be at least --parallel ({self.parallel})")
-        if "D" in self.cache_tiers and self.cache_dir is None:
+        if Source.D in self.cache_tiers and self.cache_dir is None:
             raise ValueError("cache tier D needs --cache-dir")
-        if self.cache_dir is not None and "D" not in self.cache_tiers:
+        if self.cache_dir is not None and Source.D not in self.cache_tiers:
             if "cache_tiers" in self.model_fields_set:
                 raise ValueError(f"--cache-dir {self.cache_dir} is given but --cache-tiers "
                                  f"{','.join(self.cache_tiers)} leaves out D; add D or drop --cache-dir")
-            self.cache_tiers = (*self.cache_tiers, "D")  # the default tiers plus the disk asked for
+            self.cache_tiers = (*self.cache_tiers, Source.D.value)  # the default tiers plus the disk asked for
         if self.paged_attn == "on" and self.flash_attn == "off":
             raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
                              "drop --flash-attn off or use --paged-attn auto|off")
@@ -339,17 +340,17 @@ class ServerSettings(BaseSettings):
             raise ValueError("--api-key names no key (several are separated by commas)")
         if self.cache_salt_per_key and not self.api_key:
             raise ValueError("--cache-salt-per-key isolates the cache of each --api-key key: it needs --api-key")
-        if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ("S", "H", "D")):
+        if self.kv_events_endpoint is not None and not any(self.tier_enabled(t) for t in ON_TREE):
             off = ", --no-cache" if self.no_cache else ""
             raise ValueError("--kv-events-endpoint publishes the radix tree, which only tiers S, H and D fill: "
                              f"enable one (tiers: {','.join(self.cache_tiers)}{off})")
         if self.allow_cpu_fallback and self.n_gpu_layers == 0:
             raise ValueError("--allow-cpu-fallback only matters with --n-gpu-layers (layers asked of an accelerator); "
                              "with --n-gpu-layers 0 the server runs on the CPU anyway: drop it or set --n-gpu-layers")
-        if self.cache_idle_cells is not None and not (self.tier_enabled("H") or self.tier_enabled("D")):
+        if self.cache_idle_cells is not None and not (self.tier_enabled(Source.H) or self.tier_enabled(Source.D)):
             raise ValueError("--cache-idle-cells writes idle slots back to host or disk: it needs tier H or D "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
-        if self.cache_shared is not None and not self.tier_enabled("H"):
+        if self.cache_shared is not None and not self.tier_enabled(Source.H):
             raise ValueError("--cache-shared writes the host tier's KV to the store: it needs tier H "
                              f"(tiers: {','.join(self.cache_tiers)}{', --no-cache' if self.no_cache else ''})")
         if self.cache_shared is not None and not self.cache_shared.startswith(("redis://", "rediss://", "unix://")):

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.cache.tiers import STORED, Source, tier_of
+
+OFF = {"enabled": False}
+
 
 def cache_stats(router: Any) -> dict:
     """Everything the cache reports (/cache/stats, /metrics), from counters read without
     any lock the engine thread holds: a scrape never waits for a store or a restore."""
     tree, p, r, w = router.tree, router.planner, router.restorer, router.write
+    stored = {source: tier_of(router.tiers, source) for source in STORED}
     return {
         "route": router.route,
         "costs": router.costs.stats(),
@@ -20,14 +25,12 @@ def cache_stats(router: Any) -> dict:
         "fallbacks": r.fallbacks,
         "deferrals": router.deferrals,
         "tiers": {
-            "A": {"enabled": "A" in router.tiers, "slots": len(router.slots.slots),
-                  "idle_tokens_kept": sum(len(x.tokens) for x in tuple(router.slots.slots) if not x.busy),
-                  "idle_cells_limit": w.idle_cells, "idle_offloads": w.idle_offloads,
-                  **({"state": router.states.stats()} if router.states is not None else {})},
-            "S": router.resident.stats() if router.resident else {"enabled": False},
-            "H": router.host.stats() if router.host else {"enabled": False},
-            "D": router.disk.stats() if router.disk else {"enabled": False},
-            "R": router.shared.stats() if router.shared else {"enabled": False},
+            Source.A: {"enabled": Source.A in router.enabled, "slots": len(router.slots.slots),
+                       "idle_tokens_kept": sum(len(x.tokens) for x in tuple(router.slots.slots) if not x.busy),
+                       "idle_cells_limit": w.idle_cells, "idle_offloads": w.idle_offloads,
+                       **({"state": router.states.stats()} if router.states is not None else {})},
+            Source.S: router.resident.stats() if router.resident else dict(OFF),
+            **{source: tier.stats() if tier else dict(OFF) for source, tier in stored.items()},
         },
         # the shared tree's size: nodes, tokens on them, and tokens some owner holds
         "tree": None if tree is None else {"nodes": tree.n_nodes, "tokens": tree.n_tokens,

@@ -24,10 +24,10 @@ from server.engine.slots import SlotPool, common_prefix_len
 class CandidateSources:
     """Gathers one admission's candidates (engine thread only)."""
 
-    def __init__(self, *, slots: SlotPool, running: Callable[[], list[Sequence]], tiers: set[str],
+    def __init__(self, *, slots: SlotPool, running: Callable[[], list[Sequence]], enabled: set[Source],
                  tree: RadixTree | None, planner: Planner, parked: WriteBackQueue | None,
                  states: SlotStates | None):
-        self.slots, self.running, self.tiers, self.tree = slots, running, tiers, tree
+        self.slots, self.running, self.enabled, self.tree = slots, running, enabled, tree
         self.planner, self.parked, self.states = planner, parked, states
 
     def candidates(self, adm: Admission) -> list[Candidate]:
@@ -55,7 +55,7 @@ class CandidateSources:
         prompt, limit = adm.seq.cache_prompt, len(adm.seq.prompt) - 1
         a_len, a_ckpt = self.states.resumable(adm.slot, prompt, min(adm.common_prefix, limit))
         s_cand = Candidate(Source.S, 0)
-        if Source.S in self.tiers:
+        if Source.S in self.enabled:
             running = {s.slot.index: s for s in self.running() if s.slot is not None and s is not adm.seq}
             for slot in self.slots.slots:
                 if slot is adm.slot or (slot.busy and slot.index not in running):

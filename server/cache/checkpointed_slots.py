@@ -31,6 +31,7 @@ import logging
 
 from server.cache.checkpoint_store import CheckpointStore
 from server.cache.checkpoints import ModelMemory, SlotCheckpoints, StateCheckpoint, stops, turn_starts
+from server.cache.tiers import Source
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
 from server.engine.sequence import CacheReport, Sequence
@@ -194,7 +195,7 @@ class CheckpointedSlotReuse:
             self.states.set_stops(seq, k)
             if n > k:  # where it leaves the slot's old path: a branch point
                 self.states.add_stop(seq, n)
-        return CacheReport(source="A", reused_tokens=k) if k > 0 else CacheReport()
+        return CacheReport(source=Source.A.value, reused_tokens=k) if k > 0 else CacheReport()
 
     def checkpoint(self, seq: Sequence, pos: int) -> None:
         self.states.capture(seq, pos)

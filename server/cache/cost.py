@@ -32,7 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-TIE_ORDER = {"A": 0, "S": 1, "H": 2, "D": 3, "R": 4, "none": 5}
+from server.cache.tiers import STORED, Source
+
+# ties go A > S > H > D > R > none (the order of Source, then computing it all)
+TIE_ORDER: dict[str, int] = {**{source: i for i, source in enumerate(Source)}, "none": len(Source)}
 
 
 class Rate:
@@ -61,7 +64,7 @@ class PlanOption:
     """One way to serve a prompt: reuse `length` tokens from `source`, restoring
     `restore_tokens` of them, and compute the rest."""
 
-    source: str  # "A" | "S" | "H" | "D" | "R" | "none"
+    source: str  # a Source's value, or "none" (compute it all)
     length: int
     restore_tokens: int = 0
 
@@ -86,11 +89,11 @@ class CostModel:
 
     def __init__(self):
         self.prefill = Rate()  # tokens/s
-        self.restore = {"H": Rate(), "D": Rate(), "R": Rate()}  # bytes/s
+        self.restore: dict[str, Rate] = {source: Rate() for source in STORED}  # bytes/s
         # restores per second of fixed cost (1 / seconds per call)
-        self.overhead = {"H": Rate(), "D": Rate(), "R": Rate()}
+        self.overhead: dict[str, Rate] = {source: Rate() for source in STORED}
         self.bytes_per_token = 0
-        self._plans_since_sample = {"H": 0, "D": 0, "R": 0}
+        self._plans_since_sample: dict[str, int] = dict.fromkeys(STORED, 0)
         self.probes = 0
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:

@@ -37,7 +37,7 @@ class DiskSpace:
         self._space_low(f"a write failed: {exc.strerror or exc}")
         return True
 
-    def room_for(self, size: int, evict: Callable[[int], None]) -> bool:
+    def room_for(self, size: int, evict: Callable[[int], object]) -> bool:
         if self.reserve_bytes <= 0:
             return True
         free = shutil.disk_usage(self.dir).free

@@ -21,7 +21,7 @@ Free space (server/cache/disk_space.py): a write that would leave less than `res
 free first evicts this tier's own files (by the policy; pinned and locked ones stay), else is
 declined and counted, as is one that fails for lack of space; requests go on without D.
 
-The index is the "D" values of the radix tree shared with tier H (server/cache/
+The index is the D values of the radix tree shared with tier H (server/cache/
 radix_tree.py): a node's D value is a `DiskSegment`, a token range of one file; splitting
 a node (by either tier) splits the range (no I/O) and a file is deleted when no node
 refers to it any more. Evicting D values never drops a node's H value, and the D budget
@@ -30,7 +30,9 @@ write that the budget cannot make room for (pinned or locked files) is refused. 
 written by a writer thread whose queue is bounded in bytes (server/cache/bounded_writer.py: a
 full queue drops the store, counted), so storing never waits on the disk, and the tree lock is
 never held during file I/O: the writer decides what is missing under the lock, writes the file
-without it, then indexes it under the lock.
+without it, then indexes it under the lock. A store takes the path's KV as a `PathKV` (server/
+cache/path_kv.py): H's values on it (all of them: the writer cuts what it lacks), or, without
+H, the device's cells, read at once for what the disk does not hold yet.
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ from server.cache.segment_format import (
     read_segment_file,  # noqa: F401 - re-exported, as MAGIC
     write_segment_file,
 )
-from server.cache.tiers import Source
+from server.cache.tiers import PathKV, Source
 
 log = logging.getLogger(__name__)
 
-TIER = "D"
+TIER = Source.D
 DEFAULT_QUEUE_BYTES = 64 << 20  # KV waiting for the writer: past it, stores are dropped
 
 
@@ -109,8 +111,7 @@ class DiskMatch:
 class DiskTier:
     """A `KVTier` (server/cache/tiers.py)."""
 
-    name = TIER
-    source = Source.D
+    source = TIER
 
     def __init__(self, tree: RadixTree, directory: Path, budget_bytes: int, fingerprint: str,
                  policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES, reserve_bytes: int = 0):
@@ -306,13 +307,17 @@ class DiskTier:
             self._unplace(file)
 
     # ------------------------------------------------------------------ store
-    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> bool:
-        """Queue the path `tokens` for writing; `ranges` are (start, segment) pairs covering
-        as much of it as the caller holds. Only what the tree holds no D value for is written.
-        Never waits: when the queue already holds `queue_bytes` of KV (the disk is slower
-        than the stores), the write is dropped (counted) and False returned, since queued
-        ranges keep host memory alive outside every budget."""
-        return self._writer.submit((list(tokens), ranges), sum(seg.nbytes for _, seg in ranges))
+    def store(self, tokens: list[int], kv: PathKV) -> None:
+        """Queue the path `tokens` for writing, with its KV read from `kv`: all it holds, or,
+        when reading copies it off the device, only what the disk lacks (read now). Only what
+        the tree holds no D value for is written. Never waits: when the queue already holds
+        `queue_bytes` of KV (the disk is slower than the stores), the write is dropped
+        (counted), since queued ranges keep host memory alive outside every budget. Returns
+        None: the file is written later, there is nothing to hand on."""
+        start = self.held(tokens) if kv.reads_device else 0
+        if start < len(tokens):
+            ranges = kv.read(start, len(tokens))
+            self._writer.submit((list(tokens), ranges), sum(seg.nbytes for _, seg in ranges))
 
     @property
     def dropped_writes(self) -> int:
@@ -324,11 +329,15 @@ class DiskTier:
         if not self.space.failed(exc):
             log.error("disk cache: writing segments failed: %s", exc, exc_info=exc)
 
-    def _evict_for_space(self, short: int) -> None:
+    def evict(self, nbytes: int) -> int:
+        """Drop files holding at least `nbytes` by the policy (pinned and locked ones stay, so
+        it may free less: the low-space path, see "Free space"); the bytes of the values freed."""
         with self._lock:
             held = self.tree.tier(TIER).held_bytes
-            self._released(enforce_budget(self.tree, TIER, ByteBudget(max(0, held - short)), self.policy))
+            res = enforce_budget(self.tree, TIER, ByteBudget(max(0, held - nbytes)), self.policy)
+            self._released(res)
         self._unlink_doomed()
+        return res.freed_bytes
 
     def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
         """Write one file for the part of `tokens` past what the disk holds, if `ranges`
@@ -340,7 +349,7 @@ class DiskTier:
         if seg is None:
             return
         encoded = encode_segment(self.fingerprint, tokens, seg)
-        if not self.space.room_for(encoded.size, self._evict_for_space):
+        if not self.space.room_for(encoded.size, self.evict):
             return
         with self._lock:
             room = self._make_room(encoded.size)

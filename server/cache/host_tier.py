@@ -1,17 +1,19 @@
-"""Tier H: KV segments in host RAM, as the "H" values of the shared radix tree, within a
+"""Tier H: KV segments in host RAM, as the H values of the shared radix tree, within a
 byte budget.
 
-Only increments are stored: inserting a token path asks the extractor for the ranges whose
-nodes hold no H value yet, and a segment is kept as views over the one buffer llama.cpp
-wrote (no further copy; a split keeps both halves on that buffer). A match may end inside
-an edge; the usable part of that edge is sliced from its segment without changing the tree.
+Only increments are stored: inserting a token path reads from the offered KV (a `PathKV`,
+server/cache/path_kv.py: the device's cells) only the ranges whose nodes hold no H value yet,
+and a segment is kept as views over the one buffer llama.cpp wrote (no further copy; a split
+keeps both halves on that buffer). A match may end inside an edge; the usable part of that
+edge is sliced from its segment without changing the tree.
 The byte budget is a hard limit on the buffers H values keep alive, each charged whole
 (`TierCounters.held_bytes`): a slice that outlives the rest of its buffer is copied out
 into a buffer of its own once less than half of the buffer is in use, so evicting part of
 a buffer frees memory. Evicting H values keeps the nodes' D values; when locked or pinned
 nodes cannot be evicted to make room, the store is declined (nothing is extracted, or what
-was inserted is taken out). The disk writer thread shares the tree, so every use holds
-`tree.mutex`.
+was inserted is taken out). A store hands the tiers below (D, R) H's values on the path
+(views, read under the lock when one of them asks). The disk writer thread shares the tree,
+so every use holds `tree.mutex`.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from server.cache.budget import ByteBudget, enforce_budget
 from server.cache.eviction import EvictionPolicy
 from server.cache.kv_format import KVSegment, cut, positioned
 from server.cache.kv_ops import RestoreError
-from server.cache.radix_tree import InsertResult, MatchResult, RadixNode, RadixTree
-from server.cache.tiers import Source
+from server.cache.path_kv import HeldKV, Ranges, one_segment
+from server.cache.radix_tree import MatchResult, RadixNode, RadixTree
+from server.cache.tiers import PathKV, Source
 
-TIER = "H"
+TIER = Source.H
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,7 @@ class TierMatch:
 class HostTier:
     """A `KVTier` (server/cache/tiers.py)."""
 
-    name = TIER
-    source = Source.H
+    source = TIER
 
     def __init__(self, tree: RadixTree, budget_bytes: int, policy: EvictionPolicy):
         self.tree = tree
@@ -80,31 +82,42 @@ class HostTier:
         self.hits += 1
         return parts
 
-    def store(self, tokens: list[int], extract: Callable[[int, int], KVSegment]) -> InsertResult | None:
-        """Add the path; extract(start, end) is called only for ranges H does not hold yet.
-        Returns None when the budget cannot make room (the store is declined)."""
+    def store(self, tokens: list[int], kv: PathKV) -> HeldKV | None:
+        """Add the path; `kv` is read only for ranges H does not hold yet. Returns H's values
+        on the path (for the tiers below), or None when the budget cannot make room (the
+        store is declined) or the path's end is no longer on the tree."""
         with self.tree.mutex:
             have = self.tree.match_prefix(tokens, touch=False).span(TIER).longest
             estimate = (len(tokens) - have) * self.bytes_per_token
-            if estimate and not self._make_room(estimate):  # nothing is extracted for a store that cannot fit
+            if estimate and not self._make_room(estimate):  # nothing is read for a store that cannot fit
                 self.declined += 1
                 return None
-            # Then extract what H lacks and make room for the bytes it really keeps alive (a
+            # Then read what H lacks and make room for the bytes it really keeps alive (a
             # whole buffer, headers included) before inserting: inserting first and evicting
             # after would hold more than the budget in between, which a scrape can see.
-            fresh = extract(have, len(tokens)) if have < len(tokens) else None
+            fresh = one_segment(kv, have, len(tokens)) if have < len(tokens) else None
             incoming = getattr(fresh, "memory", fresh).nbytes if fresh is not None else 0
             if incoming > estimate and not self._make_room(incoming):
                 self.declined += 1
                 return None
-            result = self.tree.insert(tokens, TIER, self._remember_layout(self._from(fresh, have, extract)))
+            extract = self._from(fresh, have, lambda s, e: one_segment(kv, s, e))
+            result = self.tree.insert(tokens, TIER, self._remember_layout(extract))
             if self.tree.tier(TIER).held_bytes > self.budget_bytes and not self._make_room(0):
                 for node in result.new_nodes + result.filled_nodes:
                     if node.attached and TIER in node.values and node.lock_ref == 0:
                         self.tree.remove_value(node, TIER)
                 self.declined += 1
                 return None
-            return result
+            tip = result.last_node
+            if not tip.attached:
+                return None
+            return HeldKV(lambda: self._values_on_path(tip), tip, kv.checkpoints)
+
+    def _values_on_path(self, tip: RadixNode) -> Ranges:
+        """H's values on the path to `tip`, as (position, segment) ranges (views)."""
+        with self.tree.mutex:
+            path = [n for n in tip.iter_up()][::-1]
+            return [(n.start(), cast(KVSegment, n.values[TIER])) for n in path if TIER in n.values]
 
     @staticmethod
     def _from(fresh: KVSegment | None, have: int,
@@ -144,11 +157,25 @@ class HostTier:
                 self.tree.replace_value(node, TIER, node.values[TIER].compact())
                 self.copied_out += 1
 
+    def evict(self, nbytes: int) -> int:
+        """Drop at least `nbytes` of H's buffers by the policy (locked and pinned nodes stay,
+        so it may free less); the bytes of the values freed."""
+        with self.tree.mutex:
+            held = self.tree.tier(TIER).held_bytes
+            res = enforce_budget(self.tree, TIER, ByteBudget(max(0, held - nbytes)), self.policy,
+                                 settle=self._copy_out_survivors)
+            self.evictions += len(res.freed)
+            self.evicted_bytes += res.freed_bytes
+        return res.freed_bytes
+
     def flush(self) -> int:
         with self.tree.mutex:
             res = self.tree.flush(TIER, self.policy)
         self.evictions += len(res.freed)
         return res.freed_bytes
+
+    def close(self) -> None:
+        """Nothing to finish: H writes nothing in the background."""
 
     def stats(self) -> dict:
         """Counters, read without `tree.mutex` (which the engine holds while it extracts KV):

@@ -41,12 +41,12 @@ import msgspec
 import zmq
 
 from server.cache.radix_tree import RadixNode, RadixTree
+from server.cache.tiers import ON_TREE
 from server.engine.cache_namespace import split
 
 log = logging.getLogger(__name__)
 
 FULL_CHECK_S = 2.0
-TREE_TIERS = ("S", "H", "D")  # the tiers whose values live on the tree's nodes
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -229,7 +229,7 @@ class KVEventPublisher:
     def _tree_signature(self) -> tuple:
         t = self.tree
         return (t.n_nodes, t.n_tokens, t.held_tokens,
-                tuple((c.n_payloads, c.payload_tokens) for c in map(t.tier, TREE_TIERS)))
+                tuple((c.n_payloads, c.payload_tokens) for c in map(t.tier, ON_TREE)))
 
     def _run(self) -> None:
         self._send([AllBlocksCleared()])

@@ -1,7 +1,7 @@
 """Planning a request's prefix: the candidates each source offers, and the plan committed.
 
 Pure: no llama.cpp, no runtime, no I/O of its own. It reads the radix tree (one walk for the
-resident owners, H and D), asks each stored tier's `lookup` (server/cache/tiers.py) and the
+resident owners and the stored tiers on it), asks each stored tier's `lookup` (server/cache/tiers.py) and the
 cost model's rates (server/cache/cost.py); the device copies other sequences hold (slots,
 running requests, parked copies) are handed to it as (seq_id, tokens) pairs. So it is tested
 over simulated payloads (tests/server/cache/test_planner.py), as SGLang tests its tree.
@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from server.cache.cost import CostModel, Plan, PlanOption
-from server.cache.tiers import STORED, Source
+from server.cache.tiers import ON_TREE, STORED, KVTier, Source, tier_of
 from server.engine.sequence import SeqStatus
 from server.engine.slots import common_prefix_len
 
@@ -56,18 +56,24 @@ def length_of(cands: list[Candidate], source: Source) -> int:
 
 def kept_in_slot(plan: Plan, a_len: int) -> int:
     """Tokens of the slot's own KV the plan keeps (the rest of the slot's KV is lost)."""
-    n = plan.option.length
-    return {"A": n, "H": min(a_len, n), "D": min(a_len, n), "R": min(a_len, n)}.get(plan.option.source, 0)
+    n, source = plan.option.length, plan.option.source
+    if source == Source.A:
+        return n
+    return min(a_len, n) if source in STORED else 0  # a stored tier restores after what the slot holds
 
 
 class Planner:
-    def __init__(self, *, tiers: set[str], tree: Any, host: Any, disk: Any, shared: Any, resident: Any,
+    def __init__(self, *, enabled: set[Source], tree: Any, tiers: Iterable[KVTier], resident: Any,
                  route: str = "cost", costs: CostModel | None = None, checkpoints: Any = None):
+        """`enabled`: the sources in use (A and S among them); `tiers`: the stored tiers, ordered
+        as server.cache.tiers.STORED."""
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
-        self.tiers = tiers
+        self.enabled = enabled
         self.tree = tree  # the one tree indexing the resident owners, H and D
-        self.host, self.disk, self.shared = host, disk, shared  # KVTier or None
+        self.tiers = tuple(tiers)
+        self.on_tree = [t for t in self.tiers if t.source in ON_TREE]  # they answer from the tree's walk
+        self.shared = tier_of(self.tiers, Source.R)  # asked over the network, only when it may pay
         self.resident = resident  # ResidentOwners (take(walk) -> (length, owner)) or None
         # CheckpointStore, on a model with sliding-window or recurrent layers: a stored tier serves
         # only the longest prefix of its match that a state checkpoint is kept for
@@ -82,7 +88,7 @@ class Planner:
                    live: Iterable[tuple[int, Sequence[int]]] = ()) -> list[Candidate]:
         limit = len(prompt) - 1  # the last prompt token is always computed, for its logits
         out: list[Candidate] = []
-        if Source.A in self.tiers:
+        if Source.A in self.enabled:
             out.append(Candidate(Source.A, min(slot_common, limit)))
         rn, rowner, stored = 0, None, []
         if self.tree is not None:
@@ -90,11 +96,10 @@ class Planner:
                 m = self.tree.match_prefix(prompt[:limit])
                 if self.resident is not None:
                     rn, rowner = self.resident.take(m)
-                for tier in (self.host, self.disk):
-                    if tier is not None:
-                        found = tier.lookup(prompt[:limit], m)
-                        stored.append(self._stored(tier, prompt, found))
-        if Source.S in self.tiers:
+                for tier in self.on_tree:
+                    found = tier.lookup(cast(list[int], prompt[:limit]), m)  # the tiers read it, never change it
+                    stored.append(self._stored(tier, prompt, found))
+        if Source.S in self.enabled:
             n, src, owner = 0, None, None
             for seq_id, tokens in live:  # another sequence's device copy (the first longest)
                 k = common_prefix_len(tokens, prompt)

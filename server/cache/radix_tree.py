@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.cache.eviction_queue import EvictionQueue
 from server.cache.radix_node import RadixNode, SegmentPayload, Tokens
+from server.cache.tiers import Source
 
 if TYPE_CHECKING:
     from server.cache.eviction import EvictionPolicy
@@ -132,8 +133,8 @@ class MatchResult:
 
     def held_span(self) -> TierSpan:
         """The part of this match in device cells: any holder of its deepest node
-        (``partial_node`` or ``tip``) holds all of it (tier name "S")."""
-        return self._span("S", lambda node: bool(node.holders))
+        (``partial_node`` or ``tip``) holds all of it (tier ``Source.S``)."""
+        return self._span(Source.S, lambda node: bool(node.holders))
 
     def _span(self, tier: str, has: Callable[[RadixNode], bool]) -> TierSpan:
         n = 0

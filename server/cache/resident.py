@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from server.cache.checkpoints import StateCheckpoint
 from server.cache.lifecycle import CacheHint, SessionRegistry
 from server.cache.radix_tree import MatchResult, RadixNode, RadixTree
+from server.cache.tiers import Source
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
 from server.engine.slots import common_prefix_len
@@ -53,7 +54,7 @@ def union_positions(prefixes: list[list[int]]) -> int:
 
 
 class ResidentOwners:
-    name = "S"
+    source = Source.S
 
     def __init__(self, tree: RadixTree, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
                  registry: SessionRegistry, on_evict: Callable[[int, list[int]], None] | None = None,

@@ -17,53 +17,59 @@ Contracts:
 - `requests_by_source` / `reused_tokens_by_source` count what was served, when it was
   ("none" for computing); each restore feeds the cost model's rates; a restore from H holds a
   lock reference on its path (the lease's) while it reads.
+- The stored tiers are one collection (`tiers`): a candidate's tier is found by its source, a
+  tier in `READ_AHEAD` gets a read thread of its own (a disk serves one read best at a time;
+  a slow shared store must not hold up disk reads), the others are restored from at once.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from server.cache.checkpointed_slots import SlotStates
 from server.cache.checkpoints import StateCheckpoint
 from server.cache.cost import CostModel, Plan
-from server.cache.disk_tier import DiskSegmentError, DiskTier
+from server.cache.disk_tier import DiskSegmentError
 from server.cache.engine_time import EngineTime
-from server.cache.host_tier import HostTier
 from server.cache.kv_ops import ExtractError, KVOps, RestoreError
 from server.cache.lease import CacheLease, PendingLoad
 from server.cache.planner import Candidate, length_of
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
 from server.cache.shared_tier import SharedTier
-from server.cache.tiers import READ_AHEAD, KVTier, Source
+from server.cache.tiers import READ_AHEAD, KVTier, Source, tier_of
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
 from server.engine.sequence import CacheReport, SeqStatus, Sequence
 
 log = logging.getLogger(__name__)
 
+READ_THREADS = {Source.D: "arbor-disk-read", Source.R: "arbor-shared-read"}  # names of the read-ahead threads
+
 
 class Restorer:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, running: Callable[[], list[Sequence]],
-                 tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None, shared: SharedTier | None,
-                 resident: ResidentOwners | None, costs: CostModel, clock: EngineTime,
-                 states: SlotStates | None = None):
+                 tree: RadixTree | None, tiers: Iterable[KVTier], resident: ResidentOwners | None,
+                 costs: CostModel, clock: EngineTime, states: SlotStates | None = None):
+        """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED."""
         self.runtime, self.kv, self.running = runtime, kv, running
         # a model with sliding-window or recurrent layers: the slots' states and checkpoints
         self.states = states
-        self.tree, self.host, self.disk, self.shared, self.resident = tree, host, disk, shared, resident
+        self.tree, self.resident = tree, resident
+        self.tiers: dict[Source, KVTier] = {t.source: t for t in tiers}
+        # R on a model with sliding-window or recurrent layers also reads the state at a match's end
+        self.shared: SharedTier | None = tier_of(self.tiers.values(), Source.R)
         self.costs, self.clock = costs, clock
         self.by_source: dict[str, int] = {**{s.value: 0 for s in Source}, "none": 0}
         self.reused_tokens: dict[str, int] = {s.value: 0 for s in Source}
         self.fallbacks = 0
-        # Disk reads run here, ahead of compute: one thread, as a disk serves one read best at a time.
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-disk-read") if disk else None
-        # Shared-store reads get their own thread: a slow store must not hold up disk reads.
-        self._net = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-shared-read") if shared else None
+        # Reads ahead of compute: one thread per tier read ahead (see the module docstring).
+        self._readers = {source: ThreadPoolExecutor(max_workers=1, thread_name_prefix=READ_THREADS[source])
+                         for source in self.tiers if source in READ_AHEAD}
 
     def execute(self, adm: Admission, best: Candidate | None, plan: Plan, cands: list[Candidate],
                 lease: CacheLease) -> CacheReport:
@@ -123,7 +129,7 @@ class Restorer:
         if c.source in READ_AHEAD:  # read on an I/O thread; the restore follows in advance_loads
             return CacheReport(c.source.value, keep)
         t0 = time.perf_counter()
-        result = self._restore_host(c, keep, slot_seq, lease)
+        result = self._restore_now(c, keep, slot_seq, lease)
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source.value, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source.value, c.length, result.nbytes, seconds * 1000.0)
@@ -160,7 +166,7 @@ class Restorer:
         if c.source in READ_AHEAD:  # read on an I/O thread (R: with its checkpoint); restored in advance_loads
             return CacheReport(c.source.value, 0)
         t0 = time.perf_counter()
-        result = self._restore_host(c, 0, adm.slot.seq_id, self._lease(adm))
+        result = self._restore_now(c, 0, adm.slot.seq_id, self._lease(adm))
         seconds = time.perf_counter() - t0
         self.costs.observe_restore(c.source.value, result.nbytes, seconds, result.n_tokens)
         return CacheReport(c.source.value, c.length, result.nbytes, seconds * 1000.0)
@@ -183,14 +189,15 @@ class Restorer:
             assert self.resident is not None  # an owner comes from the resident tier
             self.resident.note_attach(c.owner)
 
-    def _restore_host(self, c: Candidate, keep: int, slot_seq: int, lease: CacheLease):
-        """Restore from H, the lease holding a lock reference on the matched path, so no store
-        or flush evicts it while it is read (the segments are views: they stay valid anyway)."""
-        assert self.tree is not None and self.host is not None  # an H candidate: the host tier's tree
+    def _restore_now(self, c: Candidate, keep: int, slot_seq: int, lease: CacheLease):
+        """Restore from a tier held in memory (H), the lease holding a lock reference on the
+        matched path, so no store or flush evicts it while it is read (the segments are views:
+        they stay valid anyway)."""
+        assert self.tree is not None  # a tier not read ahead is on the tree
         with self.tree.mutex:
             lease.lock(self.tree, c.match.tip)
         try:
-            return self.kv.restore(self.host.load(c.match, keep), slot_seq, c.checkpoint)
+            return self.kv.restore(self.tiers[c.source].load(c.match, keep), slot_seq, c.checkpoint)
         finally:
             with self.tree.mutex:
                 lease.unlock(self.tree)
@@ -199,8 +206,7 @@ class Restorer:
     def _read_ahead(self, lease: CacheLease, c: Candidate, keep: int, slot_seq: int) -> None:
         """Start reading the disk (or shared-store) part of a plan on an I/O thread; the slot
         already holds prompt[:keep]. `advance_loads` restores what was read."""
-        tier: KVTier | None = self.shared if c.source is Source.R else self.disk
-        assert tier is not None  # the candidate came from it
+        tier = self.tiers[c.source]  # the candidate came from it
 
         def read() -> tuple[list, float, StateCheckpoint | None]:
             t0 = time.perf_counter()
@@ -211,8 +217,7 @@ class Restorer:
                 and c.match.checkpoint_key is not None else None
             return segments, time.perf_counter() - t0, state
 
-        pool = self._net if c.source is Source.R else self._io
-        assert pool is not None  # made with its tier
+        pool = self._readers[c.source]  # made with its tier
         lease.kept = keep
         lease.load = PendingLoad(c, slot_seq, pool.submit(read), time.perf_counter())
 
@@ -261,6 +266,5 @@ class Restorer:
 
     def close(self) -> None:
         """After the engine stopped: finish the reads ahead."""
-        for pool in (self._io, self._net):
-            if pool is not None:
-                pool.shutdown(wait=True)
+        for pool in self._readers.values():
+            pool.shutdown(wait=True)

@@ -24,8 +24,10 @@ This module is a facade over one concern per module:
 - server/cache/lease.py: the request's cache state, on the request;
 - server/cache/cache_stats.py: what the cache reports.
 
-Resident owners, H and D are recorded on the nodes of one radix tree (server/cache/
-radix_tree.py), so one walk of it says how far a prompt is held in each. Slots stay
+The stored tiers (H, D, R) are one collection ordered fastest first, each a `KVTier` (server/
+cache/tiers.py), which the parts go through instead of naming each tier. Resident owners, H
+and D are recorded on the nodes of one radix tree (server/cache/radix_tree.py), so one walk of
+it says how far a prompt is held in each. Slots stay
 per-slot token lists: a running slot's tokens change at every decode step, so indexing them
 would cost a tree update per token, while scanning the few slots costs one prefix comparison
 each per admission.
@@ -34,22 +36,19 @@ each per admission.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from server.cache.cache_stats import cache_stats
 from server.cache.candidates import CandidateSources
 from server.cache.checkpointed_slots import SlotStates
-from server.cache.disk_tier import DiskTier
 from server.cache.engine_time import EngineTime
-from server.cache.host_tier import HostTier
 from server.cache.kv_ops import KVOps
 from server.cache.lease import CacheLease
 from server.cache.lifecycle import SessionRegistry
 from server.cache.planner import ROUTES, Candidate, Planner, deferring_to, kept_in_slot, length_of
 from server.cache.radix_tree import RadixTree
 from server.cache.restore import Restorer
-from server.cache.shared_tier import SharedTier
-from server.cache.tiers import Source
+from server.cache.tiers import ON_TREE, KVTier, Source, tier_of
 from server.cache.write_back_policy import WriteBackPolicy
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
@@ -61,22 +60,21 @@ __all__ = ["ROUTES", "CacheRouter", "Candidate"]
 
 class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
-                 tiers: set[str], tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None,
-                 resident_cells: int | None, registry: SessionRegistry, min_tokens: int, route: str = "cost",
-                 write_back_step_bytes: int = 0, idle_cells: int | None = None, shared: SharedTier | None = None,
-                 states: SlotStates | None = None):
+                 enabled: set[Source], tree: RadixTree | None, tiers: Iterable[KVTier], resident_cells: int | None,
+                 registry: SessionRegistry, min_tokens: int, route: str = "cost", write_back_step_bytes: int = 0,
+                 idle_cells: int | None = None, states: SlotStates | None = None):
+        """`enabled`: the sources in use (A and S among them); `tiers`: the stored tiers, ordered
+        as server.cache.tiers.STORED (R is not on the tree: its store changes under every replica)."""
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime, self.kv, self.slots, self.running = runtime, kv, slots, running
-        self.tiers, self.tree, self.registry = tiers, tree, registry
-        self.host, self.disk = host, disk
-        self.shared = shared  # tier R: not on the tree (the store changes under every replica)
+        self.enabled, self.tree, self.registry = enabled, tree, registry
+        self.tiers = tuple(tiers)
         self.min_tokens, self.route = min_tokens, route
         self.clock = EngineTime()
-        self.write = WriteBackPolicy(runtime=runtime, kv=kv, slots=slots, running=running, tree=tree, host=host,
-                                     disk=disk, shared=shared, registry=registry, min_tokens=min_tokens,
-                                     resident_cells=resident_cells, step_bytes=write_back_step_bytes,
-                                     idle_cells=idle_cells, clock=self.clock)
+        self.write = WriteBackPolicy(runtime=runtime, kv=kv, slots=slots, running=running, tree=tree, tiers=self.tiers,
+                                     registry=registry, min_tokens=min_tokens, resident_cells=resident_cells,
+                                     step_bytes=write_back_step_bytes, idle_cells=idle_cells, clock=self.clock)
         self.resident, self.parked = self.write.resident, self.write.parked
         # a model with sliding-window or recurrent layers: its slots' states and checkpoints (tiers
         # A, H and D only: server/bootstrap.py), the host's checkpoints for H and D
@@ -87,14 +85,13 @@ class CacheRouter:
             self.write.hand_over_owner = states.hand_over_sequence
             self.write.state_of = states.resumable
             self.write.path_checkpoints = states.store.on_path
-        self.planner = Planner(tiers=tiers, tree=tree, host=host, disk=disk, shared=shared, resident=self.resident,
-                               route=route, checkpoints=states.store if states is not None else None)
+        self.planner = Planner(enabled=enabled, tree=tree, tiers=self.tiers, resident=self.resident, route=route,
+                               checkpoints=states.store if states is not None else None)
         self.costs = self.planner.costs
-        self.restorer = Restorer(runtime=runtime, kv=kv, running=running, tree=tree, host=host, disk=disk,
-                                 shared=shared, resident=self.resident, costs=self.costs, clock=self.clock,
-                                 states=states)
-        self.sources = CandidateSources(slots=slots, running=running, tiers=tiers, tree=tree, planner=self.planner,
-                                        parked=self.parked, states=states)
+        self.restorer = Restorer(runtime=runtime, kv=kv, running=running, tree=tree, tiers=self.tiers,
+                                 resident=self.resident, costs=self.costs, clock=self.clock, states=states)
+        self.sources = CandidateSources(slots=slots, running=running, enabled=enabled, tree=tree,
+                                        planner=self.planner, parked=self.parked, states=states)
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
         # what tests, benchmarks and the engine call here, done by the parts
         self.drop_idle_slot = self.write.drop_idle_slot
@@ -110,7 +107,10 @@ class CacheRouter:
             seq.cache_lease = CacheLease(hint=seq.request.cache_hint)
         return seq.cache_lease
 
-    # counters the tests and benchmarks read where they always did
+    # the tiers and counters the tests and benchmarks read where they always did
+    host = property(lambda self: tier_of(self.tiers, Source.H))
+    disk = property(lambda self: tier_of(self.tiers, Source.D))
+    shared = property(lambda self: tier_of(self.tiers, Source.R))
     fallbacks = property(lambda self: self.restorer.fallbacks)
     write_backs = property(lambda self: self.write.write_backs)
     write_backs_skipped = property(lambda self: self.write.write_backs_skipped)
@@ -132,7 +132,7 @@ class CacheRouter:
     def _provide(self, adm: Admission) -> CacheReport:
         prompt = adm.seq.cache_prompt  # its cache key: a namespace's prompt matches only its own KV
         self.write.admitted(prompt)  # the write-back gate learns whether lost copies come back
-        if self.parked is not None and Source.S not in self.tiers:
+        if self.parked is not None and Source.S not in self.enabled:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
         cands = self.sources.candidates(adm)
         best, plan = self.planner.plan(cands, len(prompt))
@@ -157,7 +157,7 @@ class CacheRouter:
 
     def should_defer(self, seq: Sequence) -> bool:
         """Wait for a running request that is computing a long prefix this one shares."""
-        if Source.S not in self.tiers:
+        if Source.S not in self.enabled:
             return False
         waiting_for = deferring_to(seq, self.running(), self.min_tokens)
         if waiting_for is None:
@@ -217,13 +217,11 @@ class CacheRouter:
         return cache_stats(self)
 
     def close(self) -> None:
-        """After the engine stopped: finish the reads ahead, the disk, shared-store and checkpoint
-        writes."""
+        """After the engine stopped: finish the reads ahead, the stored tiers' (disk, shared-store)
+        and checkpoint writes."""
         self.restorer.close()
-        if self.disk is not None:
-            self.disk.close()
-        if self.shared is not None:
-            self.shared.close()
+        for tier in self.tiers:
+            tier.close()
         if self.states is not None and self.states.store is not None:  # its disk writes
             self.states.store.close()
 
@@ -231,10 +229,9 @@ class CacheRouter:
         freed = {}
         if self.parked is not None:
             freed["parked_cells"] = self.parked.discard()
-        if self.host is not None:
-            freed["H"] = self.host.flush()
-        if self.disk is not None:
-            freed["D"] = self.disk.flush()
+        for tier in self.tiers:
+            if tier.source in ON_TREE:  # this replica's own (R's store is every replica's)
+                freed[tier.source] = tier.flush()
         if self.resident is not None:
             freed["S_cells"] = self.resident.flush()
         if self.states is not None and self.states.store is not None:

@@ -42,7 +42,8 @@ Contracts:
   is down or slow costs the engine at most one timeout per back-off period.
 - `load` runs on the router's read-ahead thread (never the engine thread): two pipelined
   round trips (the values' lengths, then the values, each bounded by `max_value_bytes`).
-- `store` never waits: it queues the chunks' KV (views, bytes bounded by `queue_bytes`;
+- `store` never waits: it queues the chunks' KV (a `PathKV`'s ranges: H's values on the path,
+  views; bytes bounded by `queue_bytes`;
   beyond it the store is dropped and counted) for a writer thread that checks which chunks
   the store lacks and SETs them, no TTL: the store's own `maxmemory` policy (allkeys-lru)
   bounds what it keeps. A value longer than `max_value_bytes` is not written (counted).
@@ -67,12 +68,12 @@ from server.cache.checkpoints import StateCheckpoint
 from server.cache.kv_format import KVSegment, cut, segment_from_arrays
 from server.cache.segment_format import DiskSegmentError, check_header, encode_segment, parse_segment
 from server.cache.store_url import password_of, redact_url
-from server.cache.tiers import Source
+from server.cache.tiers import PathKV, Source
 from server.engine.cache_namespace import split
 
 log = logging.getLogger(__name__)
 
-TIER = "R"
+TIER = Source.R
 # bench/shared_chunk.py: reads run at the same rate from 32 tokens a chunk up, the computed tail
 # (chunk/2 on average) dominates from 64 up, and 64 keeps a lookup under 0.5 ms per 4k tokens.
 DEFAULT_CHUNK = 64
@@ -220,8 +221,7 @@ class SharedMatch:
 class SharedTier:
     """A `KVTier` (server/cache/tiers.py)."""
 
-    name = TIER
-    source = Source.R
+    source = TIER
 
     def __init__(self, url: str, fingerprint: str, chunk: int = DEFAULT_CHUNK, *, secret: bytes | str | SharedSecret,
                  lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S, io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
@@ -388,18 +388,19 @@ class SharedTier:
             raise
 
     # ------------------------------------------------------------------ write
-    def store(self, tokens: list[int], ranges: list[tuple[int, KVSegment]],
-              checkpoints: list[StateCheckpoint] | None = None) -> bool:
-        """Queue the whole chunks of `tokens` that `ranges` ((start, segment) pairs, e.g. a
-        host path's H values) cover, for the writer, with the `checkpoints` of the path that
-        sit at chunk boundaries (a model with sliding-window or recurrent layers). Never
-        waits; a full queue drops it."""
+    def store(self, tokens: list[int], kv: PathKV) -> None:
+        """Queue the whole chunks of `tokens` that `kv`'s ranges cover (all it holds: which
+        chunks the store lacks is asked on the writer thread), for the writer, with the path's
+        checkpoints at chunk boundaries (a model with sliding-window or recurrent layers).
+        Never waits; a full queue drops it. None: nothing to hand on."""
         n = (len(tokens) // self.chunk) * self.chunk
         if n == 0 or not self.available():
-            return False
-        states = [c for c in checkpoints or () if c.pos % self.chunk == 0 and 0 < c.pos <= n]
-        return self._writer.submit((list(tokens[:n]), ranges, states),
-                                   sum(seg.nbytes for _, seg in ranges) + sum(c.nbytes for c in states))
+            return None
+        ranges = kv.read(0, len(tokens))
+        states = [c for c in kv.checkpoints(self.chunk) if c.pos % self.chunk == 0 and 0 < c.pos <= n]
+        self._writer.submit((list(tokens[:n]), ranges, states),
+                            sum(seg.nbytes for _, seg in ranges) + sum(c.nbytes for c in states))
+        return None
 
     def _refuse(self, key: str, exc: SharedTierError) -> None:
         """Count a value refused for its MAC or its size, delete it (best effort: a replica
@@ -470,9 +471,12 @@ class SharedTier:
         """Block until every queued write is done (tests, benchmarks, shutdown)."""
         self._writer.wait_idle()
 
+    def evict(self, nbytes: int) -> int:
+        """Nothing: the store is every replica's, and its own LRU (`maxmemory`) bounds it."""
+        return 0
+
     def flush(self) -> int:
-        """Nothing: the store is every replica's, and its own LRU bounds it (POST /cache/flush
-        empties this replica's tiers only)."""
+        """Nothing, as `evict` (POST /cache/flush empties this replica's tiers only)."""
         return 0
 
     def close(self) -> None:

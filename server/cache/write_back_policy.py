@@ -7,7 +7,9 @@ Contracts:
   only when it is about to be lost (the slot taken for another prefix, an owner evicted, an
   idle slot dropped for room or beyond the idle-cell limit), only what the host (and below
   it, disk and shared store) lacks, and not at all when another slot or owner still holds all
-  its tokens, or when it is shorter than `min_tokens`.
+  its tokens, or when it is shorter than `min_tokens`. The stored tiers are one ordered
+  collection (`tiers`, server/cache/tiers.py): the first reads the device, each one below
+  stores from the first's copy (`store`).
 - Only KV that is likely to be reused is written back (`ReuseGate`, issue 36: prompts that
   share nothing made every cache configuration slower than `--no-cache`). A resident owner's
   KV is always stored (it is resident because requests reused it). A slot's kept KV whose
@@ -61,20 +63,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from server.cache.disk_tier import DiskTier
 from server.cache.engine_time import EngineTime
-from server.cache.host_tier import HostTier
-from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps
 from server.cache.lifecycle import CacheHint, SessionRegistry
+from server.cache.path_kv import DeviceKV, no_checkpoints
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
-from server.cache.shared_tier import SharedTier
+from server.cache.tiers import STORED_ON_TREE, KVTier, Source, tier_of
 from server.cache.write_back import WriteBackQueue
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.sequence import Sequence
@@ -171,11 +171,14 @@ class ReuseGate:
 
 class WriteBackPolicy:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
-                 tree: RadixTree | None, host: HostTier | None, disk: DiskTier | None, shared: SharedTier | None,
-                 registry: SessionRegistry, min_tokens: int, resident_cells: int | None, step_bytes: int,
-                 idle_cells: int | None, clock: EngineTime):
+                 tree: RadixTree | None, tiers: Iterable[KVTier], registry: SessionRegistry, min_tokens: int,
+                 resident_cells: int | None, step_bytes: int, idle_cells: int | None, clock: EngineTime):
+        """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED (the first is written
+        from the device, the ones below it from the first)."""
         self.runtime, self.kv, self.slots, self.running = runtime, kv, slots, running
-        self.tree, self.host, self.disk, self.shared = tree, host, disk, shared
+        self.tree, self.tiers = tree, tuple(tiers)
+        # the host tier, where a parked copy's path grows piece by piece and the KV size is learnt
+        host = self.host = tier_of(self.tiers, Source.H)
         self.registry, self.min_tokens, self.clock = registry, min_tokens, clock
         # Resident owners (tier S, when `resident_cells` is given) write back through this policy.
         self.resident: ResidentOwners | None = None
@@ -221,7 +224,7 @@ class WriteBackPolicy:
         if held == len(tokens):
             return
         hint = self.slot_hints.pop(slot.index, None)
-        if gated and (self.host is not None or self.disk is not None) and self.gate.decide(
+        if gated and self.tiers and self.gate.decide(
                 tokens, max(held, self._tree_depth(tokens)), pinned=self._pinned(hint),
                 continues=self._state(hint) in ("active", "tool_wait")) is None:
             self.write_backs_skipped += 1
@@ -321,7 +324,7 @@ class WriteBackPolicy:
         self.gate.admitted(prompt)
 
     def _timed_store(self, seq_id: int, tokens: list[int]):
-        if self.host is None and self.disk is None:
+        if not self.tiers:
             return None  # nowhere to write back to (e.g. tiers A,S)
         t0 = time.perf_counter()
         try:
@@ -331,31 +334,22 @@ class WriteBackPolicy:
             self.write_back_ms += (time.perf_counter() - t0) * 1000.0
 
     def store(self, slot_seq: int, tokens: list[int], to_disk: bool = True):
-        """Store what the host (and, with `to_disk`, the disk and the shared store) lacks of
-        `tokens`, read from `slot_seq`; returns the host path's tip, or None."""
-        if self.host is None and self.disk is None:
+        """Store what the first tier (H, or D without it) lacks of `tokens`, read from
+        `slot_seq`, then, with `to_disk`, what each tier below it lacks, from the first tier's
+        copy; returns the first tier's path tip (None: declined, or off the tree)."""
+        if not self.tiers:
             return None
+        first, *below = self.tiers
+        path_checkpoints = self.path_checkpoints
+        checkpoints = no_checkpoints if path_checkpoints is None else lambda align: path_checkpoints(tokens, align)
         try:
-            if self.host is not None:
-                result = self.host.store(tokens, lambda s, e: self.kv.extract(slot_seq, s, e))
-                if result is None:
-                    return None
-                below = [t for t in (self.disk, self.shared) if t is not None]  # each queues for its writer
-                if to_disk and below and result.last_node.attached:
-                    assert self.tree is not None  # the host tier's
-                    with self.tree.mutex:
-                        path = [n for n in result.last_node.iter_up()][::-1]
-                        ranges = [(n.start(), cast(KVSegment, n.values["H"])) for n in path if "H" in n.values]
-                    if self.disk is not None:
-                        self.disk.store(tokens, ranges)
-                    if self.shared is not None:
-                        self.shared.store(tokens, ranges, self.path_checkpoints(tokens, self.shared.chunk)
-                                          if self.path_checkpoints is not None else None)
-                return result.last_node if result.last_node.attached else None
-            assert self.disk is not None  # no host tier: the disk is where it goes
-            have = self.disk.held(tokens)  # whole or partial: what is on disk already
-            if have < len(tokens):
-                self.disk.store(tokens, [(have, self.kv.extract(slot_seq, have, len(tokens)))])
+            held = first.store(tokens, DeviceKV(lambda s, e: self.kv.extract(slot_seq, s, e), checkpoints))
+            if held is None:
+                return None
+            if to_disk:
+                for tier in below:  # each queues for its writer
+                    tier.store(tokens, held)
+            return held.tip
         except ExtractError as exc:
             self.store_errors += 1
             log.warning("could not store the request's KV: %s", exc)
@@ -429,14 +423,11 @@ class WriteBackPolicy:
             return
         if reg.n_pinned == 0 and reg.pinned_bytes == 0:
             return  # the common case, at every engine step: nothing pinned, nothing to walk
-        h, d = tree.counters("H"), tree.counters("D")
-        signature = (reg.pin_epoch, tree.n_nodes, h.n_payloads, h.held_bytes, d.n_payloads, d.held_bytes)
-        if signature == self._pin_signature:
+        if pin_signature(reg, tree) == self._pin_signature:
             return
         with tree.mutex:
             reg.enforce_pinned_bytes(tree.nodes(), stored_bytes)
-        h, d = tree.counters("H"), tree.counters("D")  # releases change only the epoch
-        self._pin_signature = (reg.pin_epoch, tree.n_nodes, h.n_payloads, h.held_bytes, d.n_payloads, d.held_bytes)
+        self._pin_signature = pin_signature(reg, tree)  # releases change only the epoch
 
     def _offload_idle_slots(self) -> None:
         """While requests run, idle slots keep at most `idle_cells` cells: under unified KV
@@ -464,6 +455,12 @@ class WriteBackPolicy:
             self.clock.add((time.perf_counter() - t0) * 1000.0)
 
 
+def pin_signature(registry: SessionRegistry, tree: RadixTree) -> tuple:
+    """What the pinned bytes depend on: the pins, the nodes, each stored tier's values on the tree."""
+    stored = tuple((c.n_payloads, c.held_bytes) for c in map(tree.counters, STORED_ON_TREE))
+    return (registry.pin_epoch, tree.n_nodes, stored)
+
+
 def stored_bytes(node) -> int:
     """The KV bytes a node's H and D values hold (what a pin keeps from being evicted there)."""
-    return sum(node.values[t].nbytes for t in ("H", "D") if t in node.values)
+    return sum(node.values[t].nbytes for t in STORED_ON_TREE if t in node.values)

@@ -19,6 +19,7 @@ from server.cache.checkpoints import StateCheckpoint
 from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_events import block_hash, stored_blocks
+from server.cache.path_kv import HeldKV
 from server.cache.planner import defer_behind
 from server.cache.radix_tree import RadixTree
 from server.cache.shared_tier import SharedSecret
@@ -171,7 +172,7 @@ def test_kv_events_hash_the_namespace_and_announce_the_real_tokens():
 def test_disk_files_keep_their_namespace_across_a_restart(tmp_path):
     a = keyed(list(range(200, 260)), A)
     tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
-    tier.store(a, [(0, kv_for(a, 0, len(a)))])
+    tier.store(a, HeldKV([(0, kv_for(a, 0, len(a)))]))
     tier.wait_idle()
     tier.close()
     tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
@@ -202,8 +203,9 @@ def test_the_shared_store_serves_a_namespace_its_own_chunks_only(redis_url):
     writer, reader = SharedTier(redis_url, "fpNS", 16, secret=SECRET), SharedTier(redis_url, "fpNS", 16, secret=SECRET)
     try:
         toks = keyed(list(range(1000, 1048)), A)
-        assert writer.store(toks, [(0, chunk_kv(toks, 0, 48))])
+        writer.store(toks, HeldKV([(0, chunk_kv(toks, 0, 48))]))
         writer.wait_idle()
+        assert writer.stored_chunks == 3
         m = reader.lookup(toks)
         assert m.length == 48 and len(reader.load(m, start=0)) > 0
         assert reader.lookup(keyed(list(range(1000, 1048)), B)).length == 0

@@ -18,6 +18,7 @@ from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.path_kv import DeviceKV, HeldKV
 from server.cache.radix_tree import RadixTree
 
 LAYOUT = KVLayout(False, (1, 1), (8, 8), (1, 1), (8, 8), (0, 0))
@@ -30,7 +31,7 @@ def kv_for(tokens: list[int], start: int, end: int) -> KVSegment:
 
 
 def store(disk: DiskTier, tokens: list[int]) -> None:
-    disk.store(tokens, [(0, kv_for(tokens, 0, len(tokens)))])
+    disk.store(tokens, HeldKV([(0, kv_for(tokens, 0, len(tokens)))]))
     disk.wait_idle()
 
 
@@ -185,7 +186,7 @@ def test_with_the_disk_full_the_host_tier_still_stores_and_restores(tree, tmp_pa
     monkeypatch.setattr(segment_format, "open", FullDisk(room=0).open, raising=False)
     try:
         a = list(range(500, 560))
-        tip = host.store(a, lambda s, e: kv_for(a, s, e))
+        tip = host.store(a, DeviceKV(lambda s, e: kv_for(a, s, e)))
         assert tip is not None
         store(disk, a)
         assert disk.stats()["no_space_errors"] == 1 and files(disk) == []

@@ -8,6 +8,7 @@ import pytest
 from server.cache.disk_tier import DiskMatch, DiskSegmentError, DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.path_kv import HeldKV
 from server.cache.radix_tree import RadixTree
 
 LAYOUT = KVLayout(False, (1, 1), (8, 8), (1, 1), (8, 8), (0, 0))
@@ -32,12 +33,12 @@ def disk(tmp_path):
 
 def test_a_split_by_the_writer_does_not_move_a_pending_read(disk):
     a = list(range(100, 140))
-    disk.store(a, [(0, kv_for(a, 0, len(a)))])
+    disk.store(a, HeldKV([(0, kv_for(a, 0, len(a)))]))
     disk.wait_idle()
     match = disk.match(a[:30])
     assert match.length == 30
     b = a[:10] + [7, 8, 9]  # the writer splits the node at 10 before the read
-    disk.store(b, [(0, kv_for(b, 0, len(b)))])
+    disk.store(b, HeldKV([(0, kv_for(b, 0, len(b)))]))
     disk.wait_idle()
     got = disk.load(match)
     assert [p for s in got for p in positions(s)] == list(range(30))
@@ -51,13 +52,13 @@ def test_a_load_reads_each_file_once_and_nothing_before_its_start(disk, monkeypa
     import server.cache.segment_format as segment_format
 
     a = list(range(100, 160))
-    disk.store(a[:20], [(0, kv_for(a, 0, 20))])
+    disk.store(a[:20], HeldKV([(0, kv_for(a, 0, 20))]))
     disk.wait_idle()
-    disk.store(a, [(0, kv_for(a, 0, 60))])  # a second file: positions 20..60
+    disk.store(a, HeldKV([(0, kv_for(a, 0, 60))]))  # a second file: positions 20..60
     disk.wait_idle()
     for cut in (30, 40, 50):  # three splits of the second file's range
         b = a[:cut] + [cut]
-        disk.store(b, [(0, kv_for(b, 0, len(b)))])
+        disk.store(b, HeldKV([(0, kv_for(b, 0, len(b)))]))
         disk.wait_idle()
     match = disk.match(a)
     assert len(match.parts) == 5 and len({seg.file.path for seg, _ in match.parts}) == 2
@@ -78,7 +79,7 @@ def test_a_load_reads_each_file_once_and_nothing_before_its_start(disk, monkeypa
 
 def test_a_range_that_does_not_start_where_the_match_needs_is_refused(disk):
     a = list(range(50))
-    disk.store(a, [(0, kv_for(a, 0, 20)), (20, kv_for(a, 20, 50))])
+    disk.store(a, HeldKV([(0, kv_for(a, 0, 20)), (20, kv_for(a, 20, 50))]))
     disk.wait_idle()
     m = disk.match(a)
     seg, n = m.parts[0]
@@ -90,9 +91,9 @@ def test_a_range_that_does_not_start_where_the_match_needs_is_refused(disk):
 
 def test_evicted_ranges_delete_their_file_only_when_unused(disk):
     a = list(range(60))
-    disk.store(a, [(0, kv_for(a, 0, 60))])
+    disk.store(a, HeldKV([(0, kv_for(a, 0, 60))]))
     disk.wait_idle()
-    disk.store(a[:30] + [1, 2, 3], [(0, kv_for(a[:30] + [1, 2, 3], 0, 33))])
+    disk.store(a[:30] + [1, 2, 3], HeldKV([(0, kv_for(a[:30] + [1, 2, 3], 0, 33))]))
     disk.wait_idle()
     files = set(disk.dir.glob("*.kvseg"))
     assert len(files) == 2
@@ -104,7 +105,7 @@ def test_evicted_ranges_delete_their_file_only_when_unused(disk):
 def test_files_are_reindexed_after_a_restart(tmp_path):
     a = list(range(200, 260))
     tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
-    tier.store(a, [(0, kv_for(a, 0, len(a)))])
+    tier.store(a, HeldKV([(0, kv_for(a, 0, len(a)))]))
     tier.wait_idle()
     tier.close()
     tier = DiskTier(RadixTree(), tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
@@ -119,7 +120,7 @@ def test_files_are_reindexed_after_a_restart(tmp_path):
 def test_a_match_whose_d_values_went_is_refused_though_h_keeps_the_nodes(disk):
     a = list(range(300, 340))
     disk.tree.insert(a, "H", lambda s, e: kv_for(a, s, e))  # tier H holds the same node
-    disk.store(a, [(0, kv_for(a, 0, len(a)))])
+    disk.store(a, HeldKV([(0, kv_for(a, 0, len(a)))]))
     disk.wait_idle()
     match = disk.match(a)
     assert match.length == len(a)
@@ -138,7 +139,7 @@ def test_the_files_on_disk_stay_within_the_budget_while_a_new_one_is_written(tmp
 
     first = list(range(40))
     probe = DiskTier(RadixTree(), tmp_path / "probe", 1 << 20, "fp", LRUPolicy())
-    probe.store(first, [(0, kv_for(first, 0, 40))])
+    probe.store(first, HeldKV([(0, kv_for(first, 0, 40))]))
     probe.wait_idle()
     one_file = sum(p.stat().st_size for p in probe.dir.glob("*.kvseg"))
     probe.close()
@@ -155,7 +156,7 @@ def test_the_files_on_disk_stay_within_the_budget_while_a_new_one_is_written(tmp
     try:
         for base in (0, 100, 200):
             tokens = list(range(base, base + 40))
-            tier.store(tokens, [(0, kv_for(tokens, 0, 40))])
+            tier.store(tokens, HeldKV([(0, kv_for(tokens, 0, 40))]))
             tier.wait_idle()
         assert len(on_disk_at_each_write) == 3 and tier.evictions == 2
         assert max(on_disk_at_each_write) <= budget, (on_disk_at_each_write, budget)

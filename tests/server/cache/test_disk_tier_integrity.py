@@ -28,6 +28,7 @@ from server.cache.disk_tier import (
 )
 from server.cache.eviction import LRUPolicy
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.path_kv import HeldKV
 from server.cache.radix_tree import RadixTree
 
 LAYOUT = KVLayout(False, (1, 1), (8, 8), (1, 1), (8, 8), (0, 0))
@@ -61,7 +62,7 @@ def stored(tmp_path) -> dict[str, object]:
     try:
         for name, tokens in (("A", A), ("B", B)):
             before = set(tier.dir.glob(f"*{SUFFIX}"))
-            tier.store(tokens, [(0, kv_for(tokens, 0, len(tokens)))])
+            tier.store(tokens, HeldKV([(0, kv_for(tokens, 0, len(tokens)))]))
             tier.wait_idle()
             (files[name],) = set(tier.dir.glob(f"*{SUFFIX}")) - before
     finally:
@@ -261,7 +262,7 @@ def test_a_directory_of_only_bad_files_loads_an_empty_index(tmp_path):
     tier = open_tier(tmp_path)
     try:
         assert tier.stats()["entries"] == 0 and tier.stats()["corrupt_files"] == 5
-        tier.store(A, [(0, kv_for(A, 0, len(A)))])  # and the tier still works
+        tier.store(A, HeldKV([(0, kv_for(A, 0, len(A)))]))  # and the tier still works
         tier.wait_idle()
         assert restored(tier, A) == expected_rows(A)
     finally:

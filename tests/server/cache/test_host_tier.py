@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
+from server.cache.path_kv import DeviceKV
 from server.cache.radix_tree import RadixTree
+from server.cache.tiers import Source
 from tests.server.cache.sim_payload import FakePayload
 from tests.server.cache.tree_helpers import host_match
 
@@ -29,10 +31,10 @@ def test_store_is_declined_when_pinned_nodes_fill_the_budget():
     host = HostTier(RadixTree(), budget_bytes=100, policy=KeepEverything())
     a, b = list(range(50)), list(range(1000, 1050))
     calls: list = []
-    assert host.store(a, extractor(a, calls)) is not None
+    assert host.store(a, DeviceKV(extractor(a, calls))) is not None
     assert host.tree.tier("H").total_bytes == 100
     calls.clear()
-    assert host.store(b, extractor(b, calls)) is None
+    assert host.store(b, DeviceKV(extractor(b, calls))) is None
     assert calls == [], "nothing is extracted for a store that cannot fit"
     assert host.tree.tier("H").total_bytes == 100 and host.declined == 1
     assert host_match(host, b).length == 0 and host_match(host, a).length == 50
@@ -42,7 +44,7 @@ def test_store_is_declined_when_pinned_nodes_fill_the_budget():
 def test_an_underestimated_store_is_taken_back_out():
     host = HostTier(RadixTree(), budget_bytes=100, policy=KeepEverything())
     a = list(range(60))  # 120 bytes: no estimate yet (first store), found over budget after insert
-    assert host.store(a, extractor(a, [])) is None
+    assert host.store(a, DeviceKV(extractor(a, []))) is None
     assert host.tree.tier("H").total_bytes == 0 and host.declined == 1
     host.tree.check_invariants()
 
@@ -50,8 +52,8 @@ def test_an_underestimated_store_is_taken_back_out():
 def test_lru_makes_room_before_extracting():
     host = HostTier(RadixTree(), budget_bytes=100, policy=LRUPolicy())
     a, b = list(range(50)), list(range(1000, 1050))
-    host.store(a, extractor(a, []))
-    assert host.store(b, extractor(b, [])) is not None
+    host.store(a, DeviceKV(extractor(a, [])))
+    assert host.store(b, DeviceKV(extractor(b, []))) is not None
     assert host.tree.tier("H").total_bytes == 100
     assert host_match(host, a).length == 0 and host_match(host, b).length == 50
 
@@ -65,14 +67,15 @@ def test_host_and_disk_share_one_tree_and_evict_only_their_own_values(tmp_path):
     disk = DiskTier(tree, tmp_path / "kv", 1 << 20, "fp", LRUPolicy())
     try:
         a = list(range(100, 140))
-        stored = host.store(a, lambda s, e: kv_for(a, s, e))
-        disk.store(a, [(0, stored.last_node.values["H"])])
+        stored = host.store(a, DeviceKV(lambda s, e: kv_for(a, s, e)))
+        assert stored is not None and stored.tip is not None
+        disk.store(a, stored)  # H hands D its values on the path
         disk.wait_idle()
-        assert tree.n_nodes == 1 and set(stored.last_node.values) == {"H", "D"}, "one node, two tiers"
+        assert tree.n_nodes == 1 and set(stored.tip.values) == {Source.H, Source.D}, "one node, two tiers"
         host.flush()
         assert host_match(host, a).length == 0 and disk.match(a).length == len(a), "evicting H keeps D"
         assert len(disk.load(disk.match(a))) == 1
-        host.store(a, lambda s, e: kv_for(a, s, e))
+        host.store(a, DeviceKV(lambda s, e: kv_for(a, s, e)))
         disk.flush()
         assert disk.match(a).length == 0 and host_match(host, a).length == len(a), "evicting D keeps H"
         assert not list(disk.dir.glob("*.kvseg"))
@@ -100,9 +103,9 @@ def test_a_store_larger_than_its_estimate_makes_room_before_it_inserts():
     tree = WatchedTree()
     host = HostTier(tree, budget_bytes=100, policy=LRUPolicy())
     a, b = list(range(30)), list(range(1000, 1015))
-    host.store(a, extractor(a, []))  # 60 bytes: the estimate becomes 2 bytes per token
+    host.store(a, DeviceKV(extractor(a, [])))  # 60 bytes: the estimate becomes 2 bytes per token
     denser = lambda s, e: FakePayload(e - s, 3, tuple(b[:e]))  # noqa: E731  (45 bytes, estimated 30: 90 fits)
-    assert host.store(b, denser) is not None
+    assert host.store(b, DeviceKV(denser)) is not None
     assert max(tree.held_seen) <= 100, tree.held_seen
     assert host_match(host, a).length == 0 and host_match(host, b).length == 15
     tree.check_invariants()

@@ -58,9 +58,9 @@ class SimResident:
 
 def planner(tiers="ASHD", *, route="cost", shared=None, resident=None, costs=None):
     tree, _ = simulated_tree(bytes_per_token=BPT)
-    host = SimTier(Source.H) if "H" in tiers else None
-    disk = SimTier(Source.D) if "D" in tiers else None
-    p = Planner(tiers=set(tiers), tree=tree, host=host, disk=disk, shared=shared, resident=resident,
+    stored = [SimTier(source) for source in (Source.H, Source.D) if source in tiers]
+    stored += [shared] if shared is not None else []
+    p = Planner(enabled={Source(t) for t in tiers}, tree=tree, tiers=stored, resident=resident,  # type: ignore[arg-type]
                 route=route, costs=costs)
     return p, tree
 

@@ -13,6 +13,7 @@ import pytest
 
 from bench.servers import free_port
 from server.cache.kv_format import KVLayout, KVSegment
+from server.cache.path_kv import HeldKV
 from server.cache.shared_tier import (
     MAC_BYTES,
     SharedMatch,
@@ -130,7 +131,7 @@ def test_a_value_without_the_deployment_secret_does_not_verify():
 # ------------------------------------------------------------------ the store
 def test_chunks_written_by_one_replica_are_found_and_read_by_another(tier, store):
     toks = list(range(1000, 1056))  # 3 whole chunks and a tail
-    assert tier.store(toks, [(0, kv_for(toks, 0, 20)), (20, kv_for(toks, 20, 56))])
+    assert tier.store(toks, HeldKV([(0, kv_for(toks, 0, 20)), (20, kv_for(toks, 20, 56))])) is None  # queued
     tier.wait_idle()
     assert tier.stored_chunks == 3
     other = SharedTier(store.url, "fpA", CHUNK, secret=SECRET)  # a second replica of the same model
@@ -146,7 +147,7 @@ def test_chunks_written_by_one_replica_are_found_and_read_by_another(tier, store
 
 def test_a_replica_of_another_fingerprint_finds_nothing(tier, store):
     toks = list(range(64))
-    tier.store(toks, [(0, kv_for(toks, 0, 64))])
+    tier.store(toks, HeldKV([(0, kv_for(toks, 0, 64))]))
     tier.wait_idle()
     other = SharedTier(store.url, "fpB", CHUNK, secret=SECRET)
     try:
@@ -159,7 +160,7 @@ def test_lookup_stops_at_the_first_missing_chunk(tier, store):
     import redis
 
     toks = list(range(64))
-    tier.store(toks, [(0, kv_for(toks, 0, 64))])
+    tier.store(toks, HeldKV([(0, kv_for(toks, 0, 64))]))
     tier.wait_idle()
     redis.Redis.from_url(store.url).delete(chunk_keys("fpA", toks, CHUNK)[1])  # evicted by the LRU
     assert tier.lookup(toks).length == 16
@@ -169,7 +170,7 @@ def test_a_chunk_evicted_between_lookup_and_read_fails_the_read(tier, store):
     import redis
 
     toks = list(range(32))
-    tier.store(toks, [(0, kv_for(toks, 0, 32))])
+    tier.store(toks, HeldKV([(0, kv_for(toks, 0, 32))]))
     tier.wait_idle()
     m = tier.lookup(toks)
     redis.Redis.from_url(store.url).flushdb()
@@ -179,7 +180,7 @@ def test_a_chunk_evicted_between_lookup_and_read_fails_the_read(tier, store):
 
 def test_only_covered_chunks_are_written(tier):
     toks = list(range(48))
-    tier.store(toks, [(0, kv_for(toks, 0, 20))])  # the caller holds [0, 20) only
+    tier.store(toks, HeldKV([(0, kv_for(toks, 0, 20))]))  # the caller holds [0, 20) only
     tier.wait_idle()
     assert tier.stored_chunks == 1
     assert tier.lookup(toks).length == 16
@@ -194,7 +195,8 @@ def test_a_store_that_is_down_counts_failures_and_raises_nothing():
         assert t.errors == 1 and not t.available()
         assert t.lookup(toks).length == 0  # in back-off: not even asked
         assert t.errors == 1 and t.skipped == 1
-        assert not t.store(toks, [(0, kv_for(toks, 0, 64))])  # dropped during back-off, no exception
+        t.store(toks, HeldKV([(0, kv_for(toks, 0, 64))]))  # dropped during back-off, no exception
+        assert t.stats()["pending_writes"] == 0 and t.errors == 1  # not queued, not even tried
         with pytest.raises(SharedTierError):
             t.load(SharedMatch(16, toks[:16]))
         assert t.errors == 2
@@ -224,7 +226,7 @@ def test_a_write_to_a_store_that_went_down_is_counted(tmp_path):
         try:
             s.stop()
             toks = list(range(32))
-            assert t.store(toks, [(0, kv_for(toks, 0, 32))])
+            t.store(toks, HeldKV([(0, kv_for(toks, 0, 32))]))
             t.wait_idle()
             assert t.errors == 1 and t.stored_chunks == 0
         finally:
@@ -249,7 +251,7 @@ def test_a_value_planted_under_a_real_key_is_refused_counted_deleted_and_never_l
     import redis
 
     toks = list(range(500, 532))
-    tier.store(toks, [(0, kv_for(toks, 0, 32))])
+    tier.store(toks, HeldKV([(0, kv_for(toks, 0, 32))]))
     tier.wait_idle()
     keys = chunk_keys("fpA", toks, CHUNK)
     client = redis.Redis.from_url(store.url)
@@ -261,7 +263,7 @@ def test_a_value_planted_under_a_real_key_is_refused_counted_deleted_and_never_l
     assert (tier.unauthenticated, tier.rejected, tier.hits) == (1, 1, 0)
     assert client.exists(keys[1]) == 0  # deleted: the next store writes the honest value again
     assert tier.lookup(toks).length == 16
-    tier.store(toks, [(0, kv_for(toks, 0, 32))])
+    tier.store(toks, HeldKV([(0, kv_for(toks, 0, 32))]))
     tier.wait_idle()
     assert positions(tier.load(tier.lookup(toks))) == list(range(32))
     assert tier.stats()["unauthenticated"] == 1
@@ -303,7 +305,7 @@ def test_an_oversized_value_is_refused_from_its_length_without_being_read(tier, 
         small.close()
     tiny = SharedTier(store.url, "fpA", CHUNK, secret=SECRET, max_value_bytes=256)  # below one chunk's value
     try:
-        assert tiny.store(toks, [(0, kv_for(toks, 0, 32))])
+        tiny.store(toks, HeldKV([(0, kv_for(toks, 0, 32))]))
         tiny.wait_idle()
         assert (tiny.stored_chunks, tiny.oversized_writes) == (0, 2)  # every replica would refuse them
     finally:
@@ -348,7 +350,7 @@ def test_the_store_needs_a_secret_and_a_wrong_password_is_counted_not_shown(tmp_
         t = SharedTier(good, "fpA", CHUNK, secret=SECRET)
         try:
             toks = list(range(32))
-            t.store(toks, [(0, kv_for(toks, 0, 32))])
+            t.store(toks, HeldKV([(0, kv_for(toks, 0, 32))]))
             t.wait_idle()
             assert t.stored_chunks == 2 and t.lookup(toks).length == 32
             assert "valkey-pass-1234" not in str(t.stats()) and t.stats()["url"] == f"redis://:***@127.0.0.1:{s.port}/0"
@@ -399,7 +401,7 @@ def test_a_model_with_checkpoints_is_served_to_the_deepest_boundary_whose_state_
               StateCheckpoint(48, b"state at 48")]
     try:
         assert reader.lookup(toks).length == 0
-        writer.store(toks, [(0, kv_for(toks, 0, 64))], states)
+        writer.store(toks, HeldKV([(0, kv_for(toks, 0, 64))], checkpoints=lambda align: states))
         writer.wait_idle()
         assert (writer.stored_chunks, writer.stored_checkpoints) == (4, 2)
         m = reader.lookup(toks)

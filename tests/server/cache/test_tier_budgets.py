@@ -10,6 +10,7 @@ from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
 from server.cache.kv_format import KVLayout, KVSegment, segment_from_arrays
+from server.cache.path_kv import DeviceKV, HeldKV
 from server.cache.radix_tree import RadixTree
 from tests.server.cache.tree_helpers import host_match
 
@@ -59,10 +60,10 @@ def test_a_slice_that_outlives_its_buffer_is_copied_out():
     a = list(range(100))
     c = a[:30] + list(range(200, 270))
     d = list(range(300, 360))
-    host.store(a, extract_one_buffer(a))
-    host.store(c, extract_one_buffer(c))  # splits a at 30: both halves view a's buffer
+    host.store(a, DeviceKV(extract_one_buffer(a)))
+    host.store(c, DeviceKV(extract_one_buffer(c)))  # splits a at 30: both halves view a's buffer
     assert really_held(host.tree, "H") == host.tree.tier("H").held_bytes == 170 * BPT
-    assert host.store(d, extract_one_buffer(d)) is not None  # evicts a's tail, the oldest leaf
+    assert host.store(d, DeviceKV(extract_one_buffer(d))) is not None  # evicts a's tail, the oldest leaf
     assert host_match(host, a).length == 30 and host_match(host, c).length == 100 and host_match(host, d).length == 60
     # a's buffer is freed: its first 30 tokens survive in a buffer of their own
     assert host.copied_out == 1
@@ -74,11 +75,12 @@ def test_pinned_host_values_fill_the_budget_and_nothing_more_is_held():
     policy = PinnedPaths()
     host = HostTier(RadixTree(), budget_bytes=100 * BPT, policy=policy)
     a = list(range(100))
-    result = host.store(a, extract_one_buffer(a))
-    policy.pinned.update(n.id for n in result.path)
+    result = host.store(a, DeviceKV(extract_one_buffer(a)))
+    assert result is not None and result.tip is not None
+    policy.pinned.update(n.id for n in result.tip.iter_up())
     for i in range(5):  # each branches off a at 40: a split, then a store that does not fit
         b = a[:40] + [150 + i] * 30
-        assert host.store(b, extract_one_buffer(b)) is None
+        assert host.store(b, DeviceKV(extract_one_buffer(b))) is None
         assert really_held(host.tree, "H") <= host.budget_bytes
     assert host.declined == 5 and host_match(host, a).length == 100
     host.tree.check_invariants()
@@ -93,19 +95,19 @@ def test_pinned_disk_files_fill_the_budget_and_writes_are_refused(tmp_path):
     tree = RadixTree()
     first = list(range(100))
     probe = DiskTier(tree, tmp_path / "probe", 1 << 30, "fp", LRUPolicy())
-    probe.store(first, [(0, extract_one_buffer(first)(0, 100))])
+    probe.store(first, HeldKV([(0, extract_one_buffer(first)(0, 100))]))
     probe.wait_idle()
     file_size = disk_bytes(probe)
     probe.close()
 
     disk = DiskTier(RadixTree(), tmp_path / "kv", int(file_size * 1.5), "fp", policy)
     try:
-        disk.store(first, [(0, extract_one_buffer(first)(0, 100))])
+        disk.store(first, HeldKV([(0, extract_one_buffer(first)(0, 100))]))
         disk.wait_idle()
         policy.pinned.update(n.id for n in disk.tree.nodes())
         for i in range(4):  # each would need a file the pinned one leaves no room for
             other = [1000 + i] * 80
-            disk.store(other, [(0, extract_one_buffer(other)(0, 80))])
+            disk.store(other, HeldKV([(0, extract_one_buffer(other)(0, 80))]))
             disk.wait_idle()
             assert disk_bytes(disk) <= disk.budget_bytes
         assert disk.declined == 4 and disk.match(first).length == 100
@@ -119,13 +121,13 @@ def test_the_disk_budget_counts_whole_files_after_splits(tmp_path):
     disk = DiskTier(RadixTree(), tmp_path / "kv", 1 << 30, "fp", LRUPolicy())
     try:
         a = list(range(100))
-        disk.store(a, [(0, extract_one_buffer(a)(0, 100))])
+        disk.store(a, HeldKV([(0, extract_one_buffer(a)(0, 100))]))
         disk.wait_idle()
         whole = disk_bytes(disk)
         disk.budget_bytes = int(whole * 1.9)
         for i in range(6):  # branches split a's file into ranges; LRU evicts ranges, files stay whole
             b = a[: 10 + 10 * i] + [200 + i] * 60
-            disk.store(b, [(0, extract_one_buffer(b)(0, len(b)))])
+            disk.store(b, HeldKV([(0, extract_one_buffer(b)(0, len(b)))]))
             disk.wait_idle()
             assert disk_bytes(disk) <= disk.budget_bytes
             assert disk.stats()["held_bytes"] == disk_bytes(disk)
@@ -138,12 +140,13 @@ def test_the_disk_writer_queue_is_bounded_and_never_waits(tmp_path):
     disk = DiskTier(RadixTree(), tmp_path / "kv", 1 << 30, "fp", LRUPolicy(), queue_bytes=250 * BPT)
     try:
         with disk.tree.mutex:  # the writer waits for the tree: the queue fills
-            accepted = []
+            dropped = []
             for i in range(5):
                 path = [i] * 100
-                accepted.append(disk.store(path, [(0, extract_one_buffer(path)(0, 100))]))
+                assert disk.store(path, HeldKV([(0, extract_one_buffer(path)(0, 100))])) is None  # nothing to hand on
+                dropped.append(disk.dropped_writes)
             assert disk.stats()["pending_bytes"] <= 250 * BPT
-        assert accepted == [True, True, False, False, False] and disk.dropped_writes == 3
+        assert dropped == [0, 0, 1, 2, 3] and disk.dropped_writes == 3
         disk.wait_idle()
         assert disk.stats()["pending_bytes"] == 0 and len(list(disk.dir.glob("*.kvseg"))) == 2
     finally:

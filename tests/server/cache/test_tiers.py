@@ -11,6 +11,7 @@ from server.cache.disk_tier import DiskTier
 from server.cache.eviction import LRUPolicy
 from server.cache.host_tier import HostTier
 from server.cache.kv_ops import RestoreError
+from server.cache.path_kv import DeviceKV, HeldKV
 from server.cache.radix_tree import RadixTree
 from server.cache.shared_tier import SharedTier
 from server.cache.tiers import READ_AHEAD, STORED, KVTier, Source
@@ -38,8 +39,8 @@ def test_host_and_disk_load_what_they_looked_up_and_count_the_hit(tmp_path):
     try:
         assert isinstance(host, KVTier) and isinstance(disk, KVTier)
         a = list(range(50))
-        host.store(a, lambda s, e: kv_for(a, s, e))
-        disk.store(a, [(0, kv_for(a, 0, 50))])
+        host.store(a, DeviceKV(lambda s, e: kv_for(a, s, e)))
+        disk.store(a, HeldKV([(0, kv_for(a, 0, 50))]))
         disk.wait_idle()
         with tree.mutex:
             walk = tree.match_prefix(a[:40])

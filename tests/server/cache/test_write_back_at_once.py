@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 from server.cache.engine_time import EngineTime
 from server.cache.lifecycle import SessionRegistry
+from server.cache.tiers import Source
 from server.cache.write_back_policy import WriteBackPolicy
 from tests.server.cache.sim_payload import simulated_tree
 
@@ -45,11 +46,13 @@ class FakeRuntime:
 
 
 class FakeHost:
+    source = Source.H
+
     def __init__(self, bytes_per_token: int = BPT):
         self.bytes_per_token = bytes_per_token
         self.stored: list[int] = []  # the length of each store's path
 
-    def store(self, tokens, extract):
+    def store(self, tokens, kv):
         self.stored.append(len(tokens))
         return None  # no tip needed here (a parked copy is then done after its piece)
 
@@ -76,7 +79,7 @@ def policy(host_bpt: int = BPT):
     kv = SimpleNamespace(seq_ids=FakeSeqIds(), extract=lambda *a: None)
     tree, _ = simulated_tree()
     pol = WriteBackPolicy(runtime=runtime, kv=kv, slots=SimpleNamespace(slots=slots, idle=slots),  # type: ignore[arg-type]
-                          running=lambda: [], tree=tree, host=FakeHost(host_bpt), disk=None, shared=None,  # type: ignore[arg-type]
+                          running=lambda: [], tree=tree, tiers=[FakeHost(host_bpt)],  # type: ignore[list-item]
                           registry=SessionRegistry(), min_tokens=M, resident_cells=None,
                           step_bytes=STEP, idle_cells=None, clock=EngineTime())
     pol.gate.streak = 1000  # every loss is stored: this is about how, not whether

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from server.cache.engine_time import EngineTime
 from server.cache.lifecycle import CacheHint, CacheState, SessionRegistry
+from server.cache.tiers import Source
 from server.cache.write_back_policy import ReuseGate, WriteBackPolicy
 from tests.server.cache.sim_payload import FakePayload, simulated_tree
 
@@ -106,12 +107,13 @@ def test_the_agent_shape_keeps_every_store_once_sessions_come_back():
 
 # ------------------------------------------------------------ the policy around it
 class FakeHost:
+    source = Source.H
     bytes_per_token = 2
 
     def __init__(self):
         self.stored: list[list[int]] = []
 
-    def store(self, tokens, extract):
+    def store(self, tokens, kv):
         self.stored.append(list(tokens))
         return None  # declined: the policy needs no tip for these checks
 
@@ -122,7 +124,7 @@ def policy(n_slots=2, *, resident=False, registry=None):
     kv = SimpleNamespace(seq_ids=SimpleNamespace(layout=SimpleNamespace(parked=False)), extract=lambda *a: None)
     tree, _ = simulated_tree()
     pol = WriteBackPolicy(runtime=runtime, kv=kv, slots=SimpleNamespace(slots=slots, idle=slots),  # type: ignore[arg-type]
-                          running=lambda: [], tree=tree, host=FakeHost(), disk=None, shared=None,  # type: ignore[arg-type]
+                          running=lambda: [], tree=tree, tiers=[FakeHost()],  # type: ignore[list-item]
                           registry=registry or SessionRegistry(), min_tokens=M, resident_cells=None,
                           step_bytes=0, idle_cells=None, clock=EngineTime())
     return pol, slots
