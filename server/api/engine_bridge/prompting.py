@@ -22,7 +22,9 @@ from server.api.engine_bridge.grammars import (
 from server.api.engine_bridge.reply_stream import ReplyStream
 from server.api.http.deps import api_key_id, authenticated_key
 from server.api.http.errors import APIError, invalid
-from server.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.api.protocols.openai_chat.request import ChatCompletionRequest
+from server.api.protocols.openai_completions.request import CompletionRequest
+from server.api.protocols.sampling_fields import SamplingFields
 from server.bootstrap import LoadedModel
 from server.cache.lifecycle import CacheHint, CacheHintError, parse_cache_hint
 from server.engine.cache_namespace import request_namespace

@@ -8,39 +8,33 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from server.api import responses as R
-from server.api.chat_stream import ChatChoiceStream
 from server.api.engine_bridge.choices import Choices
-from server.api.engine_bridge.generation import Collected, engine_error
-from server.api.engine_bridge.prompting import PreparedRequest, prepare_chat
+from server.api.engine_bridge.generation import engine_error
+from server.api.engine_bridge.prompting import prepare_chat
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.http.errors import APIError
-from server.api.protocols.logprob_format import chat_logprobs
-from server.api.schemas import ChatCompletionRequest
+from server.api.protocols.openai_body import ServedModel, new_id, usage_chunk
+from server.api.protocols.openai_chat.reply import whole_chat_completion
+from server.api.protocols.openai_chat.request import ChatCompletionRequest
+from server.api.protocols.openai_chat.stream import ChatChoiceStream
+from server.api.streaming.sse import error_event, sse
 from server.engine.sequence import Finished
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-
-
-def _choice(got: Collected, prepared: PreparedRequest, piece) -> R.ChoiceOut:
-    logprobs = chat_logprobs(got.logprobs, piece) if piece is not None else None
-    reader = prepared.reply_stream()
-    reply = reader.read(got.text)
-    return R.ChoiceOut(reply.content, got.fin, reader.calls, logprobs, reply.reasoning_content)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: StateDep, model: ModelDep):
     prepared = prepare_chat(body, model, state.settings, request)
     choices = Choices(model.engine, prepared.generation, body.n, state.metrics)
-    rid, name = R.new_id("chatcmpl"), R.ServedModel(model.model_name, model.system_fingerprint)
+    rid, name = new_id("chatcmpl"), ServedModel(model.model_name, model.system_fingerprint)
     piece = functools.partial(model.runtime.piece, special=True) if body.logprobs_k is not None else None
 
     if not body.stream:
         got = await choices.collect(request)
         if got is None:  # client went away; nobody reads this
             return APIError("client disconnected", status=499).response()
-        return R.chat_completion(rid, name, [_choice(c, prepared, piece) for c in got])
+        return whole_chat_completion(rid, name, got, prepared.reply_stream, piece)
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -64,18 +58,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
                     yield frames
                 continue
             if ev.finish_reason == "error":
-                yield R.error_event(engine_error(ev))
+                yield error_event(engine_error(ev))
                 break
             fins[index] = ev
             tail = outs[index].finish(ev)
             done = [f for f in fins if f is not None]
             if len(done) == len(fins):  # every choice has finished
                 if include_usage:
-                    tail += R.sse(R.usage_chunk(rid, name, created, done, "chat.completion.chunk"))
-                yield tail + R.sse("[DONE]")  # one write for the end of the stream
+                    tail += sse(usage_chunk(rid, name, created, done, "chat.completion.chunk"))
+                yield tail + sse("[DONE]")  # one write for the end of the stream
                 return
             yield tail
-        yield R.sse("[DONE]")
+        yield sse("[DONE]")
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -8,12 +8,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from server.api import responses as R
 from server.api.engine_bridge.choices import Choices
 from server.api.engine_bridge.generation import engine_error
 from server.api.engine_bridge.prompting import prepare_chat
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.http.errors import APIError
+from server.api.protocols.openai_body import ServedModel
 from server.api.protocols.openai_responses.events import ResponseEvents
 from server.api.protocols.openai_responses.output import ResponseHead, final_status, item_id, reply_items, response_body
 from server.api.protocols.openai_responses.request import ResponsesRequest
@@ -52,7 +52,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
     planned = plan_response(body, rid, chain, state.settings.max_messages)
     prepared = prepare_chat(planned.chat, model, state.settings, request)
     choices = Choices(model.engine, prepared.generation, 1, state.metrics)
-    head = ResponseHead.new(rid, R.ServedModel(model.model_name, model.system_fingerprint), body, planned.chat)
+    head = ResponseHead.new(rid, ServedModel(model.model_name, model.system_fingerprint), body, planned.chat)
     count = _counter(model)
 
     if not body.stream:

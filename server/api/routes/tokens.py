@@ -16,7 +16,7 @@ from server.api.engine_bridge.conversation import render_conversation
 from server.api.engine_bridge.prompting import chat_options, templates
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.http.errors import invalid
-from server.api.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
+from server.api.protocols.llama_server.request import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from server.api.engine_bridge.prompting import cache_namespace
 from server.api.http.deps import api_key_error, api_key_id, api_keys, authenticated_key
-from server.api.schemas import ChatCompletionRequest
+from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.cli import settings_from_args
 from server.engine.cache_namespace import request_namespace
 from tests.server.conftest import start_server, stop_server

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.api import responses as R
 from server.api.engine_bridge.reply_stream import ContentDelta, Delta, ReasoningDelta, ReplyStream, ToolCallDelta
 from server.api.http.errors import APIError
 from server.api.protocols.anthropic_messages.cache_control import PromptCache
 from server.api.protocols.anthropic_messages.errors import from_api_error
 from server.api.protocols.anthropic_messages.reply import stop_reason, usage
+from server.api.protocols.finish_report import arbor_extension
 from server.engine.sequence import Finished, TextDelta
 
 
@@ -62,7 +62,7 @@ class MessageEvents:
         counts = usage(fin, self._cache)
         out += event("message_delta", {"type": "message_delta",
                                        "delta": {"stop_reason": stop.reason, "stop_sequence": stop.sequence},
-                                       "usage": counts, "arbor": R.arbor_extension(fin)})
+                                       "usage": counts, "arbor": arbor_extension(fin)})
         return out + event("message_stop", {"type": "message_stop"})
 
     def error(self, err: APIError) -> str:

@@ -14,10 +14,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from server.api import responses as R
 from server.api.engine_bridge.chat_layer import ParsedReply
 from server.api.engine_bridge.reply_stream import ToolCall
 from server.api.protocols.anthropic_messages.cache_control import PromptCache
+from server.api.protocols.finish_report import arbor_extension
 from server.engine.sequence import Finished
 
 
@@ -68,4 +68,4 @@ def message(mid: str, model: str, reply: ParsedReply, calls: list[ToolCall], fin
             cache: PromptCache) -> dict[str, Any]:
     return {"id": mid, "type": "message", "role": "assistant", "model": model,
             "content": content_blocks(reply, calls), "stop_reason": stop.reason, "stop_sequence": stop.sequence,
-            "usage": usage(fin, cache), "arbor": R.arbor_extension(fin)}
+            "usage": usage(fin, cache), "arbor": arbor_extension(fin)}

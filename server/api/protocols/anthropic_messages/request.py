@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from server.api.http.errors import invalid
-from server.api.schemas import CacheSalt, FunctionDef
+from server.api.protocols.openai_chat.request import FunctionDef
+from server.api.protocols.sampling_fields import CacheSalt
 
 
 class _Lenient(BaseModel):

@@ -1,4 +1,4 @@
-"""A Messages request as the chat request chat completions serve (server.api.schemas).
+"""A Messages request as the chat request chat completions serve (server.api.protocols.openai_chat.request).
 
 - `system` (a string or text blocks) is the first message, role `system`.
 - Consecutive messages of one role are one turn (as Anthropic combines them).
@@ -51,7 +51,7 @@ from server.api.protocols.anthropic_messages.request import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from server.api.schemas import ChatCompletionRequest
+from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.settings import ServerSettings
 
 

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from server.api import responses as R
 from server.api.engine_bridge.chat_layer import ParsedReply
 from server.api.engine_bridge.reply_stream import ToolCall
+from server.api.protocols.finish_report import arbor_extension, timings
+from server.api.protocols.openai_body import ServedModel
+from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.api.protocols.openai_responses.request import ResponsesRequest, ToolChoiceFunction
-from server.api.schemas import ChatCompletionRequest
 from server.engine.sequence import Finished
 
 TokenCounter = Callable[[str], int]
@@ -36,12 +37,12 @@ class ResponseHead:
 
     id: str
     created_at: int
-    model: R.ServedModel
+    model: ServedModel
     request: ResponsesRequest
     chat: ChatCompletionRequest  # the effective sampling settings (temperature, top_p)
 
     @classmethod
-    def new(cls, response_id: str, model: R.ServedModel, request: ResponsesRequest,
+    def new(cls, response_id: str, model: ServedModel, request: ResponsesRequest,
             chat: ChatCompletionRequest) -> ResponseHead:
         return cls(response_id, int(time.time()), model, request, chat)
 
@@ -146,8 +147,8 @@ def response_body(head: ResponseHead, status: str, output: list[dict[str, Any]],
     if fin is not None:
         body["completed_at"] = int(time.time())
         body["usage"] = usage(fin, reasoning_tokens(output, count) if count is not None else 0)
-        body["timings"] = R.timings(fin)
-        body["arbor"] = R.arbor_extension(fin)
+        body["timings"] = timings(fin)
+        body["arbor"] = arbor_extension(fin)
     return body
 
 

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from server.api.schemas import CacheSalt, FunctionDef
+from server.api.protocols.openai_chat.request import FunctionDef
+from server.api.protocols.sampling_fields import CacheSalt
 from server.cache.lifecycle import MAX_SESSION_LEN
 
 

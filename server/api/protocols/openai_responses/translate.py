@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from server.api.http.errors import APIError, invalid
+from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.api.protocols.openai_responses.request import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -33,7 +34,6 @@ from server.api.protocols.openai_responses.request import (
     ToolChoiceFunction,
 )
 from server.api.protocols.openai_responses.store import StoredResponse
-from server.api.schemas import ChatCompletionRequest
 
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 

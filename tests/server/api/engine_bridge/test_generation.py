@@ -1,4 +1,4 @@
-"""The engine-to-event-loop hand-off and the per-stream SSE frames (no model)."""
+"""The engine-to-event-loop hand-off (no model)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from server.api import responses as R
 from server.api.engine_bridge.generation import LoopDelivery, coalesce
 from server.engine.sequence import CacheReport, Finished, TextDelta
 
@@ -132,10 +131,3 @@ def test_a_negative_stream_interval_is_refused():
             LoopDelivery(loop, interval_s=-1)
     finally:
         loop.close()
-
-
-def test_sse_with_text_frames_equal_full_serialization():
-    served = R.ServedModel('model "x"', "fp_0123")
-    frame = R.sse_with_text(R.chat_chunk("id-1", served, 7, {"content": R.TEXT_SLOT}))
-    for text in ["hello", 'quote " and \\ backslash', "line\nbreak", "\x00", "héllo ☃", ""]:
-        assert frame(text) == R.sse(R.chat_chunk("id-1", served, 7, {"content": text}))

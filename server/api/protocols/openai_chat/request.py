@@ -1,22 +1,17 @@
-"""Request bodies of the OpenAI-compatible routes, validated with clear messages.
-
-Unknown fields are accepted and ignored (clients send many), but every field we act on is
-range-checked here, so the engine only ever sees valid values.
+"""The request body of OpenAI's Chat Completions (`POST /v1/chat/completions`), validated with
+clear messages. It is also the request the engine bridge renders: the Responses and Messages
+APIs translate their bodies into it (server.api.protocols.openai_responses.translate,
+server.api.protocols.anthropic_messages.translate).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from server.cache.lifecycle import MAX_SESSION_LEN
+from server.api.protocols.sampling_fields import SamplingFields
 from server.engine.logprobs import MAX_TOP_LOGPROBS
-
-MAX_CACHE_SALT = 1024  # characters of a cache_salt (vLLM's field: cache isolation, docs/server.md)
-
-# vLLM's `cache_salt`: requests with different salts (or one without) never share KV
-CacheSalt = Annotated[str | None, Field(min_length=1, max_length=MAX_CACHE_SALT)]
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -123,65 +118,6 @@ class ResponseFormat(_Lenient):
         return self
 
 
-class StreamOptions(_Lenient):
-    include_usage: bool = False
-
-
-class SamplingFields(_Lenient):
-    """Fields shared by chat and text completions."""
-
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.8, ge=0.0, le=2.0)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-    top_k: int = Field(40, ge=0)
-    min_p: float = Field(0.05, ge=0.0, le=1.0)
-    seed: int | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    repeat_last_n: int = Field(64, ge=0, le=4096)
-    logit_bias: dict[str, float] | None = None
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)  # the upper limit is --max-choices (api.prompting)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    cache: Any = None  # Arbor's lifecycle hint; validated by server.cache.lifecycle
-    # OpenAI's cache hint: the request's cache session, as cache.session (which wins when both are given)
-    prompt_cache_key: str | None = Field(None, min_length=1, max_length=MAX_SESSION_LEN)
-    cache_salt: CacheSalt = None  # cache isolation: requests with another salt (or none) share no KV
-    grammar: str | None = None  # llama-server's GBNF constraint (root rule "root"); checked by api.grammars
-    json_schema: dict[str, Any] | None = None  # llama-server's shorthand for a JSON-schema constraint
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v):
-        stops = [v] if isinstance(v, str) else (v or [])  # how many: --max-stop (request_guard)
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError("stop strings must be non-empty")
-        return stops
-
-    @field_validator("prompt_cache_key")
-    @classmethod
-    def _printable_key(cls, v: str | None) -> str | None:
-        if v is not None and not v.isprintable():
-            raise ValueError("prompt_cache_key must not contain control characters")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v):
-        if v is None:
-            return v
-        for k, b in v.items():
-            if not k.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got '{k}'")
-            if not -100.0 <= b <= 100.0:
-                raise ValueError("logit_bias values must be between -100 and 100")
-        return v
-
-
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -189,7 +125,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    # a final assistant message is continued unless continue_final_message is false (api.conversation)
+    # a final assistant message is continued unless continue_final_message is false (engine_bridge.conversation)
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
     logprobs: bool = False
@@ -222,46 +158,3 @@ class ChatCompletionRequest(SamplingFields):
     def logprobs_k(self) -> int | None:
         """Alternatives to report per token (None: no logprobs)."""
         return (self.top_logprobs or 0) if self.logprobs else None
-
-
-class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str]
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token (legacy API)
-
-    @model_validator(mode="after")
-    def _no_prompt_logprobs(self):
-        if self.echo and self.logprobs is not None:
-            # would need the prompt's logits, which prefix reuse does not compute
-            raise ValueError("logprobs together with echo (log-probabilities of the prompt) is not supported")
-        return self
-
-    @property
-    def logprobs_k(self) -> int | None:
-        return self.logprobs
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str):
-            if len(v) != 1:
-                raise ValueError("only one prompt per request is supported")
-            v = v[0]
-        if (isinstance(v, str) and not v) or (isinstance(v, list) and not v):
-            raise ValueError("prompt must not be empty")
-        return v
-
-
-class TokenizeRequest(_Lenient):
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeRequest(_Lenient):
-    tokens: list[int]
-
-
-class ApplyTemplateRequest(ChatCompletionRequest):
-    """llama-server's /apply-template takes a whole chat request and returns its prompt."""
