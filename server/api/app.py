@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from server import bootstrap
 from server.api.engine_bridge.chat_layer import ChatTemplates
-from server.api.engine_bridge.generation import LoopDelivery
+from server.api.engine_bridge.loop_delivery import LoopDelivery
 from server.api.http.aliases import UnprefixedAliases
 from server.api.http.cors import install_cors
 from server.api.http.errors import install_error_handlers
@@ -23,7 +23,17 @@ from server.api.http.request_guard import RequestGuard
 from server.api.http.state import ServerState
 from server.api.http.vllm_metrics import VllmAliases
 from server.api.protocols.anthropic_messages.errors import AnthropicErrors
-from server.api.routes import cache, chat, completions, embeddings, info, messages, native_completion, responses, tokens
+from server.api.routes import (
+    anthropic_messages,
+    cache,
+    embeddings,
+    info,
+    native_completion,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+    tokens,
+)
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -73,10 +83,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.add_middleware(AnthropicErrors)  # around the guard: its refusals on /v1/messages in Anthropic's format
     app.include_router(info.public)
     app.include_router(info.router)
-    app.include_router(chat.router)
-    app.include_router(responses.router)
-    app.include_router(messages.router)
-    app.include_router(completions.router)
+    app.include_router(openai_chat.router)
+    app.include_router(openai_responses.router)
+    app.include_router(anthropic_messages.router)
+    app.include_router(openai_completions.router)
     app.include_router(native_completion.router)
     app.include_router(embeddings.router)
     app.include_router(tokens.router)

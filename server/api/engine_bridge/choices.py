@@ -16,8 +16,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from fastapi import Request
-
 from server.api.engine_bridge.generation import Collected, Generation
 from server.api.http.client_watch import ClientWatch
 from server.api.http.metrics import ServerMetrics
@@ -53,13 +51,9 @@ class Choices:
         for g in self.generations:
             self._engine.cancel(g.seq)
 
-    async def collect(self, request: Request) -> list[Collected] | None:
-        """Every choice to its end; None if the client went away (every choice is cancelled
-        the moment it does); raises the HTTP error of the first choice that failed."""
-        async with ClientWatch(request) as watch:
-            return await self._collect(watch)
-
-    async def _collect(self, watch: ClientWatch) -> list[Collected] | None:
+    async def collect(self, watch: ClientWatch) -> list[Collected] | None:
+        """Every choice to its end; None if the client went away (`watch` says so: every choice
+        is cancelled the moment it does); raises the HTTP error of the first choice that failed."""
         if len(self.generations) == 1:
             got = await self.generations[0].collect(watch)
             return None if got is None else [got]

@@ -12,7 +12,6 @@ the start is an `error` event, as Anthropic sends one.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from server.api.engine_bridge.reply_stream import ContentDelta, Delta, ReasoningDelta, ReplyStream, ToolCallDelta
@@ -21,16 +20,13 @@ from server.api.protocols.anthropic_messages.cache_control import PromptCache
 from server.api.protocols.anthropic_messages.errors import from_api_error
 from server.api.protocols.anthropic_messages.reply import stop_reason, usage
 from server.api.protocols.finish_report import arbor_extension
+from server.api.streaming.sse import sse_event
 from server.engine.sequence import Finished, TextDelta
 
 
-def event(kind: str, data: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
 class MessageEvents:
-    """The events of one streamed message. `_open` is the open block: its kind and, for a
-    tool_use, the index of its call in the reply."""
+    """The stream driver's writer (server.api.streaming.driver) of one streamed message. `_open`
+    is the open block: its kind and, for a tool_use, the index of its call in the reply."""
 
     def __init__(self, mid: str, model: str, reader: ReplyStream, prompt_tokens: int, cache: PromptCache,
                  stop_sequences: list[str]):
@@ -49,24 +45,28 @@ class MessageEvents:
             "usage": {"input_tokens": self._prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
                       "cache_read_input_tokens": 0},
         }
-        return event("message_start", {"type": "message_start", "message": start}) + event("ping", {"type": "ping"})
+        return (sse_event("message_start", {"type": "message_start", "message": start})
+                + sse_event("ping", {"type": "ping"}))
 
-    def delta(self, ev: TextDelta) -> str:
-        return self._frames(self._reader.feed(ev.text))
+    def delta(self, index: int, event: TextDelta) -> str:
+        return self._frames(self._reader.feed(event.text))
 
-    def finish(self, fin: Finished) -> str:
+    def finish(self, index: int, fin: Finished) -> str:
         """What the strict reading of the whole reply adds, the open block's end, the stop reason
         and usage, the end of the message."""
         out = self._frames(self._reader.finish()) + self._close()
         stop = stop_reason(fin, self._reader.calls, self._stops)
         counts = usage(fin, self._cache)
-        out += event("message_delta", {"type": "message_delta",
-                                       "delta": {"stop_reason": stop.reason, "stop_sequence": stop.sequence},
-                                       "usage": counts, "arbor": arbor_extension(fin)})
-        return out + event("message_stop", {"type": "message_stop"})
+        out += sse_event("message_delta", {"type": "message_delta",
+                                           "delta": {"stop_reason": stop.reason, "stop_sequence": stop.sequence},
+                                           "usage": counts, "arbor": arbor_extension(fin)})
+        return out + sse_event("message_stop", {"type": "message_stop"})
 
-    def error(self, err: APIError) -> str:
-        return event("error", from_api_error(err))
+    def error(self, error: APIError) -> str:
+        return sse_event("error", from_api_error(error))
+
+    def end(self, fins: list[Finished] | None) -> str:
+        return ""  # message_stop (or the error event) ends the stream
 
     def close(self) -> None:
         self._reader.close()
@@ -75,17 +75,17 @@ class MessageEvents:
         out = self._close()
         self._index += 1
         self._open = (kind, call)
-        return out + event("content_block_start", {"type": "content_block_start", "index": self._index,
-                                                   "content_block": block})
+        return out + sse_event("content_block_start", {"type": "content_block_start", "index": self._index,
+                                                       "content_block": block})
 
     def _close(self) -> str:
         if self._open is None:
             return ""
         self._open = None
-        return event("content_block_stop", {"type": "content_block_stop", "index": self._index})
+        return sse_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
     def _delta(self, delta: dict[str, Any]) -> str:
-        return event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
+        return sse_event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
 
     def _frames(self, parts: list[Delta]) -> str:
         out: list[str] = []

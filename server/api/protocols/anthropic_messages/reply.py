@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.api.engine_bridge.chat_layer import ParsedReply
-from server.api.engine_bridge.reply_stream import ToolCall
+from server.api.engine_bridge.generation import Collected
+from server.api.engine_bridge.reply_stream import ReplyStream, ToolCall
 from server.api.protocols.anthropic_messages.cache_control import PromptCache
 from server.api.protocols.finish_report import arbor_extension
 from server.engine.sequence import Finished
@@ -69,3 +70,11 @@ def message(mid: str, model: str, reply: ParsedReply, calls: list[ToolCall], fin
     return {"id": mid, "type": "message", "role": "assistant", "model": model,
             "content": content_blocks(reply, calls), "stop_reason": stop.reason, "stop_sequence": stop.sequence,
             "usage": usage(fin, cache), "arbor": arbor_extension(fin)}
+
+
+def whole_message(mid: str, model: str, got: Collected, reader: ReplyStream, stop_sequences: list[str],
+                  cache: PromptCache) -> dict[str, Any]:
+    """The answer of a non-streamed request: its reply read by the family's parser (`reader`)."""
+    reply = reader.read(got.text)
+    calls = reader.calls
+    return message(mid, model, reply, calls, got.fin, stop_reason(got.fin, calls, stop_sequences), cache)

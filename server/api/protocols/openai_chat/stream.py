@@ -1,18 +1,21 @@
-"""The SSE frames of one streamed chat choice: reasoning and content deltas and tool calls as the
-family's parser reads them out of the text (server.api.engine_bridge.reply_stream), log-probabilities
-when asked for, and the choice's last chunk."""
+"""A streamed chat completion, as the stream driver (server.api.streaming.driver) writes it: per
+choice, reasoning and content deltas and tool calls as the family's parser reads them out of the
+text (server.api.engine_bridge.reply_stream), log-probabilities when asked for, and the choice's
+last chunk; after every choice, the usage chunk (`stream_options.include_usage`) and `[DONE]`."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from server.api.engine_bridge.reply_stream import ContentDelta, Delta, ReasoningDelta, ReplyStream, ToolCallDelta
+from server.api.http.errors import APIError
 from server.api.protocols.finish_report import arbor_extension, timings
 from server.api.protocols.logprob_format import chat_logprobs
-from server.api.protocols.openai_body import ServedModel
+from server.api.protocols.openai_body import ServedModel, usage_chunk
 from server.api.protocols.openai_chat.reply import chat_chunk, finish_reason
-from server.api.streaming.sse import TEXT_SLOT, sse, sse_with_text
+from server.api.streaming.sse import TEXT_SLOT, error_event, sse, sse_with_text
 from server.engine.sequence import Finished, TextDelta
 
 
@@ -67,3 +70,34 @@ class ChatChoiceStream:
         if logprobs is not None:
             out.append(sse(self._chunk({}, logprobs=logprobs)))
         return "".join(out)
+
+
+class ChatStreamWriter:
+    """The stream driver's writer of a chat completion's `n` choices (one reply reader each)."""
+
+    def __init__(self, rid: str, model: ServedModel, n: int, reader: Callable[[], ReplyStream],
+                 piece: Callable[[int], bytes] | None, include_usage: bool):
+        self._rid, self._model, self._created = rid, model, int(time.time())
+        self._choices = [ChatChoiceStream(rid, model, self._created, i, reader(), piece) for i in range(n)]
+        self._include_usage = include_usage
+
+    def opening(self) -> str:
+        return "".join(c.opening() for c in self._choices)
+
+    def delta(self, index: int, event: TextDelta) -> str:
+        return self._choices[index].delta(event)
+
+    def finish(self, index: int, fin: Finished) -> str:
+        return self._choices[index].finish(fin)
+
+    def error(self, error: APIError) -> str:
+        return error_event(error)
+
+    def end(self, fins: list[Finished] | None) -> str:
+        if fins is None or not self._include_usage:
+            return sse("[DONE]")
+        return sse(usage_chunk(self._rid, self._model, self._created, fins, "chat.completion.chunk")) + sse("[DONE]")
+
+    def close(self) -> None:
+        for choice in self._choices:
+            choice.close()

@@ -23,7 +23,7 @@ the stream ends without `[DONE]`, as OpenAI's does.
 from __future__ import annotations
 
 import copy
-import json
+from collections.abc import Callable
 from typing import Any
 
 from server.api.engine_bridge.reply_stream import ContentDelta, Delta, ReasoningDelta, ReplyStream, ToolCallDelta
@@ -38,14 +38,21 @@ from server.api.protocols.openai_responses.output import (
     output_text,
     response_body,
 )
+from server.api.streaming.sse import sse_event
 from server.engine.sequence import Finished, TextDelta
 
 
 class ResponseEvents:
-    def __init__(self, head: ResponseHead, reader: ReplyStream, count: TokenCounter):
+    """The stream driver's writer (server.api.streaming.driver) of one response."""
+
+    def __init__(self, head: ResponseHead, reader: ReplyStream, count: TokenCounter,
+                 on_finished: Callable[[dict[str, Any]], None] = lambda response: None):
+        """`on_finished` gets the finished Response before its last event is written (the route
+        stores it there, so a client may continue from it as soon as it reads the end)."""
         self._head = head
         self._reader = reader
         self._count = count
+        self._on_finished = on_finished
         self._seq = 0
         self.output: list[dict[str, Any]] = []  # items as streamed, by output_index
         self._open: int | None = None  # output_index of the item being streamed
@@ -54,17 +61,17 @@ class ResponseEvents:
     def _event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+        return sse_event(kind, data)
 
     def opening(self) -> str:
         body = response_body(self._head, "in_progress", [])
         return self._event("response.created", response=body) + self._event("response.in_progress", response=body)
 
-    def delta(self, ev: TextDelta) -> str:
-        return self._frames(self._reader.feed(ev.text))
+    def delta(self, index: int, event: TextDelta) -> str:
+        return self._frames(self._reader.feed(event.text))
 
-    def finish(self, fin: Finished) -> tuple[str, dict[str, Any]]:
-        """The last frames and the finished Response (what is stored)."""
+    def finish(self, index: int, fin: Finished) -> str:
+        """The last frames; the finished Response goes to `on_finished` first."""
         out = [self._frames(self._reader.finish())]
         complete = len(self._reader.calls)
         for call, index in self._calls.items():
@@ -77,13 +84,17 @@ class ResponseEvents:
         body = response_body(self._head, status, self.output, fin, self._count)
         out.append(self._event("response.completed" if status == "completed" else "response.incomplete",
                                response=body))
-        return "".join(out), body
+        self._on_finished(body)
+        return "".join(out)
 
-    def failed(self, error: APIError) -> str:
+    def error(self, error: APIError) -> str:
         """`response.failed` for an engine error after the stream began (its status is 200 already)."""
         body = response_body(self._head, "failed", self.output,
                              error={"code": "server_error", "message": error.message})
         return self._event("response.failed", response=body)
+
+    def end(self, fins: list[Finished] | None) -> str:
+        return ""  # the stream ends without [DONE], as OpenAI's does
 
     def close(self) -> None:
         self._reader.close()

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.api.engine_bridge.chat_layer import ParsedReply
-from server.api.engine_bridge.reply_stream import ToolCall
+from server.api.engine_bridge.generation import Collected
+from server.api.engine_bridge.reply_stream import ReplyStream, ToolCall
 from server.api.protocols.finish_report import arbor_extension, timings
 from server.api.protocols.openai_body import ServedModel
 from server.api.protocols.openai_chat.request import ChatCompletionRequest
@@ -154,3 +155,9 @@ def response_body(head: ResponseHead, status: str, output: list[dict[str, Any]],
 
 def final_status(fin: Finished) -> str:
     return "incomplete" if fin.finish_reason == "length" else "completed"
+
+
+def whole_response(head: ResponseHead, got: Collected, reader: ReplyStream, count: TokenCounter) -> dict[str, Any]:
+    """The Response of a non-streamed request: its reply read by the family's parser (`reader`)."""
+    reply = reader.read(got.text)
+    return response_body(head, final_status(got.fin), reply_items(reply, reader.calls, got.fin), got.fin, count)

@@ -227,7 +227,7 @@ def test_streamed_events_build_the_message_in_the_anthropic_client():
     sse += out._frames([ReasoningDelta("Hm"), ReasoningDelta("m."), ContentDelta("Let me "), ContentDelta("look."),
                         ToolCallDelta(0, "", id="abc123def", name="get_weather"), ToolCallDelta(0, '{"city": '),
                         ToolCallDelta(0, '"Oslo"}')])
-    sse += out.finish(finished())
+    sse += out.finish(0, finished())
     events = read_events(sse)
     assert [e["type"] for e in events[:2]] == ["message_start", "ping"]
     snapshot, bufs = None, {}
@@ -248,8 +248,8 @@ def test_streamed_events_build_the_message_in_the_anthropic_client():
 
 def test_a_plain_text_stream_and_an_engine_error():
     out = MessageEvents("msg_1", "m", ReplyStream(None), 5, PromptCache(), ["END"])
-    events = read_events(out.opening() + out.delta(TextDelta("Hi", [1])) + out.delta(TextDelta(" there", [2]))
-                         + out.finish(finished(stop_word="END")))
+    events = read_events(out.opening() + out.delta(0, TextDelta("Hi", [1])) + out.delta(0, TextDelta(" there", [2]))
+                         + out.finish(0, finished(stop_word="END")))
     deltas = [e["delta"]["text"] for e in events if e["type"] == "content_block_delta"]
     assert deltas == ["Hi", " there"]
     assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}

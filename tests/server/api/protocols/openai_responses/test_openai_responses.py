@@ -198,9 +198,11 @@ def test_stream_events_parse_with_the_openai_client():
         [],
     ]
     reader = _ScriptedReader(script, [ToolCall("call1abcd", "f", '{"a":1}')])
-    events = ResponseEvents(_head(tools=[{**WEATHER, "name": "f"}]), reader, lambda t: len(t))
-    frames = events.opening() + "".join(events.delta(TextDelta("?", [], [])) for _ in range(4))
-    tail, body = events.finish(_fin(completion=9))
+    kept: list[dict] = []
+    events = ResponseEvents(_head(tools=[{**WEATHER, "name": "f"}]), reader, lambda t: len(t), kept.append)
+    frames = events.opening() + "".join(events.delta(0, TextDelta("?", [], [])) for _ in range(4))
+    tail = events.finish(0, _fin(completion=9))
+    (body,) = kept  # the finished Response, handed over (to be stored) with the last frames
     parsed = _parse(frames + tail)
     kinds = [e.type for e in parsed]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
@@ -220,9 +222,11 @@ def test_stream_events_parse_with_the_openai_client():
 
 def test_stream_stopped_by_max_output_tokens_is_incomplete():
     reader = _ScriptedReader([[ContentDelta("Hi")], []], [])
-    events = ResponseEvents(_head(max_output_tokens=1), reader, len)
-    frames = events.opening() + events.delta(TextDelta("Hi", [], []))
-    tail, body = events.finish(_fin("length", completion=1))
+    kept: list[dict] = []
+    events = ResponseEvents(_head(max_output_tokens=1), reader, len, kept.append)
+    frames = events.opening() + events.delta(0, TextDelta("Hi", [], []))
+    tail = events.finish(0, _fin("length", completion=1))
+    (body,) = kept
     parsed = _parse(frames + tail)
     assert parsed[-1].type == "response.incomplete"
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -230,9 +234,11 @@ def test_stream_stopped_by_max_output_tokens_is_incomplete():
 
 
 def test_an_empty_reply_still_has_its_message():
-    events = ResponseEvents(_head(), _ScriptedReader([[]], []), len)
+    kept: list[dict] = []
+    events = ResponseEvents(_head(), _ScriptedReader([[]], []), len, kept.append)
     frames = events.opening()
-    tail, body = events.finish(_fin())
+    tail = events.finish(0, _fin())
+    (body,) = kept
     parsed = _parse(frames + tail)
     assert parsed[-1].response.output_text == "" and [o["type"] for o in body["output"]] == ["message"]
 

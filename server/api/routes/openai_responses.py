@@ -3,24 +3,24 @@ API, translated to and from the chat path (server.api.protocols.openai_responses
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
 
 from server.api.engine_bridge.choices import Choices
-from server.api.engine_bridge.generation import engine_error
+from server.api.engine_bridge.generation import Collected
 from server.api.engine_bridge.prompting import prepare_chat
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.http.errors import APIError
 from server.api.protocols.openai_body import ServedModel
 from server.api.protocols.openai_responses.events import ResponseEvents
-from server.api.protocols.openai_responses.output import ResponseHead, final_status, item_id, reply_items, response_body
+from server.api.protocols.openai_responses.output import ResponseHead, item_id, whole_response
 from server.api.protocols.openai_responses.request import ResponsesRequest
 from server.api.protocols.openai_responses.store import ResponseStore, StoredResponse
 from server.api.protocols.openai_responses.translate import PlannedResponse, plan_response
+from server.api.streaming.driver import stream_response, whole_answer
 from server.bootstrap import LoadedModel
-from server.engine.sequence import Finished
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -54,40 +54,17 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
     choices = Choices(model.engine, prepared.generation, 1, state.metrics)
     head = ResponseHead.new(rid, ServedModel(model.model_name, model.system_fingerprint), body, planned.chat)
     count = _counter(model)
+    keep = functools.partial(_keep, store, body, planned)
 
     if not body.stream:
-        got = await choices.collect(request)
-        if got is None:  # client went away; nobody reads this
-            return APIError("client disconnected", status=499).response()
-        reader = prepared.reply_stream()
-        reply = reader.read(got[0].text)
-        fin = got[0].fin
-        answer = response_body(head, final_status(fin), reply_items(reply, reader.calls, fin), fin, count)
-        _keep(store, body, planned, answer)
-        return answer
+        def answer(got: list[Collected]) -> dict[str, Any]:
+            response = whole_response(head, got[0], prepared.reply_stream(), count)
+            keep(response)
+            return response
 
-    async def stream():
-        events = ResponseEvents(head, prepared.reply_stream(), count)
-        try:  # the reply's parser is a native object: freed however the stream ends
-            yield events.opening()
-            async for _, ev in choices.events():
-                if not isinstance(ev, Finished):
-                    frames = events.delta(ev)
-                    if frames:
-                        yield frames
-                    continue
-                if ev.finish_reason == "error":
-                    yield events.failed(engine_error(ev))
-                    return
-                frames, answer = events.finish(ev)
-                _keep(store, body, planned, answer)  # before the last event: a client may continue at once
-                yield frames
-                return
-        finally:
-            events.close()
-
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await whole_answer(choices, request, answer)
+    # stored before the last event is written: a client may continue from it at once
+    return stream_response(choices, lambda: ResponseEvents(head, prepared.reply_stream(), count, on_finished=keep))
 
 
 @router.get("/v1/responses/{response_id}")
