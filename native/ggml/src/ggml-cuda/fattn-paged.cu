@@ -1,4 +1,4 @@
-// Paged flash attention over a unified KV (Arbor patch).
+// Paged flash attention over a unified KV.
 //
 // Small ubatches (decode, and a short chunk beside decode rows: at most GGML_CUDA_FATTN_PAGED_MAX_ROWS query
 // rows) read only the pages each row's page table lists, instead of every cell up to the highest one in use.

@@ -1,6 +1,6 @@
 #pragma once
 
-// Paged flash attention over a unified KV (Arbor patch), see fattn-paged.cu.
+// Paged flash attention over a unified KV, see fattn-paged.cu.
 
 #include "common.cuh"
 
@@ -12,7 +12,7 @@ bool ggml_cuda_flash_attn_ext_paged_supported(const ggml_tensor * dst);
 
 void ggml_cuda_flash_attn_ext_paged(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
-// Paged prefill (Arbor patch): a paged ubatch that the kernel above does not take (more rows) runs llama.cpp's MMA
+// Paged prefill: a paged ubatch that the kernel above does not take (more rows) runs llama.cpp's MMA
 // kernel with its sparse gather (fattn-mma-f16.cuh), over index lists built from the page table rather than
 // compacted from the mask, for these head sizes and its 64-column tiles (ncols1*ncols2 == 64, Ampere and later).
 static constexpr __host__ __device__ bool ggml_cuda_flash_attn_ext_mma_f16_may_use_paged_gather(
