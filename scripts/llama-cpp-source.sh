@@ -131,7 +131,20 @@ copy_native() {
 }
 
 apply_topics() {
-  local src=$1 p out
+  local src=$1 mode=$2 p out next
+  if [ "$mode" = tree ]; then
+    # one `git am` for the whole series, left in progress where a topic does not apply (a new release):
+    # resolve it in the tree, `git add`, `git am --continue` applies the rest (DEVELOPERS.md)
+    if ! out=$(git_in "$src" am -3 --quiet "${series[@]}" 2>&1); then
+      echo "$out" >&2
+      next=$(git_in "$src" rev-parse --git-path rebase-apply/next)
+      case "$next" in /*) ;; *) next="$src/$next" ;; esac
+      next=$(cat "$next" 2>/dev/null || echo 1)
+      fail "patch $(basename "${series[$((next - 1))]}") does not apply to llama-cpp-python $release: the tree $src is left" \
+        "mid-series (git am --show-current-patch=diff; resolve, git add, git am --continue; then --regenerate)"
+    fi
+    return
+  fi
   for p in "${series[@]}"; do
     if ! out=$(git_in "$src" am -3 --quiet "$p" 2>&1); then
       echo "$out" >&2
@@ -206,7 +219,7 @@ if [ "$mode" = tree ]; then
   git_in "$src" commit -q --allow-empty -m "arbor: native sources (native/, copied; not a topic)"
   git_in "$src" tag arbor-native
 fi
-apply_topics "$src"
+apply_topics "$src" "$mode"
 if [ "$mode" = build ]; then
   [ ! -e "$git_dir.submodule-link" ] || mv "$git_dir.submodule-link" "$submodule_link"
   rm -rf "$git_dir"

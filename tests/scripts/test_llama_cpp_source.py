@@ -195,6 +195,20 @@ def test_a_tree_regenerates_its_topics_and_copies_native_edits_back(tmp_path):
     assert refused.returncode == 1 and "new code of Arbor's belongs in native/" in refused.stderr
 
 
+def test_a_topic_that_does_not_apply_leaves_a_tree_mid_series_to_resolve(tmp_path):
+    """A new release: --tree names the topic that does not apply and leaves `git am` in progress there, so the
+    developer resolves it and `git am --continue` applies the rest (DEVELOPERS.md, "Changing llama.cpp")."""
+    patches = patch_set(tmp_path, ("0001-ggml-add-a-line.patch", ADD_LINE))
+    sdist = fake_sdist(tmp_path, "9.8.7", "int a;\nint c;\n")  # the release moved on: b became c
+    pin(patches, sdist)
+    done = run("--tree", "--sdist", str(sdist), str(tmp_path / "tree"), patches=patches)
+    assert done.returncode == 1 and "patch 0001-ggml-add-a-line.patch does not apply" in done.stderr
+    src = tmp_path / "tree" / "llama_cpp_python-9.8.7"
+    assert (src / ".git" / "rebase-apply").is_dir()  # mid-series, not aborted
+    shown = subprocess.run(["git", "-C", str(src), "am", "--show-current-patch=diff"], capture_output=True, text=True)
+    assert "+int paged;" in shown.stdout
+
+
 def test_the_real_series_applies_and_is_as_regenerate_writes_it(tmp_path):
     """The real series applies to the pinned release (scripts/setup.sh keeps its archive in ~/.cache/arbor), copies
     native/ in, and is in the form --regenerate writes: a --tree of it regenerates the same topics byte for byte, so
