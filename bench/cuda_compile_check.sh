@@ -21,7 +21,7 @@ cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON "-DCM
   -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" -DCUDAToolkit_ROOT="$root" -DGGML_NATIVE=OFF -DGGML_CUDA_NCCL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_CURL=OFF > "$work/cmake.log" || { tail -30 "$work/cmake.log"; exit 1; }
-# the MMA kernel's 64-column tiles, which the paged prefill's gather adds template cases to (patch 0021)
+# the MMA kernel's 64-column tiles, which the paged prefill's gather adds template cases to (the topic "ggml-cuda: paged flash attention")
 mma64=()
 for t in ncols1_64-ncols2_1 ncols1_32-ncols2_2 ncols1_16-ncols2_4 ncols1_8-ncols2_8; do
   mma64+=("template-instances/fattn-mma-f16-instance-$t.cu.o")

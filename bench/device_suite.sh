@@ -93,7 +93,7 @@ if [ -x "$LLAMA_BENCH" ]; then
   step llama_bench "$LLAMA_BENCH" -m "$MODEL" -ngl "$NGL" -p 512 -n 128 -r 2 -o md
 fi
 # issue 33: the paged kernels against the dense ones on random data (the whole grid), both timed from 4K to 128K
-# cells; then the quick grid under compute-sanitizer's memcheck (first run: 2026-12-04, an H200, patch 0024)
+# cells; then the quick grid under compute-sanitizer's memcheck (first run: 2026-12-04, an H200)
 KERNEL_BACKEND=gpu
 [ "$NGL" = 0 ] && KERNEL_BACKEND=CPU  # trying the script on a CPU
 KERNEL_CELLS=4096,8192,16384,32768,65536,131072

@@ -129,7 +129,7 @@ fi
 python -c "import llama_cpp; llama_cpp.llama_cpp._lib.llama_set_paged_attn" 2>/dev/null \
   || fail "llama_cpp does not import, or its library lacks paged attention (llama_set_paged_attn): not Arbor's patched build"
 python -c "import ctypes, llama_cpp, pathlib; ctypes.CDLL(str(pathlib.Path(llama_cpp.llama_cpp._lib._name).parent / 'libarbor-chat.so')).arbor_chat_reasoning_budget_init" 2>/dev/null \
-  || fail "llama_cpp's library folder lacks libarbor-chat (llama.cpp's chat layer, patch 0007): not Arbor's patched build"
+  || fail "llama_cpp's library folder lacks libarbor-chat (llama.cpp's chat layer, native/tools/arbor-chat): not Arbor's patched build"
 
 pip_install --no-deps --no-build-isolation -e . \
   || fail "pip install --no-deps --no-build-isolation -e . (the project itself; its dependencies come from $lock)"

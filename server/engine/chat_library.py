@@ -1,4 +1,4 @@
-"""libarbor-chat: Arbor's C ABI over llama.cpp's chat layer (patches/llama.cpp/0007), loaded once.
+"""libarbor-chat: Arbor's C ABI over llama.cpp's chat layer (native/tools/arbor-chat/), loaded once.
 
 The API renders and parses through it (server.api.engine_bridge.chat_layer); the engine takes llama-server's
 reasoning-budget sampler from it (server.engine.reasoning_budget). It lives beside the libllama
@@ -57,7 +57,7 @@ def chat_library() -> ctypes.CDLL:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
     except AttributeError as exc:
-        raise ChatLibraryMissing(f"{path} lacks {exc}: an older build of patch 0007 (run scripts/setup.sh)") from exc
+        raise ChatLibraryMissing(f"{path} lacks {exc}: an older build of native/tools/arbor-chat (run scripts/setup.sh)") from exc
     if lib.arbor_chat_abi_version() != ABI_VERSION:
         raise ChatLibraryMissing(f"{path} speaks ABI {lib.arbor_chat_abi_version()}, this server {ABI_VERSION} "
                                  "(run scripts/setup.sh)")

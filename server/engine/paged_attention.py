@@ -6,7 +6,7 @@ slot costs every running sequence at every step. The patch keeps, per sequence, 
 its cells in each page of `page_size` cells, passes each ubatch token's page list to the
 flash-attention operator, and the CPU kernel visits only those pages (the mask still applies
 inside them, so shared pages and partly filled pages stay exact; a page that holds only the
-sequence's earlier cells is marked and read without its mask, patch 0014).
+sequence's earlier cells is marked and read without its mask, native/src/llama-kv-pages.h).
 
 Contract:
 - `compiled_in()` says whether the loaded llama.cpp library carries the patch (the C symbol
@@ -21,7 +21,7 @@ Contract:
   returns what is in force. The CPU kernel reads every KV type (`--cache-type-k/-v`: its
   per-row path dequantizes K and V as llama.cpp's does); "on" with layers offloaded and a
   KV type other than f16 raises (CUDA's paged kernel reads f16 only).
-- `set_owned_pages(ctx, owned)` chooses where tokens go with pages on: owned (patch 0008: each
+- `set_owned_pages(ctx, owned)` chooses where tokens go with pages on: owned (native/src/llama-kv-pages.cpp: each
   sequence fills pages of its own) or llama.cpp's placement (the next free cells, so the decode
   tokens of sequences running together share pages). LlamaRuntime sets it from
   `RuntimeConfig.page_placement` (default llama.cpp's placement; the server's --page-placement
@@ -32,8 +32,8 @@ Contract:
   the mask entries the kernel must not read, so a read shows in the logits); `self_check_failures(ctx)` counts
   the ubatches that failed (llama.cpp logs the first difference of each). It starts on in a
   debug build of llama.cpp and wherever LLAMA_PAGED_ATTN_SELF_CHECK is a number other than 0
-  (patch 0013: a server can be asked to check itself; /props reports it); `self_check(ctx)` says
-  whether it is on and how many ubatches failed. `inject_mask_fault(ctx)` (tests only, patch 0018)
+  (LLAMA_PAGED_ATTN_SELF_CHECK: a server can be asked to check itself; /props reports it); `self_check(ctx)` says
+  whether it is on and how many ubatches failed. `inject_mask_fault(ctx)` (tests only; native/src/llama-kv-paged-mask.cpp)
   arms a one-shot fault: the next paged mask drops one entry the kernel reads that llama.cpp's mask
   keeps (the first of the ubatch's first token that has one), as a bug in the mask builder would, so a
   test can see the self-check count a real wrong mask and the logits move.

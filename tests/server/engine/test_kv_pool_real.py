@@ -22,7 +22,7 @@ CTX = 640  # 4 slots: an even share would be 160 cells
 @pytest.fixture(scope="module")
 def small_pool(tmp_path_factory):
     # llama.cpp checks every paged mask it builds: a full pool places cells among other sequences' and the
-    # engine then defragments them (patch 0025), so the masks after those moves are checked too
+    # engine then defragments them (native/src/llama-kv-defrag.cpp), so the masks after those moves are checked too
     server = start_server(tmp_path_factory.mktemp("kvpool"), "--parallel", "4", "--ctx-size", str(CTX),
                           "--batch-size", "128", "--cache-tiers", "A", env={"LLAMA_PAGED_ATTN_SELF_CHECK": "1"})
     yield server

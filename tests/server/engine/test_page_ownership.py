@@ -1,4 +1,4 @@
-"""Pages owned by one sequence (patch 0008, issue 33 item 2), on the real engine (embedded model).
+"""Pages owned by one sequence (native/src/llama-kv-pages.cpp, issue 33 item 2), on the real engine (embedded model).
 
 With paged attention on, llama.cpp's find_slot places a sequence's tokens in a page of its own:
 the page it is filling, else a free page, else (a cache full of partly used pages) any free
@@ -23,7 +23,7 @@ PAGE = 16
 
 
 def runtime(paged: str, **kw):
-    """The embedded model's runtime; paged, with llama.cpp's self-check of every paged mask on (patch 0010)."""
+    """The embedded model's runtime; paged, with llama.cpp's self-check of every paged mask on (native/src/llama-kv-paged-mask.cpp)."""
     from server.engine import paged_attention
 
     kw.setdefault("page_placement", "owned")
