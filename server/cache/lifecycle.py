@@ -1,9 +1,7 @@
 """Cache lifecycle hints: what a client tells the server about its session.
 
-A request may carry ``{"cache": {"session": "...", "state": "active|tool_wait|done",
-"pin": true}}`` in its body, or the headers ``X-Arbor-Session``,
-``X-Arbor-Cache-State`` and ``X-Arbor-Cache-Pin``.  Other servers ignore
-both.  Eviction uses them (``eviction.LifecyclePolicy``): a session waiting
+A hint (``CacheHint``) names a session, its state (active, tool_wait, done) and whether
+it is pinned. Eviction uses them (``eviction.LifecyclePolicy``): a session waiting
 on a tool stays warm, a finished one goes first, a pinned one stays.
 
 A hint rides on a generation request (it takes effect when the request
@@ -11,9 +9,9 @@ ends), or comes alone through ``POST /cache/hint`` when nothing is generated
 (a turn ended, a branch was deleted, the user opened another branch):
 ``SessionRegistry.apply`` takes those.
 
-``parse_cache_hint`` validates; ``SessionRegistry`` remembers each session's
-latest state and its pin (a bounded number of sessions), and tags the radix paths
-each touched.
+The API reads hints out of request bodies and headers (server.api.http.cache_fields);
+``SessionRegistry`` remembers each session's latest state and its pin (a bounded number
+of sessions), and tags the radix paths each touched.
 """
 
 from __future__ import annotations
@@ -22,32 +20,15 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from server.cache.radix_node import RadixNode
 
 CacheState = Literal["active", "tool_wait", "done"]
 CACHE_STATES: tuple[str, ...] = get_args(CacheState)
-
-SESSION_HEADER = "X-Arbor-Session"
-STATE_HEADER = "X-Arbor-Cache-State"
-PIN_HEADER = "X-Arbor-Cache-Pin"
-
-MAX_SESSION_LEN = 256
-_BODY_KEYS = frozenset({"session", "state", "pin"})
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-class CacheHintError(ValueError):
-    """A cache hint is malformed; the API answers 400 with ``param`` and ``str(err)``."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -64,86 +45,6 @@ class CacheHint:
     @property
     def is_empty(self) -> bool:
         return self.session is None and self.state is None and self.pin is None
-
-
-def _check_session(value: Any, param: str) -> str:
-    if not isinstance(value, str):
-        raise CacheHintError(f"{param} must be a string, got {type(value).__name__}", param)
-    if not value or len(value) > MAX_SESSION_LEN:
-        raise CacheHintError(f"{param} must be 1..{MAX_SESSION_LEN} characters long", param)
-    if not value.isprintable():
-        raise CacheHintError(f"{param} must not contain control characters", param)
-    return value
-
-
-def _check_state(value: Any, param: str) -> CacheState:
-    if not isinstance(value, str) or value not in CACHE_STATES:
-        raise CacheHintError(f"{param} must be one of {', '.join(CACHE_STATES)}; got {value!r}", param)
-    return value  # type: ignore[return-value]
-
-
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    # Starlette's Headers are case-insensitive already; plain dicts may not be.
-    value = headers.get(name)
-    if value is None:
-        lowered = name.lower()
-        value = next((v for k, v in headers.items() if k.lower() == lowered), None)
-    return value
-
-
-def parse_cache_hint(
-    body: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None
-) -> CacheHint:
-    """Build a CacheHint from a request body and/or headers.
-
-    Field by field, a key present in ``body["cache"]`` wins over its header.
-    ``body["cache"]`` may be absent or null.  Rules (each violation raises
-    CacheHintError naming the offending field):
-
-    * session: a printable string of 1..256 characters;
-    * state: one of active, tool_wait, done;
-    * pin: a JSON boolean in the body; true/false/1/0/yes/no/on/off in the header;
-    * state and ``pin: true`` need a session (a pin without a session could
-      never be released); ``pin: false`` without a session says nothing;
-    * unknown keys in ``body["cache"]`` are rejected (a typo would otherwise
-      silently disable the hint).
-    """
-    fields: dict[str, tuple[Any, str]] = {}
-    if headers is not None:
-        for key, name in (("session", SESSION_HEADER), ("state", STATE_HEADER), ("pin", PIN_HEADER)):
-            raw = _header(headers, name)
-            if raw is not None:
-                fields[key] = (raw.strip(), name)
-        if "pin" in fields:
-            raw, name = fields["pin"]
-            low = raw.lower()
-            if low not in _TRUE | _FALSE:
-                raise CacheHintError(f"{name} must be true or false, got {raw!r}", name)
-            fields["pin"] = (low in _TRUE, name)
-
-    ext = body.get("cache") if body is not None else None
-    if ext is not None:
-        if not isinstance(ext, Mapping):
-            raise CacheHintError(f"cache must be an object, got {type(ext).__name__}", "cache")
-        unknown = sorted(set(ext) - _BODY_KEYS)
-        if unknown:
-            raise CacheHintError(
-                f"unknown key(s) in cache: {', '.join(map(str, unknown))} (allowed: pin, session, state)",
-                "cache",
-            )
-        for key in _BODY_KEYS & set(ext):
-            if ext[key] is not None:
-                fields[key] = (ext[key], f"cache.{key}")
-        if "pin" in ext and ext["pin"] is not None and not isinstance(ext["pin"], bool):
-            raise CacheHintError(f"cache.pin must be a boolean, got {type(ext['pin']).__name__}", "cache.pin")
-
-    session = _check_session(*fields["session"]) if "session" in fields else None
-    state = _check_state(*fields["state"]) if "state" in fields else None
-    pin = bool(fields["pin"][0]) if "pin" in fields else None
-    if session is None and (state is not None or pin):
-        param = fields["state"][1] if state is not None else fields["pin"][1]
-        raise CacheHintError(f"{param} needs a session (cache.session or {SESSION_HEADER})", param)
-    return CacheHint(session=session, state=state, pin=pin if session is not None else None)
 
 
 @dataclass(frozen=True)
@@ -382,7 +283,7 @@ class SessionRegistry:
         hints about deleted branches cannot grow the registry.
         """
         if hint.session is None:
-            raise CacheHintError("a hint needs a session (cache.session or X-Arbor-Session)", "session")
+            raise ValueError("a hint needs a session")  # the API refuses such a hint before it comes here
         with self._lock:
             info = self._sessions.get(hint.session)
             if info is None and not hint.pin and hint.state in (None, "done"):

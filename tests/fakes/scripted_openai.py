@@ -58,7 +58,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from bench.ports import free_port
-from server.cache.lifecycle import CacheHintError, parse_cache_hint
+from server.api.http.cache_fields import CacheHintError, parse_cache_hint
 
 MODEL_ID = "scripted-fake"
 

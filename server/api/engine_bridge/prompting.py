@@ -1,14 +1,12 @@
 """From a validated request body to an engine `GenerationRequest`: render (llama.cpp's chat
-layer, server.api.engine_bridge.conversation), tokenize, check lengths against the model's context, choose the
-constraint, collect sampling settings."""
+layer, server.api.engine_bridge.conversation), tokenize, check lengths against the model's context,
+choose the constraint, collect sampling settings. What the request tells the cache was read from
+its HTTP request before (server.api.http.cache_fields): nothing here reads HTTP."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import cast
-
-from fastapi import Request
 
 from server.api.engine_bridge.chat_layer import ChatTemplates, ReplyParser
 from server.api.engine_bridge.conversation import ChatOptions, Conversation, plan_conversation
@@ -20,14 +18,12 @@ from server.api.engine_bridge.grammars import (
     tool_grammar,
 )
 from server.api.engine_bridge.reply_stream import ReplyStream
-from server.api.http.deps import api_key_id, authenticated_key
+from server.api.http.cache_fields import NO_CACHE_SCOPE, CacheScope
 from server.api.http.errors import APIError, invalid
 from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.api.protocols.openai_completions.request import CompletionRequest
 from server.api.protocols.sampling_fields import SamplingFields
 from server.bootstrap import LoadedModel
-from server.cache.lifecycle import CacheHint, CacheHintError, parse_cache_hint
-from server.engine.cache_namespace import request_namespace
 from server.engine.sampling_params import Constraint, ReasoningBudget, SamplingParams
 from server.engine.sequence import GenerationRequest
 from server.settings import ServerSettings
@@ -112,35 +108,8 @@ def _sampling(body: SamplingFields, constraint: Constraint, n_vocab: int) -> Sam
     )
 
 
-def _cache_hint(body: SamplingFields, http: Request | None) -> CacheHint | None:
-    """The request's lifecycle hint: `cache` and the X-Arbor-* headers, with OpenAI's
-    `prompt_cache_key` as its session unless `cache.session` names one (a body field wins over
-    a header, as each of `cache`'s own keys does)."""
-    cache = body.cache
-    if body.prompt_cache_key is not None and (cache is None or isinstance(cache, Mapping)):
-        cache = {**(cache or {})}
-        if cache.get("session") is None:
-            cache["session"] = body.prompt_cache_key
-    try:
-        hint = parse_cache_hint({"cache": cache}, http.headers if http is not None else None)
-    except CacheHintError as exc:
-        raise invalid(str(exc), param=exc.param) from exc
-    return None if hint.is_empty else hint
-
-
-def cache_namespace(body: SamplingFields, http: Request | None, settings: ServerSettings) -> bytes | None:
-    """The request's cache namespace (cache isolation, docs/server.md): its `cache_salt`, and
-    under --cache-salt-per-key the key it authenticated with (a hash of it); None without either,
-    and the request shares the prefix cache with every other such request."""
-    key_id = None
-    if settings.cache_salt_per_key and http is not None:
-        key = authenticated_key(http.headers.get("authorization"), settings.api_key,
-                                x_api_key=http.headers.get("x-api-key"))
-        key_id = api_key_id(key) if key is not None else None
-    return request_namespace(salt=body.cache_salt, key_id=key_id)
-
-
-def _tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
+def tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
+    """A prompt's tokens: special tokens parsed, BOS added unless the text already starts with it."""
     info = model.runtime.info
     add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
     return model.runtime.tokenize(text, add_special=add_bos, parse_special=True)
@@ -184,12 +153,15 @@ def templates(model: LoadedModel) -> ChatTemplates:
 
 
 def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: ServerSettings,
-                 http: Request | None = None) -> PreparedRequest:
+                 cache: CacheScope = NO_CACHE_SCOPE) -> PreparedRequest:
+    """The engine request of a chat: checked (model name, choices), rendered by the model's template,
+    tokenized, constrained (tools, response_format, grammar), its output budgeted; `cache` is what
+    the request's body and headers told the prefix cache (read before: http.cache_fields)."""
     check_model_name(body.model, model, settings)
     check_choices(body, settings)
     conv = plan_conversation(templates(model), body, chat_options(settings))
     plan = conv.plan
-    tokens = _tokenize_prompt(model, conv.prompt)
+    tokens = tokenize_prompt(model, conv.prompt)
     # The reply's constraint: a forced tool call is the family's grammar (its generation prompt
     # fed first); with tools on "auto" the family's lazy grammar waits for its trigger; a
     # response_format or a client's own grammar replaces the lazy one (the family's parser
@@ -228,21 +200,22 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         reserved_output=budget.reserved,
         stop=list(body.stop or []) + [s for s in plan.additional_stops if s not in (body.stop or [])],
         ignore_eos=body.ignore_eos,
-        cache_hint=_cache_hint(body, http),
+        cache_hint=cache.hint,
         logprobs=body.logprobs_k,
         preserved_tokens=plan.preserved_tokens,
-        cache_namespace=cache_namespace(body, http, settings),
+        cache_namespace=cache.namespace,
     )
     return PreparedRequest(generation, conv, conv.prompt)
 
 
 def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: ServerSettings,
-                       http: Request | None = None) -> PreparedRequest:
+                       cache: CacheScope = NO_CACHE_SCOPE) -> PreparedRequest:
+    """The engine request of a text completion (a prompt as text, tokenized, or as token ids)."""
     check_model_name(body.model, model, settings)
     check_choices(body, settings)
     if isinstance(body.prompt, str):
         text = body.prompt
-        tokens = _tokenize_prompt(model, text)
+        tokens = tokenize_prompt(model, text)
     else:
         ids = cast(list[int], body.prompt)  # the schema made a one-string list a str
         n_vocab = model.runtime.info.n_vocab
@@ -258,8 +231,8 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         reserved_output=budget.reserved,
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
-        cache_hint=_cache_hint(body, http),
+        cache_hint=cache.hint,
         logprobs=body.logprobs_k,
-        cache_namespace=cache_namespace(body, http, settings),
+        cache_namespace=cache.namespace,
     )
     return PreparedRequest(generation, None, text)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from server.cache.lifecycle import MAX_SESSION_LEN
+from server.api.http.cache_fields import MAX_SESSION_LEN
 
 MAX_CACHE_SALT = 1024  # characters of a cache_salt (vLLM's field: cache isolation, docs/server.md)
 
@@ -47,7 +47,7 @@ class SamplingFields(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    cache: Any = None  # Arbor's lifecycle hint; validated by server.cache.lifecycle
+    cache: Any = None  # Arbor's lifecycle hint; validated by server.api.http.cache_fields
     # OpenAI's cache hint: the request's cache session, as cache.session (which wins when both are given)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=MAX_SESSION_LEN)
     cache_salt: CacheSalt = None  # cache isolation: requests with another salt (or none) share no KV

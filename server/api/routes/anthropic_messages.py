@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from server.api.engine_bridge.choices import Choices
+from server.api.http.cache_fields import read_cache_scope
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.http.errors import invalid
 from server.api.protocols.anthropic_messages.events import MessageEvents
@@ -34,15 +35,16 @@ async def _json(request: Request) -> Any:
 @router.post("/v1/messages")
 async def messages(request: Request, state: StateDep, model: ModelDep):
     body = parse_request(MessagesRequest, await _json(request))
-    prepared, cache = prepare_messages(body, model, state.settings, request)
+    scope = read_cache_scope(request, state.settings, cache=body.cache, cache_salt=body.cache_salt)
+    prepared, prompt_cache = prepare_messages(body, model, state.settings, scope)
     choices = Choices(model.engine, prepared.generation, 1, state.metrics)
     mid, stops = new_message_id(), body.stop_sequences or []
 
     if not body.stream:
         return await whole_answer(choices, request, lambda got: whole_message(
-            mid, model.model_name, got[0], prepared.reply_stream(), stops, cache))
+            mid, model.model_name, got[0], prepared.reply_stream(), stops, prompt_cache))
     return stream_response(choices, lambda: MessageEvents(
-        mid, model.model_name, prepared.reply_stream(), len(prepared.generation.prompt_tokens), cache, stops))
+        mid, model.model_name, prepared.reply_stream(), len(prepared.generation.prompt_tokens), prompt_cache, stops))
 
 
 @router.post("/v1/messages/count_tokens")

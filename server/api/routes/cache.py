@@ -1,5 +1,6 @@
 """GET /cache/stats, POST /cache/flush: what each prefix source holds, and emptying them.
-POST /cache/hint: a lifecycle hint without a generation (server/cache/lifecycle.py)."""
+POST /cache/hint: a lifecycle hint without a generation (read by server/api/http/cache_fields.py,
+recorded by server/cache/lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import json
 
 from fastapi import APIRouter, Depends, Request
 
+from server.api.http.cache_fields import CacheHintError, parse_cache_hint
 from server.api.http.deps import ModelDep, require_api_key
 from server.api.http.errors import invalid
 from server.cache.checkpointed_slots import CheckpointedSlotReuse
 from server.cache.kv_ops import used_cells
-from server.cache.lifecycle import CacheHintError, parse_cache_hint
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server.api.engine_bridge.choices import Choices
 from server.api.engine_bridge.prompting import prepare_completion
+from server.api.http.cache_fields import read_cache_scope
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.protocols.llama_server.reply import whole_completion
 from server.api.protocols.llama_server.request import NativeCompletionRequest
@@ -20,7 +21,11 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 @router.post("/completion")
 async def completion(body: NativeCompletionRequest, request: Request, state: StateDep, model: ModelDep):
-    prepared = prepare_completion(body.as_completion(), model, state.settings, request)
+    completion_request = body.as_completion()
+    scope = read_cache_scope(request, state.settings, cache=completion_request.cache,
+                             prompt_cache_key=completion_request.prompt_cache_key,
+                             cache_salt=completion_request.cache_salt)
+    prepared = prepare_completion(completion_request, model, state.settings, scope)
     choices = Choices(model.engine, prepared.generation, 1, state.metrics)
     name, n_prompt = model.model_name, len(prepared.generation.prompt_tokens)
     piece = functools.partial(model.runtime.piece, special=True) if body.n_probs else None

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server.api.engine_bridge.choices import Choices
 from server.api.engine_bridge.prompting import prepare_completion
+from server.api.http.cache_fields import read_cache_scope
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.protocols.openai_body import ServedModel, new_id
 from server.api.protocols.openai_completions.reply import whole_text_completion
@@ -21,7 +22,9 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, state: StateDep, model: ModelDep):
-    prepared = prepare_completion(body, model, state.settings, request)
+    scope = read_cache_scope(request, state.settings, cache=body.cache, prompt_cache_key=body.prompt_cache_key,
+                             cache_salt=body.cache_salt)
+    prepared = prepare_completion(body, model, state.settings, scope)
     choices = Choices(model.engine, prepared.generation, body.n, state.metrics)
     rid, name = new_id("cmpl"), ServedModel(model.model_name, model.system_fingerprint)
     prefix = prepared.prompt_text if body.echo and prepared.prompt_text else ""

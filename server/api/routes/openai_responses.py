@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from server.api.engine_bridge.choices import Choices
 from server.api.engine_bridge.generation import Collected
 from server.api.engine_bridge.prompting import prepare_chat
+from server.api.http.cache_fields import read_cache_scope
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.http.errors import APIError
 from server.api.protocols.openai_body import ServedModel
@@ -50,7 +51,10 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
             raise _not_found(body.previous_response_id, param="previous_response_id")
     rid = item_id("resp")
     planned = plan_response(body, rid, chain, state.settings.max_messages)
-    prepared = prepare_chat(planned.chat, model, state.settings, request)
+    chat = planned.chat
+    scope = read_cache_scope(request, state.settings, cache=chat.cache, prompt_cache_key=chat.prompt_cache_key,
+                             cache_salt=chat.cache_salt)
+    prepared = prepare_chat(chat, model, state.settings, scope)
     choices = Choices(model.engine, prepared.generation, 1, state.metrics)
     head = ResponseHead.new(rid, ServedModel(model.model_name, model.system_fingerprint), body, planned.chat)
     count = _counter(model)

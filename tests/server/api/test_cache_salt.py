@@ -16,7 +16,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from server.api.engine_bridge.prompting import cache_namespace
+from server.api.http.cache_fields import cache_namespace
 from server.api.http.deps import api_key_error, api_key_id, api_keys, authenticated_key
 from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.cli import settings_from_args
@@ -48,16 +48,16 @@ def test_several_api_keys_and_the_one_a_request_carries():
 
 def test_the_namespace_of_a_request():
     plain = settings_from_args([])
-    assert cache_namespace(_body(), _http(authorization="Bearer k1"), plain) is None
-    assert cache_namespace(_body("s"), None, plain) == request_namespace(salt="s", key_id=None)
+    assert cache_namespace(_body().cache_salt, _http(authorization="Bearer k1"), plain) is None
+    assert cache_namespace(_body("s").cache_salt, None, plain) == request_namespace(salt="s", key_id=None)
     per_key = settings_from_args(["--api-key", "k1,k2", "--cache-salt-per-key"])
     k1, k2 = api_key_id("k1"), api_key_id("k2")
     ns = request_namespace
-    assert cache_namespace(_body(), _http(authorization="Bearer k1"), per_key) == ns(salt=None, key_id=k1)
-    assert cache_namespace(_body(), _http(x_api_key="k2"), per_key) == ns(salt=None, key_id=k2)
-    assert cache_namespace(_body("s"), _http(authorization="Bearer k2"), per_key) == ns(salt="s", key_id=k2)
+    assert cache_namespace(_body().cache_salt, _http(authorization="Bearer k1"), per_key) == ns(salt=None, key_id=k1)
+    assert cache_namespace(_body().cache_salt, _http(x_api_key="k2"), per_key) == ns(salt=None, key_id=k2)
+    assert cache_namespace(_body("s").cache_salt, _http(authorization="Bearer k2"), per_key) == ns(salt="s", key_id=k2)
     keys_only = settings_from_args(["--api-key", "k1,k2"])  # several keys, one shared cache
-    assert cache_namespace(_body(), _http(authorization="Bearer k1"), keys_only) is None
+    assert cache_namespace(_body().cache_salt, _http(authorization="Bearer k1"), keys_only) is None
 
 
 def test_a_salt_is_a_non_empty_string():

@@ -27,18 +27,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from fastapi import Request
-
 from server.api.engine_bridge.conversation import plan_conversation
-from server.api.engine_bridge.prompting import (
-    _tokenize_prompt as tokenize_prompt,  # prepare_chat's own: the same BOS rule
-)
-from server.api.engine_bridge.prompting import chat_options, templates
+from server.api.engine_bridge.prompting import chat_options, templates, tokenize_prompt
 from server.api.http.errors import APIError
 from server.api.protocols.anthropic_messages.request import MessageParam, PromptFields, ToolResultBlock
 from server.api.protocols.anthropic_messages.translate import prefix_request
 from server.bootstrap import LoadedModel
-from server.cache.lifecycle import PIN_HEADER, SESSION_HEADER, STATE_HEADER, CacheHint
+from server.cache.lifecycle import CacheHint
 from server.engine.slots import common_prefix_len
 from server.settings import ServerSettings
 
@@ -115,14 +110,6 @@ def prefix_length(body: PromptFields, bp: Breakpoint, prompt: list[int], model: 
     except APIError:
         return 0
     return common_prefix_len(tokenize_prompt(model, conv.prompt), prompt)
-
-
-def has_arbor_hint(body_cache: object, http: Request | None) -> bool:
-    """Whether the client sent Arbor's own lifecycle hint (body or headers)."""
-    if body_cache is not None:
-        return True
-    headers = http.headers if http is not None else {}
-    return any(name in headers for name in (SESSION_HEADER, STATE_HEADER, PIN_HEADER))
 
 
 def keep_hint(prefix: list[int], namespace: bytes | None = None) -> CacheHint:
