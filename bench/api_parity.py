@@ -5,9 +5,9 @@ and have TTFT within noise of each other.
     python -m bench.api_parity [--sessions 2] [--turns 3] [--system-len 600] [--rounds 1]
                                [--apis chat,responses,messages] [--out bench/results/api_parity]
 
-The agent workload (app.replay.generators.agent_sessions: a shared system prompt and tool
+The agent workload (harness.workloads.generators.agent_sessions: a shared system prompt and tool
 schemas, a task per session, a growing history of tool calls and results) is generated once as
-chat and translated into its Responses and Messages equivalents (app/replay/api_shapes.py: same
+chat and translated into its Responses and Messages equivalents (harness/workloads/api_shapes.py: same
 messages, tools, output length). Each API's manifest is replayed on a fresh arbor-server (a cold
 cache each time, default tiers), greedy, every request streamed; per run: prompt, cached and
 computed tokens from each API's own usage fields, the prompt token count of every request, TTFT
@@ -35,11 +35,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from app.manifest import API_PATHS, write_manifest
-from app.replay.api_shapes import lines_as
-from app.replay.generators import agent_sessions
-from app.replay.runner import ReplaySettings, replay
 from bench.servers import ROOT, arbor_command, free_port, running
+from harness.manifest import API_PATHS, write_manifest
+from harness.serving.runner import ReplaySettings, replay
+from harness.workloads.api_shapes import lines_as
+from harness.workloads.generators import agent_sessions
 
 HEADING = "## One agent workload through Chat Completions, Responses and Messages"
 APIS = tuple(API_PATHS)
@@ -215,7 +215,7 @@ def report_section(res: Path) -> list[str]:
             f"`{index['workload']}` workload ({p['sessions']} sessions of {p['turns']} turns, a "
             f"{p['system_len']}-word system prompt and {p['tool_result_len']}-word tool results, "
             f"{p['output_len']} output tokens) generated as chat and translated into Responses and Messages bodies "
-            "(`app/replay/api_shapes.py`), each replayed on a fresh arbor-server (default tiers, "
+            "(`harness/workloads/api_shapes.py`), each replayed on a fresh arbor-server (default tiers, "
             f"`--parallel {st['parallel']}`, concurrency {st['concurrency']}, greedy, streamed); tokens from each "
             "API's own usage fields, TTFT at each API's first streamed content event.", "",
             "| API | round | prompt tokens | computed prompt tokens | computed/ideal | mismatches with /tokenize "

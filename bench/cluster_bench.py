@@ -43,14 +43,14 @@ from pathlib import Path
 
 import httpx
 
-from app.replay.generators import agent_sessions
-from app.replay.ideal import ideal_computed
-from app.replay.server_probe import ServerTokenizer
 from bench.cluster import replicas, router
 from bench.cluster_sessions import SessionRun, drive
 from bench.redis_store import start_redis
 from bench.run_all import as_prompt_lines
 from bench.servers import Server, find_llama_server, free_port, llama_server_command, running
+from harness.serving.server_probe import ServerTokenizer
+from harness.workloads.generators import agent_sessions
+from harness.workloads.ideal import ideal_computed
 from server.model_file import embedded_model_path
 
 ALIAS = "arbor-bench"

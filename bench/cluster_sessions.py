@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from app.manifest import ManifestLine
+from harness.manifest import ManifestLine
 
 ROUTED_HEADER = "x-smg-routed-worker-id"
 

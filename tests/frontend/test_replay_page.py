@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from app.replay.results import RequestResult, RunResult
-from app.replay.summary import summarize
+from harness.reports.results import RequestResult, RunResult
+from harness.reports.summary import summarize
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 

@@ -7,8 +7,8 @@ from fastapi.responses import Response
 
 from app.api.deps import AgentSessionDep, DbDep
 from app.db.models import ArtifactPublic
-from app.manifest import dumps_manifest
 from app.services import traces as traces_service
+from harness.manifest import dumps_manifest
 
 router = APIRouter(tags=["traces"])
 
@@ -29,7 +29,7 @@ def get_span(span_id: str, db: DbDep) -> dict:
 
 @router.get("/sessions/{session_id}/manifest")
 def get_manifest(session: AgentSessionDep, db: DbDep, branch_id: str | None = None) -> Response:
-    """JSONL, one line per answered model request (format: app/manifest.py)."""
+    """JSONL, one line per answered model request (format: harness/manifest.py)."""
     text = dumps_manifest(traces_service.manifest_lines(db, session, branch_id))
     return Response(text, media_type="application/x-ndjson",
                     headers={"Content-Disposition": f'attachment; filename="arbor-{session.id}.jsonl"'})

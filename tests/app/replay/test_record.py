@@ -1,6 +1,6 @@
 """`arbor replay record`: the recording proxy passes requests through unchanged and writes the
 answered ones of the three APIs as manifest lines (against the scripted chat fake, no model;
-tests/app/replay/test_replay_three_apis.py records all three APIs on the real server)."""
+tests/harness/serving/test_replay_three_apis.py records all three APIs on the real server)."""
 
 import contextlib
 import threading
@@ -9,8 +9,8 @@ import time
 import httpx
 import uvicorn
 
-from app.manifest import read_manifest
 from app.replay.record import build_app, output_tokens, session_of
+from harness.manifest import read_manifest
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply
 from tests.server.conftest import free_port
 

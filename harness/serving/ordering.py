@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.manifest import ManifestLine
+from harness.manifest import ManifestLine
 
 
 def predecessors(lines: Sequence[ManifestLine]) -> list[int | None]:

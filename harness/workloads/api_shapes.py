@@ -1,4 +1,4 @@
-"""One request in the shapes of the three APIs a manifest line may name (app/manifest.py).
+"""One request in the shapes of the three APIs a manifest line may name (harness/manifest.py).
 
 - :func:`to_responses` / :func:`to_messages`: a Chat Completions body as the OpenAI Responses
   and the Anthropic Messages body that asks for the same prompt (same messages, tools, tool
@@ -12,8 +12,8 @@
 - :func:`continues_with_tool_result`: whether a body's conversation ends with a tool's result
   (the turn goes on), for the replay's lifecycle hints.
 
-The workbench talks to servers only over HTTP (tests/test_import_direction.py), so these are
-its own functions, not the server's; tests/app/replay/test_api_shapes.py checks them.
+The harness talks to servers only over HTTP (tests/test_import_direction.py), so these are
+its own functions, not the server's; tests/harness/workloads/test_api_shapes.py checks them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from app.manifest import CHAT, ManifestLine
+from harness.manifest import CHAT, ManifestLine
 
 # Chat fields that mean the same in a Responses request, under the same name.
 _RESPONSES_SAME = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "parallel_tool_calls",

@@ -1,11 +1,8 @@
-"""Settings validation and the manifest line format shared with replay."""
-
-import io
+"""Settings validation."""
 
 import pytest
 from pydantic import ValidationError
 
-from app.manifest import ManifestError, ManifestLine, dumps_manifest, parse_manifest, read_manifest, write_manifest
 from app.settings import WorkbenchSettings
 
 
@@ -29,24 +26,3 @@ def test_settings_defaults_and_environment(tmp_path, monkeypatch):
 def test_settings_reject_bad_values(field, value):
     with pytest.raises(ValidationError):
         WorkbenchSettings(_env_file=None, **{field: value})
-
-
-def test_manifest_round_trip(tmp_path):
-    lines = [ManifestLine(0.0, "s", "b", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, 5),
-             ManifestLine(1.5, "s", "b2", {"model": "m", "messages": []}, None)]
-    path = tmp_path / "m.jsonl"
-    assert write_manifest(lines, path) == 2
-    assert read_manifest(path) == lines
-    buffer = io.StringIO()
-    write_manifest(lines, buffer)
-    assert buffer.getvalue() == dumps_manifest(lines)
-    assert list(parse_manifest(dumps_manifest(lines) + "\n\n")) == lines
-
-
-@pytest.mark.parametrize("text,fragment", [("{not json", "not JSON"), ("[1]", "JSON object"),
-                                           ('{"t": 1, "session_id": "s", "branch_id": "b"}', "lacks body"),
-                                           ('{"t": 1, "session_id": "s", "branch_id": "b", "body": {}}', "messages")])
-def test_manifest_rejects_bad_lines(text, fragment):
-    with pytest.raises(ManifestError, match=fragment) as info:
-        list(parse_manifest("\n" + text, source="x.jsonl"))
-    assert "x.jsonl:2" in str(info.value)

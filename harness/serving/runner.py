@@ -29,16 +29,16 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from app.manifest import CHAT, ManifestLine
-from app.replay.api_shapes import continues_with_tool_result, to_chat
-from app.replay.endpoint import auth_headers, server_root
-from app.replay.generators import workload_ideal
-from app.replay.ideal import IdealResult, ideal_computed
-from app.replay.ordering import predecessors
-from app.replay.results import RequestResult, RunResult
-from app.replay.server_probe import ServerTokenizer, ServerTokenizerUnavailable, first_model_id, server_info
-from app.replay.streamed_request import send_streaming
-from app.replay.summary import summarize
+from harness.manifest import CHAT, ManifestLine
+from harness.reports.results import RequestResult, RunResult
+from harness.reports.summary import summarize
+from harness.serving.endpoint import auth_headers, server_root
+from harness.serving.ordering import predecessors
+from harness.serving.server_probe import ServerTokenizer, ServerTokenizerUnavailable, first_model_id, server_info
+from harness.serving.streamed_request import send_streaming
+from harness.workloads.api_shapes import continues_with_tool_result, to_chat
+from harness.workloads.generators import workload_ideal
+from harness.workloads.ideal import IdealResult, ideal_computed
 
 IDEAL_MODES = ("auto", "server", "words", "off")
 

@@ -1,17 +1,17 @@
-"""A chat request as its Responses and Messages equivalents (app/replay/api_shapes.py), and back.
+"""A chat request as its Responses and Messages equivalents (harness/workloads/api_shapes.py), and back.
 
 The strongest check needs no model: arbor-server's own translations (server/api/protocols/openai_responses,
 server/api/protocols/anthropic_messages) turn the translated bodies back into the chat messages and tools of the
 original, so every API renders the same prompt. The real-server figures are in
-tests/app/replay/test_replay_three_apis.py and bench/api_parity.py.
+tests/harness/serving/test_replay_three_apis.py and bench/api_parity.py.
 """
 
 import json
 
 import pytest
 
-from app.manifest import ManifestLine
-from app.replay.api_shapes import (
+from harness.manifest import ManifestLine
+from harness.workloads.api_shapes import (
     continues_with_tool_result,
     line_as,
     lines_as,
@@ -19,7 +19,7 @@ from app.replay.api_shapes import (
     to_messages,
     to_responses,
 )
-from app.replay.generators import agent_sessions, workload_ideal
+from harness.workloads.generators import agent_sessions, workload_ideal
 from server.api.protocols.anthropic_messages.request import MessagesRequest, parse_request
 from server.api.protocols.anthropic_messages.translate import chat_request
 from server.api.protocols.openai_responses.request import ResponsesRequest

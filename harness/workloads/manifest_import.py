@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.manifest import ManifestLine
-from app.replay.generators import MAIN_BRANCH
+from harness.manifest import ManifestLine
+from harness.workloads.generators import MAIN_BRANCH
 
 
 class AIPerfFormatError(ValueError):

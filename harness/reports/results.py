@@ -35,7 +35,7 @@ class RequestResult:
     finish_reason: str | None = None
     status: int | None = None
     error: str | None = None
-    #: the API the request went to (chat, responses, messages; app/manifest.py)
+    #: the API the request went to (chat, responses, messages; harness/manifest.py)
     api: str = "chat"
 
     @property

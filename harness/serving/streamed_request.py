@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from harness.serving import sse
+
 
 @dataclass
 class Measurement:
@@ -203,7 +205,9 @@ class _MessagesAccumulator:
             self.m.completion_tokens = int(usage["output_tokens"])
 
 
-def _accumulator(api: str, m: Measurement) -> _Accumulator | _ResponsesAccumulator | _MessagesAccumulator:
+def accumulator_for(api: str, m: Measurement) -> _Accumulator | _ResponsesAccumulator | _MessagesAccumulator:
+    """What folds a stream of ``api``'s events into ``m``: ``feed(event, now)`` for each JSON event,
+    then ``finish()`` once for the usage fields (chat for any name but responses and messages)."""
     if api == "responses":
         return _ResponsesAccumulator(m)
     if api == "messages":
@@ -216,7 +220,7 @@ async def send_streaming(client: httpx.AsyncClient, url: str, body: dict[str, An
     """POST ``body`` (already prepared for streaming) to ``url`` and measure the answer, read as
     a stream of ``api`` (chat, responses or messages)."""
     m = Measurement(started=time.perf_counter())
-    accumulator = _accumulator(api, m)
+    accumulator = accumulator_for(api, m)
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             m.status = response.status_code
@@ -224,10 +228,10 @@ async def send_streaming(client: httpx.AsyncClient, url: str, body: dict[str, An
                 m.error = _error_message(response.status_code, await response.aread())
                 return m
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+                data = sse.data_of(line)
+                if data is None:
                     continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
+                if data == sse.DONE:
                     break
                 try:
                     chunk = json.loads(data)

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.replay.ideal import PrefixIndex, ideal_computed, word_tokens
+from harness.workloads.ideal import PrefixIndex, ideal_computed, word_tokens
 
 
 def brute_force_ideal(prompts):

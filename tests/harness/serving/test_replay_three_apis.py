@@ -12,10 +12,10 @@ although they arrive through other APIs.
 import httpx
 import pytest
 
-from app.manifest import read_manifest
-from app.replay.api_shapes import line_as
-from app.replay.generators import agent_sessions
-from app.replay.runner import ReplaySettings, replay
+from harness.manifest import read_manifest
+from harness.serving.runner import ReplaySettings, replay
+from harness.workloads.api_shapes import line_as
+from harness.workloads.generators import agent_sessions
 from tests.app.replay.test_record import recording_proxy
 from tests.server.conftest import start_server, stop_server
 

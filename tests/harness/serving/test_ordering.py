@@ -1,7 +1,7 @@
 """Which request waits for which: sessions in order, branches fork from the trunk."""
 
-from app.manifest import ManifestLine
-from app.replay.ordering import predecessors
+from harness.manifest import ManifestLine
+from harness.serving.ordering import predecessors
 
 
 def line(session, branch):

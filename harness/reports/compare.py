@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure  # Figure + savefig uses the Agg canvas; no pyplot state
 
-from app.replay.results import RunResult, load_results
+from harness.reports.results import RunResult, load_results
 
 #: (key, heading, lower is better) in table order.
 METRICS: tuple[tuple[str, str, bool], ...] = (

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from app.manifest import ManifestError, ManifestLine, dumps_manifest, parse_manifest
 from app.replay.cli import main as replay_main
-from app.replay.runner import ReplaySettings, hint_states, prepare_body
-from app.replay.streamed_request import Measurement, _accumulator
+from harness.manifest import ManifestError, ManifestLine, dumps_manifest, parse_manifest
+from harness.serving.runner import ReplaySettings, hint_states, prepare_body
+from harness.serving.streamed_request import Measurement, accumulator_for
 
 OLD_LINE = ('{"t":0.5,"session_id":"s","branch_id":"main","body":{"messages":[{"role":"user","content":"hi"}],'
             '"max_tokens":4},"expected_output_tokens":4}')
@@ -85,7 +85,7 @@ def test_hint_states_read_tool_results_in_every_api():
 
 def _feed(api, events):
     m = Measurement(started=0.0)
-    acc = _accumulator(api, m)
+    acc = accumulator_for(api, m)
     for now, event in enumerate(events, start=1):
         acc.feed(event, float(now))
     acc.finish()
@@ -155,8 +155,8 @@ def test_cli_convert_writes_the_same_requests_for_another_api(tmp_path, capsys):
 
 def test_a_chat_line_rendered_into_a_completions_prompt_goes_to_completions():
     """bench.run_all --same-prompts replaces each chat body with the prompt arbor renders for it."""
-    from app.manifest import ManifestLine
-    from app.replay.runner import request_path
+    from harness.manifest import ManifestLine
+    from harness.serving.runner import request_path
 
     line = ManifestLine(t=0.0, session_id="s", branch_id="main", body={"messages": [{"role": "user", "content": "x"}]})
     assert request_path(line, line.body) == "/v1/chat/completions"

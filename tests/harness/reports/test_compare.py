@@ -3,10 +3,10 @@
 import pytest
 
 from app.replay.cli import main as replay_main
-from app.replay.compare import compare
-from app.replay.ideal import ideal_computed
-from app.replay.results import RequestResult, RunResult
-from app.replay.summary import summarize
+from harness.reports.compare import compare
+from harness.reports.results import RequestResult, RunResult
+from harness.reports.summary import summarize
+from harness.workloads.ideal import ideal_computed
 
 
 def stored_run(path, label, ttfts, latencies, cached, wall_s, ideal=None):

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from app.manifest import ManifestLine, write_manifest
 from app.replay.cli import main as replay_main
-from app.replay.results import load_results
-from app.replay.runner import ReplaySettings, hint_states, replay
-from app.replay.streamed_request import Measurement, _Accumulator
+from harness.manifest import ManifestLine, write_manifest
+from harness.reports.results import load_results
+from harness.serving.runner import ReplaySettings, hint_states, replay
+from harness.serving.streamed_request import Measurement, _Accumulator
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply
 
 

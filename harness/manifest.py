@@ -1,6 +1,7 @@
 """Request manifests: every model request of a session as one JSON line.
 
-The format is shared with the replay tools (app/replay/), which import this module:
+The workbench writes it (app/services/traces.py); the replay reads it (harness/serving/runner.py,
+`arbor replay`); both import this module:
 
     {"t": 12.5, "session_id": "...", "branch_id": "...", "body": {...}, "expected_output_tokens": 87,
      "api": "responses"}
@@ -29,8 +30,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
-
-from app.agent.cache_hints import hint_key
 
 #: The APIs a manifest line may name, with the path each is served at.
 API_PATHS: dict[str, str] = {
@@ -65,8 +64,10 @@ class ManifestLine:
 
     @property
     def cache_session(self) -> str:
-        """The cache hints' session key of this line: ``"<session_id>/<branch_id>"``."""
-        return hint_key(self.session_id, self.branch_id)
+        """The cache hints' session key of this line: ``"<session_id>/<branch_id>"``, the key the
+        workbench's hints name a branch by (app/agent/cache_hints.py, `hint_key`; a test keeps the two
+        the same)."""
+        return f"{self.session_id}/{self.branch_id}"
 
     def to_json(self) -> str:
         data = asdict(self)

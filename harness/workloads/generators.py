@@ -1,7 +1,7 @@
 """Workload generators: seeded, deterministic request manifests with known sharing.
 
 Four shapes, each returning a :class:`GeneratedWorkload` (manifest lines + the workload's
-ideal computed prompt tokens, see ``ideal.py``):
+ideal computed prompt tokens, see ``ideal.py``), in :data:`GENERATORS`:
 
 - :func:`shared_prefix_groups` — groups x prompts per group, each group with its own system
   prompt and every prompt with its own question (like SGLang's generated-shared-prefix);
@@ -9,10 +9,11 @@ ideal computed prompt tokens, see ``ideal.py``):
   scenarios: a shared system prompt and tool schemas, a per-session task, then a growing
   history of assistant tool calls and tool results;
 - :func:`branch_fanout` — a trunk conversation and N branches that fork from its end;
-- :func:`unique_prompts` — prompts that share nothing the generator controls;
-- :func:`story_writer_requests` — seed 002's shape: concurrent long-prompt requests, each the
-  story writer's real system prompt (its generated corpus at a chosen size) and tools plus
-  its own writing task.
+- :func:`unique_prompts` — prompts that share nothing the generator controls.
+
+A workload built from the workbench's own scenarios (app/replay/workloads.py: the story writer's
+requests) uses the same building blocks: :func:`chat_body`, :func:`generated` and the checks
+:func:`require_positive` and :func:`require_non_negative`.
 
 Lengths are approximate, in words (about one token each for this text). The ideal is
 computed on the server's tokens when a body tokenizer is given, else on word pieces of a
@@ -26,12 +27,11 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.manifest import ManifestLine
-from app.replay.api_shapes import to_chat
-from app.replay.ideal import IdealResult, ideal_computed, word_tokens
-from app.replay.request_text import render_request_text
-from app.replay.synthetic_text import SyntheticText
-from scenarios.story_writer.generate_corpus import DEFAULT_CHARS as STORY_CORPUS_CHARS
+from harness.manifest import ManifestLine
+from harness.workloads.api_shapes import to_chat
+from harness.workloads.ideal import IdealResult, ideal_computed, word_tokens
+from harness.workloads.request_text import render_request_text
+from harness.workloads.synthetic_text import SyntheticText
 
 #: Turns a request body into the tokens of its prompt (ids from a server, or words).
 BodyTokenizer = Callable[[dict], Sequence[Hashable]]
@@ -69,7 +69,8 @@ class GeneratedWorkload:
                 "sessions": len({line.session_id for line in self.lines}), "ideal": self.ideal.to_dict()}
 
 
-def _body(model: str | None, messages: list[dict], max_tokens: int, tools: list[dict] | None = None) -> dict:
+def chat_body(model: str | None, messages: list[dict], max_tokens: int, tools: list[dict] | None = None) -> dict:
+    """A generated chat request: ``messages``, ``max_tokens``, greedy; ``model`` and ``tools`` when given."""
     body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
     if model:
         body["model"] = model
@@ -78,17 +79,20 @@ def _body(model: str | None, messages: list[dict], max_tokens: int, tools: list[
     return body
 
 
-def _finish(kind: str, params: dict, lines: list[ManifestLine], tokenize: BodyTokenizer | None) -> GeneratedWorkload:
+def generated(kind: str, params: dict, lines: list[ManifestLine], tokenize: BodyTokenizer | None) -> GeneratedWorkload:
+    """The workload of ``lines`` with its ideal (computed with ``tokenize``, see `workload_ideal`)."""
     return GeneratedWorkload(kind=kind, params=params, lines=lines, ideal=workload_ideal(lines, tokenize))
 
 
-def _positive(**values: int) -> None:
+def require_positive(**values: int) -> None:
+    """ValueError naming the first of ``values`` below 1."""
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
 
 
-def _non_negative(**values: float) -> None:
+def require_non_negative(**values: float) -> None:
+    """ValueError naming the first of ``values`` below 0."""
     for name, value in values.items():
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
@@ -117,9 +121,9 @@ def shared_prefix_groups(
     over groups, which makes a single cached slot useless), or ``shuffled`` (seeded).
     Request ``i`` in the final order arrives at ``t = i * interval_s``.
     """
-    _positive(groups=groups, prompts_per_group=prompts_per_group, system_len=system_len,
-              question_len=question_len, output_len=output_len)
-    _non_negative(interval_s=interval_s)
+    require_positive(groups=groups, prompts_per_group=prompts_per_group, system_len=system_len,
+                     question_len=question_len, output_len=output_len)
+    require_non_negative(interval_s=interval_s)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     text = SyntheticText(seed)
@@ -133,15 +137,15 @@ def shared_prefix_groups(
     lines = [
         ManifestLine(
             t=round(i * interval_s, 6), session_id=f"group{g}-prompt{p}", branch_id=MAIN_BRANCH,
-            body=_body(model, [{"role": "system", "content": systems[g]},
-                               {"role": "user", "content": question}], output_len),
+            body=chat_body(model, [{"role": "system", "content": systems[g]},
+                                   {"role": "user", "content": question}], output_len),
             expected_output_tokens=output_len,
         )
         for i, (g, p, question) in enumerate(cells)
     ]
     params = dict(groups=groups, prompts_per_group=prompts_per_group, system_len=system_len,
                   question_len=question_len, output_len=output_len, order=order, interval_s=interval_s, seed=seed)
-    return _finish("shared-prefix", params, lines, tokenize)
+    return generated("shared-prefix", params, lines, tokenize)
 
 
 # -- multi-turn agent sessions -------------------------------------------------------------
@@ -203,9 +207,9 @@ def agent_sessions(
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
-    _positive(sessions=sessions, turns=turns, system_len=system_len, user_len=user_len,
-              tool_result_len=tool_result_len, tool_call_len=tool_call_len, output_len=output_len)
-    _non_negative(session_interval_s=session_interval_s, think_time_s=think_time_s)
+    require_positive(sessions=sessions, turns=turns, system_len=system_len, user_len=user_len,
+                     tool_result_len=tool_result_len, tool_call_len=tool_call_len, output_len=output_len)
+    require_non_negative(session_interval_s=session_interval_s, think_time_s=think_time_s)
     role_line, tools = SCENARIOS[scenario]
     text = SyntheticText(seed)
     system = text.paragraph(max(1, system_len - len(role_line.split())), lead=role_line)
@@ -220,7 +224,7 @@ def agent_sessions(
             expected = output_len if last else tool_call_len
             lines.append(ManifestLine(
                 t=round(start + k * think_time_s, 6), session_id=session_id, branch_id=MAIN_BRANCH,
-                body=_body(model, [dict(m) for m in messages], expected, tools), expected_output_tokens=expected))
+                body=chat_body(model, [dict(m) for m in messages], expected, tools), expected_output_tokens=expected))
             if last:
                 break
             tool = tools[text.rng.randrange(len(tools))]["function"]
@@ -235,7 +239,7 @@ def agent_sessions(
     params = dict(scenario=scenario, sessions=sessions, turns=turns, system_len=system_len, user_len=user_len,
                   tool_result_len=tool_result_len, tool_call_len=tool_call_len, output_len=output_len,
                   session_interval_s=session_interval_s, think_time_s=think_time_s, seed=seed)
-    return _finish("agent-sessions", params, lines, tokenize)
+    return generated("agent-sessions", params, lines, tokenize)
 
 
 # -- branch fan-out ------------------------------------------------------------------------
@@ -263,8 +267,8 @@ def branch_fanout(
     All lines have ``t = 0``: the runner starts a branch when the trunk request is done, so
     branches run side by side (they are what resident sharing and fan-out are for).
     """
-    _positive(branches=branches, trunk_len=trunk_len, branch_len=branch_len, branch_turns=branch_turns,
-              trunks=trunks, reply_len=reply_len, output_len=output_len)
+    require_positive(branches=branches, trunk_len=trunk_len, branch_len=branch_len, branch_turns=branch_turns,
+                     trunks=trunks, reply_len=reply_len, output_len=output_len)
     text = SyntheticText(seed)
     lines: list[ManifestLine] = []
     for r in range(trunks):
@@ -272,19 +276,19 @@ def branch_fanout(
         trunk = [{"role": "system", "content": text.paragraph(30, lead=f"Assistant for case {r}.")},
                  {"role": "user", "content": text.paragraph(trunk_len, lead=f"Document {r}:")}]
         lines.append(ManifestLine(t=0.0, session_id=session_id, branch_id=TRUNK_BRANCH,
-                                  body=_body(model, trunk, output_len), expected_output_tokens=output_len))
+                                  body=chat_body(model, trunk, output_len), expected_output_tokens=output_len))
         trunk_reply = {"role": "assistant", "content": text.paragraph(reply_len - 2, lead="Summary:")}
         for b in range(branches):
             messages = [*trunk, trunk_reply]
             for k in range(branch_turns):
                 messages.append({"role": "user", "content": text.paragraph(branch_len - 2, lead=f"Branch {b}.{k}:")})
                 lines.append(ManifestLine(t=0.0, session_id=session_id, branch_id=f"b{b}",
-                                          body=_body(model, [dict(m) for m in messages], output_len),
+                                          body=chat_body(model, [dict(m) for m in messages], output_len),
                                           expected_output_tokens=output_len))
                 messages.append({"role": "assistant", "content": text.paragraph(reply_len)})
     params = dict(branches=branches, trunk_len=trunk_len, branch_len=branch_len, branch_turns=branch_turns,
                   trunks=trunks, reply_len=reply_len, output_len=output_len, seed=seed)
-    return _finish("branch-fanout", params, lines, tokenize)
+    return generated("branch-fanout", params, lines, tokenize)
 
 
 # -- unique prompts ------------------------------------------------------------------------
@@ -303,60 +307,19 @@ def unique_prompts(
     Whatever the server's chat template adds in front (a default system prompt, role tags)
     is still shared; the ideal computed on the server's tokens accounts for it.
     """
-    _positive(count=count, prompt_len=prompt_len, output_len=output_len)
-    _non_negative(interval_s=interval_s)
+    require_positive(count=count, prompt_len=prompt_len, output_len=output_len)
+    require_non_negative(interval_s=interval_s)
     text = SyntheticText(seed)
     lines = [
         ManifestLine(t=round(i * interval_s, 6), session_id=f"unique-{i}", branch_id=MAIN_BRANCH,
-                     body=_body(model, [{"role": "user",
-                                         "content": text.paragraph(prompt_len - 1, lead=f"#{i}-{seed}")}], output_len),
+                     body=chat_body(model, [{"role": "user",
+                                             "content": text.paragraph(prompt_len - 1, lead=f"#{i}-{seed}")}],
+                                    output_len),
                      expected_output_tokens=output_len)
         for i in range(count)
     ]
     params = dict(count=count, prompt_len=prompt_len, output_len=output_len, interval_s=interval_s, seed=seed)
-    return _finish("unique", params, lines, tokenize)
-
-
-# -- long-context story writer -------------------------------------------------------------
-
-STORY_TASKS = ("按照大纲写第三章《来客》。", "按照大纲写第四章《信号》。", "按照大纲写第五章《黎明》。",
-               "祖父的日志里关于海燕号写了什么？", "林澈的左手有什么问题？", "苏晚的罗盘是从哪里来的？",
-               "概括第二章，并列出其中的固定事实。", "雾港有哪些地方在雾天最危险？")
-
-
-def story_writer_requests(
-    requests: int = 8,
-    corpus_chars: int = STORY_CORPUS_CHARS,
-    output_len: int = 128,
-    interval_s: float = 0.0,
-    model: str | None = DEFAULT_MODEL,
-    tokenize: BodyTokenizer | None = None,
-) -> GeneratedWorkload:
-    """``requests`` first requests of story-writer sessions, all due at once by default (seed 002:
-    8 concurrent long prompts, 128 output tokens each).
-
-    Each body is what the workbench sends for a new story_writer session: the scenario's system
-    prompt with its corpus of ``corpus_chars`` characters (the scenario's default size unless
-    asked) and its tool schemas, then one writing task (STORY_TASKS, in turn). Request ``i`` is
-    due at ``i * interval_s``.
-    """
-    from app.agent.scenario_tools import openai_schema
-    from scenarios.story_writer.scenario import build_scenario
-
-    _positive(requests=requests, output_len=output_len)
-    _non_negative(interval_s=interval_s, corpus_chars=corpus_chars)
-    scenario = build_scenario(corpus_chars)
-    tools = [openai_schema(tool) for tool in scenario.tools]
-    lines = [
-        ManifestLine(t=round(i * interval_s, 6), session_id=f"story_writer-{i}", branch_id=MAIN_BRANCH,
-                     body=_body(model, [{"role": "system", "content": scenario.system_prompt},
-                                        {"role": "user", "content": STORY_TASKS[i % len(STORY_TASKS)]}],
-                                output_len, tools),
-                     expected_output_tokens=output_len)
-        for i in range(requests)
-    ]
-    params = dict(requests=requests, corpus_chars=corpus_chars, output_len=output_len, interval_s=interval_s)
-    return _finish("story-writer", params, lines, tokenize)
+    return generated("unique", params, lines, tokenize)
 
 
 GENERATORS: dict[str, Callable[..., GeneratedWorkload]] = {
@@ -364,5 +327,4 @@ GENERATORS: dict[str, Callable[..., GeneratedWorkload]] = {
     "agent-sessions": agent_sessions,
     "branch-fanout": branch_fanout,
     "unique": unique_prompts,
-    "story-writer": story_writer_requests,
 }

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from app.manifest import read_manifest, write_manifest
-from app.replay.generators import agent_sessions
-from app.replay.manifest_import import AIPerfFormatError, aiperf_to_manifest, import_aiperf_inputs
+from harness.manifest import read_manifest, write_manifest
+from harness.workloads.generators import agent_sessions
+from harness.workloads.manifest_import import AIPerfFormatError, aiperf_to_manifest, import_aiperf_inputs
 
 AIPERF_DOC = {
     "data": [

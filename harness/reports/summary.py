@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from app.replay.ideal import IdealResult
-from app.replay.results import RequestResult
+from harness.reports.results import RequestResult
+from harness.workloads.ideal import IdealResult
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | None]:

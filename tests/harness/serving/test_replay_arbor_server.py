@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.replay.generators import agent_sessions
-from app.replay.runner import ReplaySettings, replay
+from harness.serving.runner import ReplaySettings, replay
+from harness.workloads.generators import agent_sessions
 from tests.cores import model_threads
 
 ROOT = Path(__file__).resolve().parents[3]
