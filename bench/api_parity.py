@@ -35,9 +35,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.servers import ROOT, arbor_command, free_port, running
 from harness.manifest import API_PATHS, write_manifest
 from harness.serving.runner import ReplaySettings, replay
+from harness.serving.servers import ROOT, arbor_command, free_port, running
 from harness.workloads.api_shapes import lines_as
 from harness.workloads.generators import agent_sessions
 

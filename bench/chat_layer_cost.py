@@ -164,7 +164,7 @@ def measure_decode(pairs: int) -> dict:
     """Decode tok/s of one request with tools on auto (lazy grammar) and on none, alternating."""
     import httpx
 
-    from bench.servers import arbor_command, free_port, running
+    from harness.serving.servers import arbor_command, free_port, running
     port = free_port()
     prose = [{"role": "system", "content": "You are a storyteller."},
              {"role": "user", "content": "Tell me a long story about a lighthouse keeper and a storm."}]

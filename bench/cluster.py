@@ -13,7 +13,7 @@ vLLM-compatible worker and reads its load from `/metrics` under vLLM's names
 out, so a dead replica stops receiving requests within about a second; requests that hit it
 meanwhile are retried on another (SMG's retries). Every request must name the served model
 (SMG routes by model id: give every replica the same `--alias`). With `--shared`, a
-redis-server (bench/redis_store.py) is started first and every replica gets `--cache-shared`
+redis-server (harness/serving/redis_store.py) is started first and every replica gets `--cache-shared`
 (the shared KV tier R: a prefix computed on one replica is restored on another).
 """
 
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.redis_store import start_redis
-from bench.servers import Server, arbor_command, free_port, running
+from harness.serving.redis_store import start_redis
+from harness.serving.servers import Server, arbor_command, free_port, running
 
 # Failover in about a second instead of SMG's defaults (60 s health interval, 3 failures).
 SMG_FAST_FAILOVER = ("--health-check-interval-secs", "1", "--health-failure-threshold", "1",

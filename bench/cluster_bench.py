@@ -6,10 +6,10 @@ stock llama-servers behind SMG cache_aware, side by side in one run on the same 
         [--user-len 400] [--tool-result-len 15] [--think-max-s 1.5] [--configs NAME ...]
         [--llama-server PATH] [--out bench/results/cluster]
 
-"cache_aware + shared tier" starts a redis-server (bench/redis_store.py, 1 GB, allkeys-lru) and
+"cache_aware + shared tier" starts a redis-server (harness/serving/redis_store.py, 1 GB, allkeys-lru) and
 gives both replicas `--cache-shared` (tier R), as `python -m bench.cluster --shared` does; its
 row adds the replicas' tier-R counters. "llama-server x2 cache_aware" runs stock llama-server
-(--llama-server, default $LLAMA_SERVER or bench/servers.py's search; the row is left out when
+(--llama-server, default $LLAMA_SERVER or harness/serving/servers.py's search; the row is left out when
 there is none) on the same model with the replicas' settings (1 thread, 4 slots, 8192 cells in
 one unified KV, its default --cache-ram host cache, as bench/run_all.py runs it) and
 `--metrics`; SMG registers it as a `generic` OpenAI worker (its /v1/models says owned_by
@@ -45,10 +45,10 @@ import httpx
 
 from bench.cluster import replicas, router
 from bench.cluster_sessions import SessionRun, drive
-from bench.redis_store import start_redis
 from bench.run_all import as_prompt_lines
-from bench.servers import Server, find_llama_server, free_port, llama_server_command, running
+from harness.serving.redis_store import start_redis
 from harness.serving.server_probe import ServerTokenizer
+from harness.serving.servers import Server, find_llama_server, free_port, llama_server_command, running
 from harness.workloads.generators import agent_sessions
 from harness.workloads.ideal import ideal_computed
 from server.model_file import embedded_model_path

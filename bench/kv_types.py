@@ -31,8 +31,8 @@ import httpx
 import numpy as np
 
 from bench.run_all import workloads
-from bench.servers import arbor_command, free_port, running
 from harness.serving.runner import ReplaySettings, replay
+from harness.serving.servers import arbor_command, free_port, running
 from server.model_file import embedded_model_path
 
 WORKLOAD = "agent_sessions"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import arbor_command, free_port, running
+from harness.serving.servers import arbor_command, free_port, running
 
 WORDS = "pump valve sensor alarm shift report pressure flow tank motor fan belt filter relay switch".split()
 

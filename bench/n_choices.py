@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import arbor_command, free_port, running
 from harness.serving import sse
+from harness.serving.servers import arbor_command, free_port, running
 
 WORDS = "the pump station logs pressure flow and temperature every minute for the field crew".split()
 

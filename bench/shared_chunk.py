@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.redis_store import SHARED_SECRET, start_redis
+from harness.serving.redis_store import SHARED_SECRET, start_redis
 from server.cache.kv_format import KVLayout, KVSegment
 from server.cache.path_kv import HeldKV
 from server.cache.shared_tier import SharedTier

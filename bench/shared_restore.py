@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.redis_store import start_redis
-from bench.servers import arbor_command, free_port, running
+from harness.serving.redis_store import start_redis
+from harness.serving.servers import arbor_command, free_port, running
 
 WORDS = "pump valve sensor alarm shift report pressure flow tank motor fan belt filter relay switch panel cable".split()
 

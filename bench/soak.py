@@ -41,8 +41,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import arbor_command, free_port, running
 from harness.serving import sse
+from harness.serving.servers import arbor_command, free_port, running
 
 WORDS = ("pump valve sensor alarm shift report pressure flow tank motor fan belt filter relay switch panel cable "
          "bearing seal gauge meter line crew ticket").split()

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.servers import ROOT, arbor_command, free_port, running
+from harness.serving.servers import ROOT, arbor_command, free_port, running
 
 DEFAULT_MODEL = Path("var/models/gemma3-swa-bench6.gguf")
 HEADING = "## Sliding-window KV memory: window caches, --swa-full, full attention"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from harness.models.family_model import models_dir
+from harness.serving.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
 from server.model_file import embedded_model_path
 
 ROOT = Path(__file__).resolve().parents[1]

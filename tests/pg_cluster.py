@@ -19,7 +19,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from bench.ports import free_port
+from harness.serving.ports import free_port
 
 SUPERUSER = "arbor"
 OS_USER_FOR_ROOT = "postgres"  # created by Debian's postgresql-common

@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.servers import free_port, wait_healthy
+from harness.serving.servers import free_port, wait_healthy
 from tests.fakes.scripted_openai import MODEL_ID
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -57,7 +57,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from bench.ports import free_port
+from harness.serving.ports import free_port
 from server.api.http.cache_fields import CacheHintError, parse_cache_hint
 
 MODEL_ID = "scripted-fake"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import servers as bench_servers
+from harness.serving import servers as bench_servers
 from tests.cores import model_threads
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
-from bench.ports import free_port
+from harness.serving.ports import free_port
 from scenarios.edge_incident import service, world
 from scenarios.edge_incident.service import create_app
 from tools.base import ToolContext, ToolError, run_tool

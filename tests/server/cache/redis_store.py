@@ -1,4 +1,4 @@
-"""The shared tier's tests' redis-server (bench/redis_store.py), skipped with the package to
+"""The shared tier's tests' redis-server (harness/serving/redis_store.py), skipped with the package to
 install when redis-server or PyPI redis is missing (CI=true turns the skip into a failure)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.redis_store import RedisStore, redis_server
-from bench.redis_store import start_redis as _start
+from harness.serving.redis_store import RedisStore, redis_server
+from harness.serving.redis_store import start_redis as _start
 
 
 def start_redis(tmp_dir: Path, maxmemory: str = "64mb") -> RedisStore:

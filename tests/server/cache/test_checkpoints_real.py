@@ -416,7 +416,7 @@ def test_a_prefix_computed_on_one_replica_is_restored_with_its_state_on_another(
     checkpoints that sit on chunk boundaries; a fresh replica (nothing local) restores a branch
     from R up to the deepest boundary with a state (256 of the 300 shared tokens) and answers as
     an engine that reuses nothing."""
-    from bench.redis_store import SHARED_SECRET
+    from harness.serving.redis_store import SHARED_SECRET
     from server import bootstrap
     from server.settings import ServerSettings
     from tests.server.cache.redis_store import start_redis

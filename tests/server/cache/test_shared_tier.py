@@ -11,7 +11,7 @@ import socket
 import numpy as np
 import pytest
 
-from bench.servers import free_port
+from harness.serving.servers import free_port
 from server.cache.kv_format import KVLayout, KVSegment
 from server.cache.path_kv import HeldKV
 from server.cache.shared_tier import (

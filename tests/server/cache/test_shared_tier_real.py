@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
-from bench.redis_store import SHARED_SECRET
 from bench.soak import metrics
+from harness.serving.redis_store import SHARED_SECRET
 from tests.server.cache.redis_store import start_redis
 from tests.server.conftest import RunningServer, start_server, stop_server
 

@@ -1,4 +1,4 @@
-"""bench/ports.py: the ports the tests' servers listen on never come from one pool shared by
+"""harness/serving/ports.py: the ports the tests' servers listen on never come from one pool shared by
 every xdist worker (CI once saw one workbench's requests answered by another test's)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from bench import ports
+from harness.serving import ports
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.servers import free_port
+from harness.serving.ports import free_port
 
 # The deployment secret that benchmarks and tests give every replica of a store
 # (--cache-shared-secret): fixed, since the store is a throwaway process on loopback.

