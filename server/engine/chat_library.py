@@ -57,7 +57,8 @@ def chat_library() -> ctypes.CDLL:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
     except AttributeError as exc:
-        raise ChatLibraryMissing(f"{path} lacks {exc}: an older build of native/tools/arbor-chat (run scripts/setup.sh)") from exc
+        raise ChatLibraryMissing(f"{path} lacks {exc}: an older build of native/tools/arbor-chat "
+                                 "(run scripts/setup.sh)") from exc
     if lib.arbor_chat_abi_version() != ABI_VERSION:
         raise ChatLibraryMissing(f"{path} speaks ABI {lib.arbor_chat_abi_version()}, this server {ABI_VERSION} "
                                  "(run scripts/setup.sh)")

@@ -23,7 +23,8 @@ PAGE = 16
 
 
 def runtime(paged: str, **kw):
-    """The embedded model's runtime; paged, with llama.cpp's self-check of every paged mask on (native/src/llama-kv-paged-mask.cpp)."""
+    """The embedded model's runtime; paged, with llama.cpp's self-check of every paged mask on
+    (native/src/llama-kv-paged-mask.cpp)."""
     from server.engine import paged_attention
 
     kw.setdefault("page_placement", "owned")

@@ -1,5 +1,6 @@
 """Paged attention on an MLA model (deepseek2, random weights from harness/models/synth_mla.py): llama.cpp runs
-MLA through its K-only attention graph (V is a view of K), which the topic "llama: paged attention in the graph and the C API" gives the page table;
+MLA through its K-only attention graph (V is a view of K), which the topic "llama: paged attention in the graph and the
+C API" gives the page table;
 before it, that graph ran flash attention over every cell with the paged mask, which on a CPU-only
 build is not written outside each sequence's pages, and read stale bytes there. The same KV
 operations on a paged and an unpaged context must give the same logits at every position, with

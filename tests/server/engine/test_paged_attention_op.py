@@ -173,7 +173,8 @@ def rows_beside_one_row(rng) -> tuple[UnifiedKV, list[list[tuple[int, int]]]]:
 @pytest.mark.parametrize("extras", ["plain", "softcap+sinks"])
 def test_grouped_heads_in_one_pass_are_exact(n_head, n_threads, extras):
     """Paged, the per-row and split-KV paths take the query heads of a KV group in one pass over the cells
-    (native/ggml/src/ggml-cpu/paged-flash-attn.cpp; groups of 3, 4 and 2 here, over 2 KV heads). Per head the arithmetic and the cells' order are
+    (native/ggml/src/ggml-cpu/paged-flash-attn.cpp; groups of 3, 4 and 2 here, over 2 KV heads). Per head the
+    arithmetic and the cells' order are
     those of the unpaged path, so the result is the same float, with a soft-cap and sinks too (sinks apply once,
     in the first KV chunk). Threads take chunks of whole groups (5 rows of 6 heads over 3 threads: 30 items in
     chunks of 3). The split-KV path sums per-thread partials over other cell ranges than unpaged with several
@@ -242,7 +243,8 @@ def contiguous_prefix_layout(rng, n_kv: int, kv: UnifiedKV | None = None) -> Uni
 @pytest.mark.parametrize("tokens_of", ["prefill", "decode", "one", "mixed", "tail", "tail-mixed", "tail-short"])
 def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
     """Patch 0014: llama.cpp marks the pages whose mask is 0 for every token of the row's sequence and leaves the
-    mask unwritten there (exact page lengths: also a page whose first cells are the sequence's, cut where they end). With
+    mask unwritten there (exact page lengths: also a page whose first cells are the sequence's, cut where they end).
+    With
     NaN written into those pages' mask (what a read would turn into NaN outputs) the paged result is the unmarked
     table's over the true mask, bit for bit: the tiled (prefill, a decode row beside a prompt chunk), per-row
     (decode) and split-KV (one row) paths skip the mask there and add nothing. Patch 0023: a prompt chunk in pages of
@@ -307,7 +309,8 @@ def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
 @pytest.mark.parametrize("shape", [(N_HEAD, N_HEAD_KV, DK, DV), HEAD_SHAPES[0], HEAD_SHAPES[3]],
                          ids=["gqa3", "mha", "mla"])
 def test_a_long_row_beside_short_ones_is_cut_among_the_threads(n_threads, extras, shape):
-    """The per-row path planned per batch (paged-flash-attn.cpp's plan; MHA's and MLA's shapes too): one decode row over 1,500 cells
+    """The per-row path planned per batch (paged-flash-attn.cpp's plan; MHA's and MLA's shapes too): one decode row
+    over 1,500 cells
     beside three short ones would leave threads idle while one walks the long row's passes; the plan cuts each long
     pass into pieces of pages, computes them on any thread and combines them per head (sinks once). The result is the
     reference's; that the cut really ran shows in the last bits: the long row is no longer the same float as unpaged
@@ -334,7 +337,8 @@ def test_a_long_row_beside_short_ones_is_cut_among_the_threads(n_threads, extras
 
 
 def test_the_page_table_is_packed_per_sequence():
-    """ggml takes one list per tag (the per-sequence page table): the rows' headers name it and carry their own last entries."""
+    """ggml takes one list per tag (the per-sequence page table): the rows' headers name it and carry their own last
+    entries."""
     cut = 3 << ggml_fa.GGML_FA_PAGE_CUT_SHIFT
     flag = ggml_fa.GGML_FA_PAGE_UNMASKED
     rows = np.zeros((4, 2 + 4), np.int64)
