@@ -102,7 +102,8 @@ def test_mla_paged_logits_match_unpaged(mla_model):
 
 
 def test_defragmentation_moves_k_only_cells(mla_model):
-    """Patch 0025 on a K-only (MLA) cache, whose layers have no V tensor: the cells a full cache made a
+    """Defragmentation (native/src/llama-kv-defrag.cpp) on a K-only (MLA) cache, whose layers have no V tensor: the
+    cells a full cache made a
     minority in their pages move, and each moved sequence's next logits are those it had before the move."""
     from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
 

@@ -174,8 +174,8 @@ def rows_beside_one_row(rng) -> tuple[UnifiedKV, list[list[tuple[int, int]]]]:
 def test_grouped_heads_in_one_pass_are_exact(n_head, n_threads, extras):
     """Paged, the per-row and split-KV paths take the query heads of a KV group in one pass over the cells
     (native/ggml/src/ggml-cpu/paged-flash-attn.cpp; groups of 3, 4 and 2 here, over 2 KV heads). Per head the
-    arithmetic and the cells' order are
-    those of the unpaged path, so the result is the same float, with a soft-cap and sinks too (sinks apply once,
+    arithmetic and the cells' order are those of the unpaged path, so the result is the same float, with a soft-cap and
+    sinks too (sinks apply once,
     in the first KV chunk). Threads take chunks of whole groups (5 rows of 6 heads over 3 threads: 30 items in
     chunks of 3). The split-KV path sums per-thread partials over other cell ranges than unpaged with several
     threads, so there it is held to the reference."""
@@ -205,7 +205,7 @@ HEAD_SHAPES = [(2, 2, 64, 64), (40, 2, 64, 64), (64, 2, 64, 64), (32, 1, 96, 64)
 @pytest.mark.parametrize("shape", HEAD_SHAPES, ids=["mha", "gqa20", "gqa32", "mla"])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_groups_of_any_size_are_walked_in_passes_bit_for_bit(shape, n_threads):
-    """Patch 0017: every GQA ratio takes the packed per-row path, in passes of at most 16 heads of one KV group (MHA:
+    """Every GQA ratio takes the packed per-row path, in passes of at most 16 heads of one KV group (MHA:
     one head; a group of 20: passes of 10; of 32, and MLA's single group of 32: passes of 16). Per head the arithmetic
     and the cells' order are the unpaged path's: several rows of similar lengths (none long enough for the plan to cut)
     are the same float, and one row over 1,100 cells (the split-KV path) is with one thread and within the reference's
@@ -242,12 +242,11 @@ def contiguous_prefix_layout(rng, n_kv: int, kv: UnifiedKV | None = None) -> Uni
 
 @pytest.mark.parametrize("tokens_of", ["prefill", "decode", "one", "mixed", "tail", "tail-mixed", "tail-short"])
 def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
-    """Patch 0014: llama.cpp marks the pages whose mask is 0 for every token of the row's sequence and leaves the
+    """Unmasked pages: llama.cpp marks the pages whose mask is 0 for every token of the row's sequence and leaves the
     mask unwritten there (exact page lengths: also a page whose first cells are the sequence's, cut where they end).
-    With
-    NaN written into those pages' mask (what a read would turn into NaN outputs) the paged result is the unmarked
+    With NaN written into those pages' mask (what a read would turn into NaN outputs) the paged result is the unmarked
     table's over the true mask, bit for bit: the tiled (prefill, a decode row beside a prompt chunk), per-row
-    (decode) and split-KV (one row) paths skip the mask there and add nothing. Patch 0023: a prompt chunk in pages of
+    (decode) and split-KV (one row) paths skip the mask there and add nothing. Causal tails: a prompt chunk in pages of
     its sequence's own ("tail": 70 rows, a 64-row tile and a 6-row one; "tail-mixed": beside two decode rows;
     "tail-short": 30 rows, the per-row path) is a causal tail, each row's list ending at its own cell, so no row of
     it reads a mask."""
