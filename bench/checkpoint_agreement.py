@@ -19,7 +19,7 @@ sequence of the same context, and max |logit difference| reported.
     python -m bench.checkpoint_agreement --model var/models/gemma3-swa-bench6.gguf [--trunk 1500]
         [--branch 1100] [--forced 256] [--out bench/results/checkpoint_agreement]
 
-Models come from bench/synth_swa_hybrid.py (e.g. `--arch gemma3 --shape bench --n-layer 6`).
+Models come from `python -m bench.synth_swa_hybrid` (e.g. `--arch gemma3 --shape bench --n-layer 6`).
 """
 
 from __future__ import annotations
