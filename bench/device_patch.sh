@@ -3,8 +3,9 @@
 # builds (scripts/llama-cpp-source.sh: the pinned release with every patch in patches/llama.cpp/
 # applied), so a GPU host that compiles (../shared/device/build.sh) builds the patched llama.cpp.
 # Run it once after prepare.sh, from the project root:  bash bench/device_patch.sh
-# Then build on the host with libarbor-chat (the server's chat layer, native/tools/arbor-chat) among the targets:
-#     TARGETS="llama mtmd arbor-chat llama-server llama-bench" bash .device/build.sh llama-1b q8_0
+# Then build on the host with libarbor-chat and libarbor-spec (the server's chat layer and drafters, native/tools/)
+# among the targets:
+#     TARGETS="llama mtmd arbor-chat arbor-spec llama-server llama-bench" bash .device/build.sh llama-1b q8_0
 # (bench/device_prebuild.sh compiles here instead and saves the host that compile.) Stock
 # llama-server, built from the same tree, never turns paged attention on, so it still runs
 # llama.cpp's own attention.

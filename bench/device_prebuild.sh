@@ -4,7 +4,7 @@
 # minutes go to measuring rather than to a 4-minute compile.
 #     bash bench/device_prebuild.sh [ARCHS]     # here; default 90 (H100/H200). Writes .device/prebuilt.tar.xz
 #     bash bench/device_prebuild.sh --install   # on the GPU host, from the project root
-# The pack holds libllama, libggml*, libmtmd, libarbor-chat (with libllama-common), llama-server and
+# The pack holds libllama, libggml*, libmtmd, libarbor-chat and libarbor-spec (with libllama-common), llama-server and
 # llama-bench from the tree scripts/llama-cpp-source.sh prepares (every patch applied; stock
 # llama-server never turns paged attention on). --install lays it out as ../shared/device/build.sh would (/tmp/site with the wheels
 # and llama-cpp-python's package, /tmp/w/build/bin, the model /tmp/w/model.gguf from SHAPE/TYPE,
@@ -57,7 +57,7 @@ if [ ! -f "$work/build/build.ninja" ]; then
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined > "$work/cmake.log" || { tail -30 "$work/cmake.log"; exit 1; }
 fi
-cmake --build "$work/build" -j "$(nproc)" --target llama mtmd arbor-chat llama-server llama-bench
+cmake --build "$work/build" -j "$(nproc)" --target llama mtmd arbor-chat arbor-spec llama-server llama-bench
 # the driver stub exports nothing, so the linker leaves libcuda out of ggml-cuda's needed libraries: put it back
 # (the host's driver defines cuMemCreate and the rest)
 cuda_lib=$(readlink -f "$work/build/bin/libggml-cuda.so")

@@ -10,7 +10,7 @@
 # and on the host run `bash bench/device_prebuild.sh --install` (carry .device without llama.cpp.tar.gz and py-spy's
 # wheel, which it does not need: a device call carries at most 64 MiB), or patch the source here
 # (`bash bench/device_patch.sh`) and compile on the host:
-#     TARGETS="llama mtmd arbor-chat llama-server llama-bench" bash .device/build.sh llama-1b q8_0
+#     TARGETS="llama mtmd arbor-chat arbor-spec llama-server llama-bench" bash .device/build.sh llama-1b q8_0
 # Either way the host gets our llama.cpp patches (paged attention, CUDA's kernels included). Then:
 #     bash bench/device_suite.sh [OUT]          # OUT: default $OUT, else /tmp/device-suite
 # Elsewhere (to try the script on a CPU), name the parts:

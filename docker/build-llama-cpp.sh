@@ -81,7 +81,7 @@ if [[ " $* " == *" -DGGML_CUDA=ON "* && " $* " != *" -DCMAKE_CUDA_ARCHITECTURES=
 fi
 
 # Only the libraries arbor-server loads (libllama and the ggml libraries it links, and
-# libarbor-chat, llama.cpp's chat layer, with the common library it links); no tools, no
+# libarbor-chat and libarbor-spec, llama.cpp's chat layer and drafters, with the common library they link); no tools, no
 # servers, no network at configure time. RUNPATH $ORIGIN lets each library find its siblings in
 # llama_cpp/lib without LD_LIBRARY_PATH.
 # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
@@ -109,7 +109,7 @@ src=$(PYTHON="$python" bash "$source_script" "$work")
 
 echo "build-llama-cpp: cmake ${configure[*]}"
 cmake -S "$src/vendor/llama.cpp" -B "$work/build" "${configure[@]}"
-cmake --build "$work/build" --parallel "${jobs:-$(nproc)}" --target llama arbor-chat
+cmake --build "$work/build" --parallel "${jobs:-$(nproc)}" --target llama arbor-chat arbor-spec
 
 # The bindings alone: LLAMA_BUILD=OFF makes the package's own CMake build nothing. --no-deps: its
 # dependencies (numpy, jinja2, diskcache, typing-extensions) come from the hash-pinned

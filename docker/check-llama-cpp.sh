@@ -6,7 +6,7 @@
 #
 # Usage: check-llama-cpp.sh [--expect LIB]... [--stubs DIR] [MODULE...]
 #   --expect LIB  a library that must be in llama_cpp/lib besides libllama, libggml,
-#                 libggml-base, libarbor-chat and libllama-common (e.g. ggml-cuda, ggml-cann)
+#                 libggml-base, libarbor-chat, libarbor-spec and libllama-common (e.g. ggml-cuda, ggml-cann)
 #   --stubs DIR   stand-ins for the libraries only the host's driver provides at run time
 #                 (libcuda.so.1, libascend_hal.so); searched after every other directory
 #   MODULE        further modules to import after llama_cpp (e.g. server.api.app)
@@ -14,7 +14,7 @@
 set -euo pipefail
 
 python=${PYTHON:-python3}
-expect=(llama ggml ggml-base arbor-chat llama-common)
+expect=(llama ggml ggml-base arbor-chat arbor-spec llama-common)
 stubs=
 modules=()
 while [ $# -gt 0 ]; do

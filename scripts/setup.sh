@@ -108,7 +108,7 @@ want=$(scripts/llama-cpp-source.sh --version) || fail "reading the llama-cpp-pyt
 scripts/llama-cpp-source.sh --fetch >/dev/null || fail "fetching the llama-cpp-python $want source"
 have=$(python -c "import importlib.metadata as m; print(m.version('llama_cpp_python'))" 2>/dev/null || true)
 if [ "$have" != "$want" ] || ! python -c "import llama_cpp" >/dev/null 2>&1; then
-  # no OpenSSL: the common library (linked by libarbor-chat) would only use it to download models
+  # no OpenSSL: the common library (linked by libarbor-chat and libarbor-spec) would only use it to download models
   args="$(cmake_args) -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF"
   wheels="${ARBOR_WHEEL_CACHE:-$HOME/.cache/arbor/wheels}/$want-$(printf '%s' "$args" | sha256sum | cut -c1-8)"
   wheel=$(find "$wheels" -maxdepth 1 -name 'llama_cpp_python-*.whl' -print -quit 2>/dev/null || true)
@@ -130,6 +130,8 @@ python -c "import llama_cpp; llama_cpp.llama_cpp._lib.llama_set_paged_attn" 2>/d
   || fail "llama_cpp does not import, or its library lacks paged attention (llama_set_paged_attn): not Arbor's patched build"
 python -c "import ctypes, llama_cpp, pathlib; ctypes.CDLL(str(pathlib.Path(llama_cpp.llama_cpp._lib._name).parent / 'libarbor-chat.so')).arbor_chat_reasoning_budget_init" 2>/dev/null \
   || fail "llama_cpp's library folder lacks libarbor-chat (llama.cpp's chat layer, native/tools/arbor-chat): not Arbor's patched build"
+python -c "import ctypes, llama_cpp, pathlib; ctypes.CDLL(str(pathlib.Path(llama_cpp.llama_cpp._lib._name).parent / 'libarbor-spec.so')).arbor_spec_draft" 2>/dev/null \
+  || fail "llama_cpp's library folder lacks libarbor-spec (llama.cpp's drafters, native/tools/arbor-spec): not Arbor's patched build"
 
 pip_install --no-deps --no-build-isolation -e . \
   || fail "pip install --no-deps --no-build-isolation -e . (the project itself; its dependencies come from $lock)"

@@ -38,7 +38,7 @@ def shared_library(path: Path, soname: str, *, needs: list[str] = (), search: li
 
 def fake_llama_cpp(root: Path, *, ggml_needs: list[str] = (), search: list[Path] = ()) -> Path:
     """root/llama_cpp: an __init__ that loads lib/libllama.so, as the real bindings do, and a lib/
-    of libllama -> libggml -> libggml-base (+ ggml_needs) -> libggml-cpu, and libarbor-chat ->
+    of libllama -> libggml -> libggml-base (+ ggml_needs) -> libggml-cpu, and libarbor-chat and libarbor-spec ->
     libllama-common -> libllama."""
     lib = root / "llama_cpp" / "lib"
     lib.mkdir(parents=True)
@@ -48,8 +48,8 @@ def fake_llama_cpp(root: Path, *, ggml_needs: list[str] = (), search: list[Path]
                    search=[lib, *search])
     shared_library(lib / "libllama.so", "libllama.so", needs=["libggml.so"], search=[lib])
     shared_library(lib / "libllama-common.so", "libllama-common.so", needs=["libllama.so"], search=[lib])
-    shared_library(lib / "libarbor-chat.so", "libarbor-chat.so", needs=["libllama-common.so", "libllama.so"],
-                   search=[lib])
+    for name in ("libarbor-chat.so", "libarbor-spec.so"):
+        shared_library(lib / name, name, needs=["libllama-common.so", "libllama.so"], search=[lib])
     (root / "llama_cpp" / "__init__.py").write_text(
         "import ctypes, pathlib\n__version__ = '0.0-test'\n"
         "ctypes.CDLL(str(pathlib.Path(__file__).parent / 'lib' / 'libllama.so'))\n")
