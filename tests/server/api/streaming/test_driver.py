@@ -69,7 +69,7 @@ async def test_each_wake_up_is_one_write_and_the_last_finish_carries_the_end():
     assert writer.ends == [[first, second]] and writer.closed
 
 
-async def test_an_engine_error_writes_the_error_then_the_end_and_stops_reading():
+async def test_an_engine_error_writes_the_error_then_the_end():
     choices = ScriptedChoices(2, [(0, TextDelta("a", (1,))), (1, fin("error", error="kv full", retryable=True)),
                                   (0, fin())])
     writer = RecordingWriter(opening="")
