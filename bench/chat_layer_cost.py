@@ -35,9 +35,9 @@ from gguf import GGUFReader
 
 from harness.models.family_model import template_text
 from server.api.engine_bridge.chat_layer import ChatTemplates
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
 from server.api.engine_bridge.conversation import ChatOptions, plan_conversation
 from server.api.engine_bridge.prompting import PreparedRequest
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.model_file import embedded_model_path
 
 ROOT = Path(__file__).resolve().parents[1]

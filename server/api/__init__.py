@@ -12,7 +12,7 @@
   events to the event loop, read the reply with the family's parser;
 - `streaming/`: server-sent-event frames and the one stream driver every writer plugs into.
 
-Imports go downwards: app -> routes -> protocols -> streaming -> engine_bridge -> http; the
-protocols' request bodies (`protocols/*/request.py`, `protocols/sampling_fields.py`) and the
-Responses store are leaves any of them may import. No module imports one that imports it back.
+Imports go downwards only: app -> routes -> protocols -> streaming -> engine_bridge -> http (a
+layer may skip those below it); no two of these packages import each other
+(tests/server/api/test_layers.py).
 """

@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from server.api.engine_bridge.chat_layer import ChatLayerError, ChatPlan, ChatTemplates
+from server.api.engine_bridge.chat_request import ChatCompletionRequest, ChatMessage
 from server.api.engine_bridge.tool_fallback import inject_tools
 from server.api.http.errors import invalid
-from server.api.protocols.openai_chat.request import ChatCompletionRequest, ChatMessage
 from server.settings import REASONING_FORMATS
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from server.api.engine_bridge.chat_layer import ChatTemplates, ReplyParser
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
+from server.api.engine_bridge.completion_request import CompletionRequest
 from server.api.engine_bridge.conversation import ChatOptions, Conversation, plan_conversation
 from server.api.engine_bridge.grammars import (
     forced_call_grammar,
@@ -18,11 +20,9 @@ from server.api.engine_bridge.grammars import (
     tool_grammar,
 )
 from server.api.engine_bridge.reply_stream import ReplyStream
+from server.api.engine_bridge.sampling_fields import SamplingFields
 from server.api.http.cache_fields import NO_CACHE_SCOPE, CacheScope
 from server.api.http.errors import APIError, invalid
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
-from server.api.protocols.openai_completions.request import CompletionRequest
-from server.api.protocols.sampling_fields import SamplingFields
 from server.bootstrap import LoadedModel
 from server.engine.sampling_params import Constraint, ReasoningBudget, SamplingParams
 from server.engine.sequence import GenerationRequest

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from server.api.http.errors import APIError
 from server.api.http.metrics import ServerMetrics
-from server.api.protocols.openai_responses.store import ResponseStore
+from server.api.http.response_store import ResponseStore
 from server.bootstrap import LoadedModel
 from server.settings import ServerSettings
 

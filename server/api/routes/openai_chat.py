@@ -7,13 +7,13 @@ import functools
 
 from fastapi import APIRouter, Depends, Request
 
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
 from server.api.engine_bridge.choices import Choices
 from server.api.engine_bridge.prompting import prepare_chat
 from server.api.http.cache_fields import read_cache_scope
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.protocols.openai_body import ServedModel, new_id
 from server.api.protocols.openai_chat.reply import whole_chat_completion
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.api.protocols.openai_chat.stream import ChatStreamWriter
 from server.api.streaming.driver import stream_response, whole_answer
 

@@ -8,12 +8,12 @@ import functools
 from fastapi import APIRouter, Depends, Request
 
 from server.api.engine_bridge.choices import Choices
+from server.api.engine_bridge.completion_request import CompletionRequest
 from server.api.engine_bridge.prompting import prepare_completion
 from server.api.http.cache_fields import read_cache_scope
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.protocols.openai_body import ServedModel, new_id
 from server.api.protocols.openai_completions.reply import whole_text_completion
-from server.api.protocols.openai_completions.request import CompletionRequest
 from server.api.protocols.openai_completions.stream import CompletionStreamWriter
 from server.api.streaming.driver import NO_CACHE_HEADERS, stream_response, whole_answer
 

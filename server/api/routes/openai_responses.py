@@ -14,11 +14,11 @@ from server.api.engine_bridge.prompting import prepare_chat
 from server.api.http.cache_fields import read_cache_scope
 from server.api.http.deps import ModelDep, StateDep, require_api_key
 from server.api.http.errors import APIError
+from server.api.http.response_store import ResponseStore, StoredResponse
 from server.api.protocols.openai_body import ServedModel
 from server.api.protocols.openai_responses.events import ResponseEvents
 from server.api.protocols.openai_responses.output import ResponseHead, item_id, whole_response
 from server.api.protocols.openai_responses.request import ResponsesRequest
-from server.api.protocols.openai_responses.store import ResponseStore, StoredResponse
 from server.api.protocols.openai_responses.translate import PlannedResponse, plan_response
 from server.api.streaming.driver import stream_response, whole_answer
 from server.bootstrap import LoadedModel

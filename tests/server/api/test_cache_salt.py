@@ -16,9 +16,9 @@ import httpx
 import pytest
 from starlette.requests import Request
 
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
 from server.api.http.cache_fields import cache_namespace
 from server.api.http.deps import api_key_error, api_key_id, api_keys, authenticated_key
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.cli import settings_from_args
 from server.engine.cache_namespace import request_namespace
 from tests.server.conftest import start_server, stop_server

@@ -1,4 +1,4 @@
-"""A Messages request as the chat request chat completions serve (server.api.protocols.openai_chat.request).
+"""A Messages request as the chat request chat completions serve (server.api.engine_bridge.chat_request).
 
 - `system` (a string or text blocks) is the first message, role `system`.
 - Consecutive messages of one role are one turn (as Anthropic combines them).
@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
 from server.api.http.errors import invalid
 from server.api.protocols.anthropic_messages.request import (
     MessageParam,
@@ -51,7 +52,6 @@ from server.api.protocols.anthropic_messages.request import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.settings import ServerSettings
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
+from server.api.engine_bridge.completion_request import CompletionRequest
+from server.api.engine_bridge.sampling_fields import SamplingFields
 from server.api.http.errors import invalid
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
-from server.api.protocols.openai_completions.request import CompletionRequest
-from server.api.protocols.sampling_fields import SamplingFields
 from server.engine.logprobs import MAX_TOP_LOGPROBS
 
 

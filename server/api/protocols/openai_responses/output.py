@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.api.engine_bridge.chat_layer import ParsedReply
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
 from server.api.engine_bridge.generation import Collected
 from server.api.engine_bridge.reply_stream import ReplyStream, ToolCall
 from server.api.protocols.finish_report import arbor_extension, timings
 from server.api.protocols.openai_body import ServedModel
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
 from server.api.protocols.openai_responses.request import ResponsesRequest, ToolChoiceFunction
 from server.engine.sequence import Finished
 

@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from server.api.engine_bridge.chat_request import FunctionDef
+from server.api.engine_bridge.sampling_fields import CacheSalt
 from server.api.http.cache_fields import MAX_SESSION_LEN
-from server.api.protocols.openai_chat.request import FunctionDef
-from server.api.protocols.sampling_fields import CacheSalt
 
 
 class _Lenient(BaseModel):

@@ -22,8 +22,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
 from server.api.http.errors import APIError, invalid
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
+from server.api.http.response_store import StoredResponse
 from server.api.protocols.openai_responses.request import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -33,7 +34,6 @@ from server.api.protocols.openai_responses.request import (
     ResponsesRequest,
     ToolChoiceFunction,
 )
-from server.api.protocols.openai_responses.store import StoredResponse
 
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 

@@ -187,8 +187,8 @@ def test_forced_call_grammar_allows_no_text_before_the_call_and_one_call():
 
 
 def test_a_thinking_template_gets_a_reasoning_budget_when_limited_or_with_lazy_tools(templates):
+    from server.api.engine_bridge.chat_request import ChatCompletionRequest
     from server.api.engine_bridge.prompting import _reasoning_budget
-    from server.api.protocols.openai_chat.request import ChatCompletionRequest
     from server.engine.sampling_params import Constraint
     from server.settings import ServerSettings
 

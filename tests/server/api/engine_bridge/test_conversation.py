@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from server.api.engine_bridge.chat_layer import ChatTemplates
+from server.api.engine_bridge.chat_request import ChatCompletionRequest
 from server.api.engine_bridge.conversation import render_conversation
 from server.api.http.errors import APIError
-from server.api.protocols.openai_chat.request import ChatCompletionRequest
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"

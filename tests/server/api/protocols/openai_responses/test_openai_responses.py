@@ -1,5 +1,6 @@
-"""OpenAI's Responses API without a model: the translation, the stream events (read back by the
-`openai` client's own parser) and the store (the real server: tests/server/api/test_responses_api.py)."""
+"""OpenAI's Responses API without a model: the translation and the stream events, read back by the
+`openai` client's own parser (the store: tests/server/api/http/test_response_store.py; the real
+server: tests/server/api/test_responses_api.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from pydantic import ValidationError
 from server.api.engine_bridge.chat_layer import EMPTY_REPLY, ParsedCall, ParsedReply
 from server.api.engine_bridge.reply_stream import ContentDelta, ReasoningDelta, ReplyStream, ToolCall, ToolCallDelta
 from server.api.http.errors import APIError
+from server.api.http.response_store import StoredResponse
 from server.api.protocols.openai_body import ServedModel
 from server.api.protocols.openai_responses.events import ResponseEvents
 from server.api.protocols.openai_responses.output import ResponseHead, reply_items
 from server.api.protocols.openai_responses.request import ResponsesRequest
-from server.api.protocols.openai_responses.store import ResponseStore, StoredResponse
 from server.api.protocols.openai_responses.translate import plan_response
 from server.engine.sequence import CacheReport, Finished, TextDelta
 
@@ -30,45 +31,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of
 
 def _fin(reason: str = "stop", prompt: int = 10, cached: int = 0, completion: int = 3) -> Finished:
     return Finished(reason, prompt, cached, completion, 1.0, 1.0, CacheReport())
-
-
-def _stored(rid: str, previous: str | None = None, size_text: str = "") -> StoredResponse:
-    return StoredResponse(rid, previous or rid, previous, [{"role": "user", "content": size_text}],
-                          {"id": rid, "output": []})
-
-
-# --- the store ---
-
-def test_store_evicts_oldest_first_by_count():
-    store = ResponseStore(max_responses=2, max_bytes=1 << 20)
-    for rid in ("a", "b", "c"):
-        assert store.put(_stored(rid))
-    assert store.get("a") is None and store.get("b") and store.get("c")
-    assert store.stats()["evicted"] == 1 and len(store) == 2
-
-
-def test_store_evicts_oldest_first_by_bytes_and_refuses_what_never_fits():
-    one = _stored("a", size_text="x" * 100).size
-    store = ResponseStore(max_responses=100, max_bytes=2 * one + 10)
-    for rid in ("a", "b", "c"):
-        assert store.put(_stored(rid, size_text="x" * 100))
-    assert store.get("a") is None and store.get("b") and store.get("c")
-    assert store.bytes <= store.max_bytes
-    assert not store.put(_stored("big", size_text="x" * 10_000))
-    assert store.stats()["refused"] == 1 and store.get("b")
-
-
-def test_store_chain_is_kept_fresh_and_breaks_without_its_start():
-    store = ResponseStore(max_responses=3, max_bytes=1 << 20)
-    store.put(_stored("r1"))
-    store.put(_stored("r2", previous="r1"))
-    store.put(_stored("x"))
-    assert [r.id for r in store.chain("r2") or []] == ["r1", "r2"]  # now the newest: x is evicted next
-    store.put(_stored("y"))
-    assert store.get("x") is None and store.chain("r2") is not None
-    assert store.delete("r1") and store.chain("r2") is None
-    assert not store.delete("r1")
-    assert ResponseStore(0, 1 << 20).put(_stored("z")) is False
 
 
 # --- the request and its translation ---

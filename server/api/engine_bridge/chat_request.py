@@ -1,7 +1,7 @@
-"""The request body of OpenAI's Chat Completions (`POST /v1/chat/completions`), validated with
-clear messages. It is also the request the engine bridge renders: the Responses and Messages
+"""The chat request the engine bridge renders (prompting.prepare_chat): OpenAI's Chat Completions
+body (`POST /v1/chat/completions`), validated with clear messages. The Responses and Messages
 APIs translate their bodies into it (server.api.protocols.openai_responses.translate,
-server.api.protocols.anthropic_messages.translate).
+server.api.protocols.anthropic_messages.translate); OpenAI chat's own body is it as sent.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from server.api.protocols.sampling_fields import SamplingFields
+from server.api.engine_bridge.sampling_fields import SamplingFields
 from server.engine.logprobs import MAX_TOP_LOGPROBS
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")

@@ -1,11 +1,13 @@
-"""The request body of OpenAI's (legacy) text completions (`POST /v1/completions`): a prompt as
-text or token ids, the sampling fields of server.api.protocols.sampling_fields."""
+"""The completion request the engine bridge runs (prompting.prepare_completion): OpenAI's (legacy)
+text completions body (`POST /v1/completions`), a prompt as text or token ids and the sampling
+fields of server.api.engine_bridge.sampling_fields. llama-server's /completion translates its body
+into it (server.api.protocols.llama_server.request)."""
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from server.api.protocols.sampling_fields import SamplingFields
+from server.api.engine_bridge.sampling_fields import SamplingFields
 from server.engine.logprobs import MAX_TOP_LOGPROBS
 
 

@@ -1,5 +1,5 @@
-"""The sampling and cache fields OpenAI's chat and text completions share (and llama-server's
-native /completion, which takes the same names), validated with clear messages.
+"""The sampling and cache fields of the chat and completion requests the engine bridge runs
+(OpenAI's names, which llama-server's native /completion shares), validated with clear messages.
 
 Unknown fields are accepted and ignored (clients send many), but every field acted on is
 range-checked here, so the engine only ever sees valid values.

@@ -1,4 +1,5 @@
-"""Stored responses: what `previous_response_id`, `GET` and `DELETE /v1/responses/{id}` read.
+"""Stored responses of the Responses API (server.api.protocols.openai_responses), part of the
+server's state: what `previous_response_id`, `GET` and `DELETE /v1/responses/{id}` read.
 
 Each stored response keeps its own new input items and its response body (whose `output` are
 its output items), and the id of the response it continued; a conversation is the chain from
