@@ -54,6 +54,9 @@ def model_span_attributes(body: dict, result: ModelCallResult | None, base_url: 
         })
         if result.prompt_tokens is not None:
             attrs["arbor.usage.computed_input_tokens"] = result.prompt_tokens - (result.cached_tokens or 0)
+        if result.timings and result.timings.get("draft_n") is not None:
+            attrs["arbor.speculative.draft_tokens"] = result.timings.get("draft_n")
+            attrs["arbor.speculative.accepted_tokens"] = result.timings.get("draft_n_accepted")
         if result.cache:
             attrs["arbor.cache.source"] = result.cache.get("source")
             attrs["arbor.cache.reused_tokens"] = result.cache.get("reused_tokens")

@@ -34,6 +34,9 @@ from server.engine.runner import LlamaRunner, PrefixProvider, SlotReuseOnly
 from server.engine.scheduler import Scheduler
 from server.engine.seq_ids import SequenceIdLayout, SequenceIdPool
 from server.engine.slots import SlotPool
+from server.engine.speculative.drafter import Drafter
+from server.engine.speculative.policy import DraftPolicy
+from server.engine.speculative.speculator import Speculator
 from server.model_file import embedded_model_path
 from server.settings import ServerSettings
 
@@ -55,10 +58,14 @@ class LoadedModel:
     system_fingerprint: str = ""  # build + model identity (server.build_info)
     embedder: Embedder | None = None
     embeddings_note: str | None = None  # why embedder is None
+    speculator: Speculator | None = None  # speculative decoding (None: off)
+    speculative_note: str | None = None  # why it is off, when --spec-type asked for it
     template: object | None = None  # the API layer's chat templates (server.api.engine_bridge.chat_layer.ChatTemplates)
 
     def close(self) -> None:
         self.engine.stop()
+        if self.speculator is not None:
+            self.speculator.close()
         if self.router is not None:
             self.router.close()
         if self.embedder is not None:
@@ -153,6 +160,7 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
     )
     seq_ids = SequenceIdPool(layout)
     flash = {"auto": None, "on": True, "off": False}[settings.flash_attn]
+    speculator: Speculator | None = None
     runtime = LlamaRuntime(
         RuntimeConfig(
             model_path=path,
@@ -199,10 +207,13 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
             kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
             prefill_while_decoding=settings.prefill_while_decoding or None,
         )
-        runner = LlamaRunner(runtime, prefix)
+        speculator, speculative_note = _build_speculator(settings, runtime, slots, memory)
+        runner = LlamaRunner(runtime, prefix, speculator)
         engine = Engine(runner, scheduler, deliver)
         engine.start()
     except Exception:
+        if speculator is not None:
+            speculator.close()
         runtime.close()
         raise
     max_request = max_request_tokens(settings.ctx_size, info.n_ctx_train)
@@ -215,8 +226,35 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
         runtime=runtime, engine=engine, template_source=template_src, slots=slots, seq_ids=seq_ids, prefix=prefix,
         model_name=default_model_name(settings), cache_note=cache_note, max_request_tokens=max_request,
         router=router, system_fingerprint=system_fingerprint(path), embedder=embedder,
-        embeddings_note=embeddings_note,
+        embeddings_note=embeddings_note, speculator=speculator, speculative_note=speculative_note,
     )
+
+
+class SpeculativeUnavailable(RuntimeError):
+    """--spec-type names a drafter this model cannot verify drafts for; the server refuses to start."""
+
+
+def _build_speculator(settings: ServerSettings, runtime: LlamaRuntime, slots: SlotPool,
+                      memory: ModelMemory) -> tuple[Speculator | None, str | None]:
+    """The speculator --spec-type asks for, or None and why not. A rejected draft's KV is cut off the end of its
+    sequence; a model whose window or recurrent state cannot be cut back (server/cache/checkpoints.py) would need
+    the state before the draft, which the engine does not keep per step: `auto` is then off (the reason goes to
+    /props), and a drafter named explicitly refuses to start."""
+    config = settings.spec_config
+    if not config.resolved_types:
+        return None, None
+    if memory.needs_checkpoints:
+        why = (f"speculative decoding is off: {memory.describe()}, whose state cannot be cut back to before a "
+               "rejected draft (--swa-full keeps every cell of a sliding-window model and allows it)")
+        if settings.spec_type == ("auto",):
+            log.warning("%s", why)
+            return None, why
+        raise SpeculativeUnavailable(f"--spec-type {','.join(settings.spec_type)}: {why}")
+    drafter = Drafter(config, len(slots.slots), ctx_tgt=runtime.ctx, n_ctx=runtime.n_ctx, n_batch=runtime.n_batch,
+                      n_threads=settings.threads)
+    log.info("speculative decoding: %s, %s policy, drafts of up to %d tokens", ",".join(drafter.types),
+             "adaptive" if config.adaptive else "always", drafter.n_max)
+    return Speculator(drafter, DraftPolicy(adaptive=config.adaptive)), None
 
 
 def _build_embedder(settings: ServerSettings, runtime: LlamaRuntime) -> tuple[Embedder | None, str | None]:

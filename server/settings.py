@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from server.cache.store_url import redact_url
 from server.cache.tiers import ON_TREE, Source
 from server.engine.kv_types import KVCacheType, is_quantized
+from server.settings_speculative import SpeculativeSettings
 
 CACHE_TIERS = (Source.A, Source.S, Source.H, Source.D)  # what --cache-tiers may name (R: --cache-shared)
 MIN_SHARED_SECRET_BYTES = 16  # as server.cache.shared_tier.MIN_SECRET_BYTES
@@ -64,6 +65,8 @@ FLAG_GROUPS = {
     "shared store": "tier R: KV chunks in a Redis/Valkey store shared by the replicas of this model",
     "KV events": "the radix tree's changes as vLLM/SGLang-format ZMQ events, for KV-event routers (Dynamo, llm-d)",
     "request limits": "larger requests get a 4xx answer that names the flag",
+    "speculative decoding": "drafts the target verifies in one step, from llama.cpp's drafters (llama-server's "
+                            "--spec-* flags; docs/server.md)",
 }
 _CACHE: JsonDict = {"group": "prefix cache"}
 _SHARED: JsonDict = {"group": "shared store"}
@@ -71,7 +74,7 @@ _EVENTS: JsonDict = {"group": "KV events"}
 _LIMITS: JsonDict = {"group": "request limits"}
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(SpeculativeSettings, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ARBOR_SERVER_", extra="forbid")
 
     model: Path | None = Field(None, description="GGUF model file (default: the embedded SmolLM2-135M-Instruct)",

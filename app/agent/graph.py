@@ -89,9 +89,11 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
     context = ctx.budget.observe(body, result.prompt_tokens, fitted.context)
     span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
                                       duration_ms=result.duration_ms, result=result)
+    timings = result.timings or {}  # llama-server's: draft_n, draft_n_accepted when the server drafts
     write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,
            "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
            "cache_source": (result.cache or {}).get("source"), "ttft_ms": result.ttft_ms,
+           "draft_n": timings.get("draft_n"), "draft_n_accepted": timings.get("draft_n_accepted"),
            "duration_ms": result.duration_ms, "finish_reason": result.finish_reason})
     update: dict = {"messages": [message], "steps": step, "awaiting": [], "context_fit": context.as_state()}
     for call in result.tool_calls:

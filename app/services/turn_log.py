@@ -14,6 +14,7 @@ The events (each a dict with "type"; app/services/turns.py emits them):
   compacted       {step, span_id, tokens_before, tokens_after, reduced_turns, dropped_turns}
                   (before a model call whose history was compacted to fit the context)
   model_call      {step, span_id, prompt_tokens, completion_tokens, cached_tokens, cache_source,
+                   draft_n, draft_n_accepted (speculative decoding's, when the server reports them),
                    ttft_ms, duration_ms, finish_reason}
   tool_call       {tool_call_id, name, arguments (JSON text), step}
   tool_result     {tool_call_id, name, content, error, trimmed, full_chars, artifact_id, duration_ms, span_id}

@@ -47,7 +47,8 @@ export class LiveTurn {
         this.closeSegment();
         this.add(h("p", { class: "step-stats muted small" },
           `step ${event.step ?? "?"}: prompt ${fmtInt(event.prompt_tokens)} tokens, ${fmtInt(event.cached_tokens)} reused` +
-          `${event.cache_source ? ` (cache ${event.cache_source})` : ""}, TTFT ${fmtMs(event.ttft_ms)}, ${fmtMs(event.duration_ms)}`));
+          `${event.cache_source ? ` (cache ${event.cache_source})` : ""}, TTFT ${fmtMs(event.ttft_ms)}, ${fmtMs(event.duration_ms)}` +
+          `${event.draft_n ? `, drafts ${fmtInt(event.draft_n_accepted)}/${fmtInt(event.draft_n)} accepted` : ""}`));
         break;
       case "tool_call": {
         this.closeSegment();

@@ -49,10 +49,12 @@ class ModelRunner(Protocol):
         """Set up the slot's KV for the sequence (reuse what it can), set seq.n_past,
         seq.n_cached, seq.cache_report and seq.sampler. Raise to fail the request."""
 
-    def forward(self, items: list[StepItem]) -> list[int | None]:
-        """Decode the batch; return the sampled token for items with sample=True, else None
-        (NO_TOKEN for an item whose sampler could accept no token: the engine stops it).
-        Raise KVCacheFull, having computed nothing, when the KV pool has no room for it."""
+    def forward(self, items: list[StepItem]) -> list[list[int] | None]:
+        """Decode the batch; for items with sample=True return the tokens sampled, in order (one, or with a
+        verified draft the accepted drafted tokens and the one sampled after them; the item's `kept` then says
+        how many of its tokens keep their KV), else None. A list ending with NO_TOKEN: the sampler could accept
+        no token there (the engine stops the request). Raise KVCacheFull, having computed nothing (and kept no
+        draft), when the KV pool has no room for the batch."""
 
     def release(self, seq: Sequence, reason: str) -> None:
         """The sequence finished for `reason`: free per-request state, keep reusable KV.
@@ -252,19 +254,25 @@ class Engine:
         with self._lock:
             self.scheduler.commit(items)
         piece, is_eog = self.runner.piece, self.runner.is_eog
-        for item, token in zip(items, sampled):
-            if token is None or item.seq.status is SeqStatus.FINISHED:
+        for item, tokens in zip(items, sampled):
+            if tokens is None or item.seq.status is SeqStatus.FINISHED:
                 continue
-            if token == NO_TOKEN:
-                # Nothing can follow what was generated (a grammar's dead end): the request
-                # ends here as if the model had stopped, and the server keeps running.
-                self._finish(item.seq, "stop")
-                continue
-            if item.seq.on_token(token, piece, is_eog):
-                self._finish(item.seq, None)
+            seq = item.seq
+            for token in tokens:
+                if token == NO_TOKEN:
+                    # Nothing can follow what was generated (a grammar's dead end): the request
+                    # ends here as if the model had stopped, and the server keeps running.
+                    self._finish(seq, "stop")
+                    break
+                if seq.on_token(token, piece, is_eog):
+                    # a verified draft may have run past where the request stops: its KV holds at most
+                    # the prompt and the output (what the cache may keep)
+                    seq.n_past = min(seq.n_past, len(seq.prompt) + len(seq.output))
+                    self._finish(seq, None)
+                    break
         return True
 
-    def _forward_making_room(self, items: list[StepItem]) -> tuple[list[StepItem], list[int | None]]:
+    def _forward_making_room(self, items: list[StepItem]) -> tuple[list[StepItem], list[list[int] | None]]:
         """Decode `items`; while the KV pool is full, free cells and decode again.
 
         Idle slots' kept KV and cached prefixes give way first. If the pool is still full,

@@ -25,7 +25,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from server.engine.sequence import SeqStatus, Sequence
 from server.engine.slots import Slot, SlotPool
@@ -43,6 +43,11 @@ class StepItem:
     tokens: list[int]
     start_pos: int
     sample: bool  # take logits at the last token and sample the next one
+    # speculative decoding (server/engine/speculative/): tokens drafted after a decode token, which `tokens`
+    # then ends with; every row of the item has logits, and the runner verifies them
+    draft: list[int] = field(default_factory=list)
+    # tokens whose KV the step kept, set by the runner when it verified a draft (None: all of `tokens`)
+    kept: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ class Scheduler:
     def commit(self, items: list[StepItem]) -> None:
         """The batch ran: its tokens now have KV."""
         for item in items:
-            item.seq.n_past += len(item.tokens)
+            item.seq.n_past += len(item.tokens) if item.kept is None else item.kept
             if item.seq.status is SeqStatus.PREFILLING and item.seq.n_past == len(item.seq.prompt):
                 item.seq.status = SeqStatus.DECODING
 

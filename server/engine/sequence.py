@@ -57,7 +57,7 @@ class GenerationRequest:
     # may grow past it while cells are free; when the pool is full it is the one stopped.
     reserved_output: int | None = None
     # Log-probabilities to report: None for none, k >= 0 for the sampled token's and the k
-    # most likely alternatives' (runner fills Sequence.next_logprob for these requests).
+    # most likely alternatives' (runner fills Sequence.next_logprobs for these requests).
     logprobs: int | None = None
     # Requests of one group (the n choices of one API request) share one prompt prefill:
     # a member waits while another computes the common prompt, then attaches its KV.
@@ -69,6 +69,10 @@ class GenerationRequest:
     # opaque namespace set by the API layer. Requests in different namespaces (or one without)
     # never share KV: the cache sees this request's tokens under their namespaced cache key.
     cache_namespace: bytes | None = None
+    # Speculative decoding (llama-server's speculative.n_max / n_min): at most this many drafted tokens per
+    # step (None: the drafter's own limit; 0: this request never drafts), and drafts shorter than n_min unused.
+    speculative_n_max: int | None = None
+    speculative_n_min: int | None = None
 
     @property
     def reserved_cells(self) -> int:
@@ -119,6 +123,9 @@ class Finished:
     error: str | None = None
     stop_word: str | None = None
     retryable: bool = False  # the error is a momentary lack of resources (HTTP 503), not a fault
+    # speculative decoding: tokens drafted for this request and how many of them the target accepted
+    draft_n: int = 0
+    draft_n_accepted: int = 0
 
 
 Event = TextDelta | Finished
@@ -149,7 +156,10 @@ class Sequence:
         self.prefill_stops: tuple[int, ...] = ()
         self.output: list[int] = []
         self.sampler: Any = None  # runner-owned sampler state
-        self.next_logprob: TokenLogprob | None = None  # set by the runner with the sampled token
+        # set by the runner with the sampled tokens, one per token in order (several when a draft was accepted)
+        self.next_logprobs: list[TokenLogprob] = []
+        self.n_drafted = 0  # tokens drafted for it (speculative decoding)
+        self.n_draft_accepted = 0  # of which the target accepted
         self._logprobs_held: list[TokenLogprob] = []
         self._cancel = threading.Event()
         self._detok: IncrementalDetokenizer | None = None
@@ -200,7 +210,7 @@ class Sequence:
             preserved = self.request.preserved_tokens
             self._detok = IncrementalDetokenizer(
                 (lambda t: piece(t, special=True) if t in preserved else piece(t)) if preserved else piece)
-        logprob, self.next_logprob = self.next_logprob, None
+        logprob = self.next_logprobs.pop(0) if self.next_logprobs else None
         if is_eog(token) and not self.request.ignore_eos:
             self.finish_reason = "stop"
             return True
@@ -251,6 +261,8 @@ class Sequence:
             error=error,
             stop_word=self._stops.matched,
             retryable=retryable,
+            draft_n=self.n_drafted,
+            draft_n_accepted=self.n_draft_accepted,
         )
         self.sink(event)
         return event

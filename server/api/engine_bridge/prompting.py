@@ -108,6 +108,17 @@ def _sampling(body: SamplingFields, constraint: Constraint, n_vocab: int) -> Sam
     )
 
 
+def speculative_limits(body: SamplingFields, settings: ServerSettings) -> tuple[int | None, int | None]:
+    """The request's speculative.n_max / n_min for the engine. speculative.p_min is llama.cpp's draft-simple
+    threshold, which one drafter applies to every request: a request may only restate the server's."""
+    p_min = body.speculative_p_min
+    if p_min is not None and p_min != (settings.spec_draft_p_min if settings.spec_draft_p_min is not None else 0.0):
+        raise invalid("speculative.p_min: llama.cpp's draft model takes one threshold for every request; this server "
+                      "drafts with --spec-draft-p-min " + str(settings.spec_draft_p_min or 0.0),
+                      param="speculative.p_min")
+    return body.speculative_n_max, body.speculative_n_min
+
+
 def tokenize_prompt(model: LoadedModel, text: str) -> list[int]:
     """A prompt's tokens: special tokens parsed, BOS added unless the text already starts with it."""
     info = model.runtime.info
@@ -193,6 +204,7 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         constraint = Constraint(own)
     reasoning = _reasoning_budget(body, plan, constraint, settings)
     budget = output_budget(body, len(tokens), model, settings, param="messages")
+    spec_n_max, spec_n_min = speculative_limits(body, settings)
     generation = GenerationRequest(
         prompt_tokens=tokens,
         sampling=replace(_sampling(body, constraint, model.runtime.info.n_vocab), reasoning=reasoning),
@@ -204,6 +216,8 @@ def prepare_chat(body: ChatCompletionRequest, model: LoadedModel, settings: Serv
         logprobs=body.logprobs_k,
         preserved_tokens=plan.preserved_tokens,
         cache_namespace=cache.namespace,
+        speculative_n_max=spec_n_max,
+        speculative_n_min=spec_n_min,
     )
     return PreparedRequest(generation, conv, conv.prompt)
 
@@ -223,6 +237,7 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
             raise invalid(f"prompt token ids must be in 0..{n_vocab - 1}", param="prompt")
         text, tokens = None, list(ids)
     budget = output_budget(body, len(tokens), model, settings, param="prompt")
+    spec_n_max, spec_n_min = speculative_limits(body, settings)
     generation = GenerationRequest(
         prompt_tokens=tokens,
         sampling=_sampling(body, Constraint(requested_grammar(body.grammar, body.json_schema, model.runtime.vocab)),
@@ -234,5 +249,7 @@ def prepare_completion(body: CompletionRequest, model: LoadedModel, settings: Se
         cache_hint=cache.hint,
         logprobs=body.logprobs_k,
         cache_namespace=cache.namespace,
+        speculative_n_max=spec_n_max,
+        speculative_n_min=spec_n_min,
     )
     return PreparedRequest(generation, None, text)

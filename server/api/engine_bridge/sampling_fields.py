@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from server.api.http.cache_fields import MAX_SESSION_LEN
 
@@ -27,8 +27,21 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
+MAX_DRAFT = 1024  # llama-server's n-gram sizes go up to this; a larger speculative.n_max is a 400
+
+
+class SpeculativeFields(_Lenient):
+    """llama-server's per-request speculative decoding fields, as an object (`"speculative": {"n_max": 8}`)."""
+
+    n_max: int | None = Field(None, ge=0, le=MAX_DRAFT)
+    n_min: int | None = Field(None, ge=0, le=MAX_DRAFT)
+    p_min: float | None = Field(None, ge=0.0, le=1.0)
+
+
 class SamplingFields(_Lenient):
     """Fields shared by chat and text completions."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -53,6 +66,24 @@ class SamplingFields(_Lenient):
     cache_salt: CacheSalt = None  # cache isolation: requests with another salt (or none) share no KV
     grammar: str | None = None  # llama-server's GBNF constraint (root rule "root"); checked by engine_bridge.grammars
     json_schema: dict[str, Any] | None = None  # llama-server's shorthand for a JSON-schema constraint
+    # speculative decoding, llama-server's names: "speculative.n_max" (0: this request drafts nothing),
+    # "speculative.n_min", "speculative.p_min"; or the same as an object, "speculative": {...}
+    speculative: SpeculativeFields | None = None
+    speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=0, le=MAX_DRAFT)
+    speculative_n_min: int | None = Field(None, alias="speculative.n_min", ge=0, le=MAX_DRAFT)
+    speculative_p_min: float | None = Field(None, alias="speculative.p_min", ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _speculative(self):
+        nested = self.speculative or SpeculativeFields()
+        for name in ("n_max", "n_min", "p_min"):
+            flat = getattr(self, f"speculative_{name}")
+            if flat is None:
+                setattr(self, f"speculative_{name}", getattr(nested, name))
+        lo, hi = self.speculative_n_min, self.speculative_n_max
+        if lo is not None and hi is not None and 0 < hi < lo:
+            raise ValueError(f"speculative.n_min ({lo}) is above speculative.n_max ({hi})")
+        return self
 
     @field_validator("stop")
     @classmethod

@@ -45,6 +45,10 @@ class ServerMetrics:
         self.cached_tokens = Counter(
             "arbor:cache_reused_tokens", "Prompt tokens reused from a cache source.", ["source"], registry=r
         )
+        # speculative decoding, per finished request (llama-server's names for the counts in `timings`)
+        self.draft_tokens = Counter("arbor:draft_tokens", "Tokens drafted for speculative decoding.", registry=r)
+        self.draft_tokens_accepted = Counter(
+            "arbor:draft_tokens_accepted", "Drafted tokens the target accepted (speculative decoding).", registry=r)
         self.ttft = Histogram(
             "arbor:time_to_first_token_seconds", "Time from admission to the first token.",
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r,
@@ -61,5 +65,7 @@ class ServerMetrics:
         self.tokens_predicted.inc(fin.completion_tokens)
         self.tokens_predicted_seconds.inc(fin.predicted_ms / 1000.0)
         self.cached_tokens.labels(fin.cache.source).inc(fin.cached_tokens)
+        self.draft_tokens.inc(fin.draft_n)
+        self.draft_tokens_accepted.inc(fin.draft_n_accepted)
         if fin.finish_reason in ("stop", "length"):
             self.ttft.observe(fin.prompt_ms / 1000.0)

@@ -18,6 +18,9 @@ def timings(fin: Finished) -> dict[str, Any]:
         "predicted_n": fin.completion_tokens,
         "predicted_ms": round(fin.predicted_ms, 3),
         "predicted_per_second": fin.completion_tokens / (fin.predicted_ms / 1000.0) if fin.predicted_ms > 0 else 0.0,
+        # speculative decoding (llama-server's names): tokens drafted for the request, and accepted by the target
+        "draft_n": fin.draft_n,
+        "draft_n_accepted": fin.draft_n_accepted,
     }
 
 

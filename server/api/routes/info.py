@@ -89,11 +89,31 @@ async def props(state: StateDep, model: ModelDep):
                 # llama.cpp's check of every paged mask (LLAMA_PAGED_ATTN_SELF_CHECK=1; slow): null when paging is off
                 "self_check": _self_check(model.runtime.paged_self_check()),
             },
+            "speculative": _speculative(model),
             "devices": [asdict(d) for d in model.runtime.devices.devices],
             "offload": _offload(model.runtime.offload),
             # the Responses API's stored responses: limits (--responses-store, --responses-store-mb) and occupancy
             "responses_store": state.responses.stats(),
         },
+    }
+
+
+def _speculative(model: ModelDep) -> dict:
+    """The drafter in force (--spec-type resolved; `auto` names what it drafts with), its policy and what it
+    drafted so far, or why it is off."""
+    spec = model.speculator
+    if spec is None:
+        return {"enabled": False, "types": [], "note": model.speculative_note}
+    return {
+        "enabled": True,
+        "types": list(spec.drafter.types),
+        "policy": "adaptive" if spec.policy.adaptive else "always",
+        "n_max": spec.drafter.n_max,
+        "draft_model": str(spec.drafter.config.draft_model) if spec.drafter.config.draft_model else None,
+        "drafts": spec.n_drafts,
+        "draft_n": spec.n_drafted,
+        "draft_n_accepted": spec.n_accepted,
+        "note": None,
     }
 
 

@@ -1,4 +1,5 @@
-"""arbor-server's pages owned by one sequence (--page-placement owned, the default; native/src/llama-kv-pages.cpp through the server):
+"""arbor-server's pages owned by one sequence (--page-placement owned, the default; native/src/llama-kv-pages.cpp
+through the server):
 /props reports the placement in force, and two requests decoding side by side in pages of their own pass
 llama.cpp's self-check of every paged mask (LLAMA_PAGED_ATTN_SELF_CHECK=1: with only the CPU kernel reading the
 mask, what it must not read is NaN, so a wrong page would show as a failed check or as no answer)."""

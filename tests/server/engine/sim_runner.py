@@ -34,7 +34,7 @@ class SimRunner:
         adm.seq.cache_report = CacheReport("A" if n else "none", n)
         self.held[adm.slot.seq_id] = n
 
-    def forward(self, items: list[StepItem]) -> list[int | None]:
+    def forward(self, items: list[StepItem]) -> list[list[int] | None]:
         if self.kv_capacity is not None:
             grown = {i.seq.slot.seq_id: i.start_pos + len(i.tokens) for i in items}
             after = {**self.held, **{k: max(v, self.held.get(k, 0)) for k, v in grown.items()}}
@@ -42,13 +42,13 @@ class SimRunner:
                 raise KVCacheFull(sum(len(i.tokens) for i in items))
             self.held = after
         self.steps.append([(i.seq.id, len(i.tokens), i.start_pos, i.sample) for i in items])
-        out: list[int | None] = []
+        out: list[list[int] | None] = []
         for item in items:
             if not item.sample:
                 out.append(None)
                 continue
             queue = self.script.get(item.seq.id)
-            out.append(queue.pop(0) if queue else 100 + (item.tokens[-1] + 1) % 50)
+            out.append([queue.pop(0) if queue else 100 + (item.tokens[-1] + 1) % 50])
         return out
 
     def release(self, seq: Sequence, reason: str) -> None:
