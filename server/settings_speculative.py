@@ -14,7 +14,13 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings
 
-from server.engine.speculative.config import MODEL_TYPES, SPEC_TYPE_NAMES, SpecConfig
+from server.engine.speculative.config import (
+    HIDDEN_STATE_REASON,
+    HIDDEN_STATE_TYPES,
+    MODEL_TYPES,
+    SPEC_TYPE_NAMES,
+    SpecConfig,
+)
 
 _SPEC: JsonDict = {"group": "speculative decoding"}
 
@@ -75,6 +81,9 @@ class SpeculativeSettings(BaseSettings):
         unknown = [n for n in names if n not in SPEC_TYPE_NAMES]
         if unknown:
             raise ValueError(f"unknown --spec-type {', '.join(unknown)}: one or more of {', '.join(SPEC_TYPE_NAMES)}")
+        refused = [n for n in names if n in HIDDEN_STATE_TYPES]
+        if refused:
+            raise ValueError(f"--spec-type {', '.join(refused)}: {HIDDEN_STATE_REASON}")
         if "none" in names and len(names) > 1:
             raise ValueError("--spec-type none drafts nothing: give it alone")
         return names or ("none",)

@@ -17,6 +17,10 @@ from pathlib import Path
 AUTO_TYPES = ("ngram-map-k",)
 # The draft types that need a draft model (--spec-draft-model).
 MODEL_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
+# Those that draft from the target's hidden states, which Arbor's engine does not hand to a drafter (refused).
+HIDDEN_STATE_TYPES = frozenset({"draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
+HIDDEN_STATE_REASON = ("drafts from the target's hidden states, which Arbor's engine does not hand to a drafter yet: "
+                       "use draft-simple or an n-gram type")
 # Every --spec-type name: llama.cpp's (the pinned release's common/speculative.cpp; a test holds this list against
 # libarbor-spec's arbor_spec_all_types) and Arbor's `auto`.
 SPEC_TYPE_NAMES = ("auto", "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from server.engine.speculative.config import SpecConfig
+from server.engine.speculative.config import HIDDEN_STATE_REASON, HIDDEN_STATE_TYPES, SpecConfig
 from server.engine.speculative.library import SpecParams, default_params, spec_library, take_error
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,9 @@ class Drafter:
         self.n_lanes = n_lanes
         self._lib = spec_library()
         self._draft_model: _DraftModel | None = None
+        refused = [t for t in self.types if t in HIDDEN_STATE_TYPES]
+        if refused:
+            raise DrafterError(f"--spec-type {', '.join(refused)}: {HIDDEN_STATE_REASON}")
         if config.needs_model:
             if config.draft_model is None:
                 raise DrafterError(f"--spec-type {','.join(self.types)} needs a draft model: --spec-draft-model FILE")
