@@ -16,6 +16,7 @@ from app.auth import signin
 from app.auth.guard import WorkbenchGuard
 from app.auth.operator_token import OperatorToken, resolve_token
 from app.errors import WorkbenchError
+from app.platform import routes as platform
 from app.replay.run_files import load_replay_runs
 from app.scenario_catalog import ScenarioCatalog
 from app.settings import WorkbenchSettings, get_settings
@@ -97,6 +98,7 @@ def create_app(settings: WorkbenchSettings | None = None, catalog: ScenarioCatal
     app.add_middleware(WorkbenchGuard, token=token, allowed_hosts=settings.trusted_hosts,
                        identity_header=settings.identity_header, session_max_age_s=settings.session_max_age_s)
     app.include_router(api_router())
+    app.include_router(platform.router)  # the LangGraph Platform API (app/platform/)
     app.include_router(health.open_router)
     app.include_router(signin.router)
     # -- web pages (frontend/): HTML routes and /static; the frontend never imports the app ----

@@ -7,14 +7,15 @@ In order:
    name and is refused, so loopback stays private to the machine's own users.
 2. **Who asks.** Open without sign-in: ``OPEN_PATHS`` (the bare health probe, the sign-in page,
    static files) and nothing else, so a route added later is closed by default. Everything else
-   needs one of: ``Authorization: Bearer <operator token>`` (API clients, the CLI); the identity
+   needs one of: ``Authorization: Bearer <operator token>`` (API clients, the CLI), or ``x-api-key:
+   <operator token>`` (langgraph-sdk's ``api_key``, agent-chat-ui); the identity
    header of a trusted reverse proxy (``ARBOR_IDENTITY_HEADER``, when configured); the session
    cookie that ``/signin`` sets. Who it is lands in ``request.state.operator`` (approvals record it).
 3. **Cross-site requests.** A cookie rides along with requests other sites make, so a request
    signed in by cookie that changes state (any method but GET/HEAD/OPTIONS) must come from this
    origin: a foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` is a 403. The cookie is also
    ``SameSite=Strict``. Bearer and proxy requests carry no ambient credential and skip this.
-4. **JSON bodies.** A body sent to ``/api/`` must say ``Content-Type: application/json``: the
+4. **JSON bodies.** A body sent to ``/api/`` or ``/langgraph/`` must say ``Content-Type: application/json``: the
    content types a cross-site HTML form can send are refused (415) before anything parses them.
 
 Refusals use the workbench's error body (``{"error": {"message", "type"}}``); a browser asking
@@ -39,6 +40,7 @@ DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "::1")
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _MAX_IDENTITY_CHARS = 200
+_JSON_PREFIXES = ("/api/", "/langgraph/")  # the JSON APIs: the workbench's and the LangGraph Platform subset
 
 
 def is_open_path(path: str) -> bool:
@@ -88,7 +90,7 @@ class WorkbenchGuard:
         if by_cookie and method not in _SAFE_METHODS and _cross_site(headers, scope):
             return _refuse(403, "a state-changing request from another site was refused; use the workbench's "
                                 "own pages, or an API client with Authorization: Bearer <token>", "cross_site")
-        if path.startswith("/api/") and method in _BODY_METHODS and _has_body(headers) \
+        if path.startswith(_JSON_PREFIXES) and method in _BODY_METHODS and _has_body(headers) \
                 and not _is_json(headers.get(b"content-type", "")):
             return _refuse(415, "the request body must be JSON, sent with Content-Type: application/json",
                            "unsupported_media_type")
@@ -99,6 +101,9 @@ class WorkbenchGuard:
         authorization = headers.get(b"authorization", "")
         if authorization[:7].lower() == "bearer ":
             return ("operator" if self.token.matches(authorization[7:].strip()) else None), False
+        api_key = headers.get(b"x-api-key", "").strip()  # langgraph-sdk's and agent-chat-ui's api_key
+        if api_key:
+            return ("operator" if self.token.matches(api_key) else None), False
         if self.identity_header:
             identity = headers.get(self.identity_header, "").strip()
             if identity:
@@ -110,7 +115,7 @@ class WorkbenchGuard:
 
     def _sign_in_needed(self, path: str, method: str, headers: dict[bytes, str]):
         wants_page = method == "GET" and "text/html" in headers.get(b"accept", "") \
-            and not path.startswith(("/api/", "/ui/"))
+            and not path.startswith(("/api/", "/ui/", "/langgraph/"))
         if wants_page:
             return RedirectResponse(f"/signin?next={quote(path, safe='/')}", status_code=303)
         message = "sign in first: send Authorization: Bearer <workbench token> (arbor token prints it)"
