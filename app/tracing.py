@@ -2,8 +2,9 @@
 "compacted" span before each model call whose history had to be compacted to fit.
 
 Span attributes use the OpenTelemetry GenAI semantic-convention names
-(https://opentelemetry.io/docs/specs/semconv/gen-ai/), so they map 1:1 onto an OTel
-exporter if one is added later; what GenAI has no name for uses an ``arbor.`` prefix.
+(https://opentelemetry.io/docs/specs/semconv/gen-ai/); what GenAI has no name for uses an
+``arbor.`` prefix. With OTLP export on (app/telemetry/otlp.py) each span is also exported as it
+is recorded, into its turn's trace.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlmodel import Session
 from app.agent.context_budget import FittedRequest
 from app.agent.model_client import ModelCallResult
 from app.db.models import Artifact, Span, new_id, utcnow
+from app.telemetry import otlp
 
 
 def model_span_attributes(body: dict, result: ModelCallResult | None, base_url: str, *,
@@ -121,12 +123,18 @@ class TraceRecorder:
         self.session_id, self.branch_id, self.turn_id, self.run_id = session_id, branch_id, turn_id, run_id
         self.base_url = base_url
 
-    async def _save(self, row: Any) -> str:
+    async def _save(self, row: Any, traceparent: str | None = None) -> str:
         # The graph's nodes are async: the write runs in a worker thread, off the event loop.
-        return await asyncio.to_thread(self._write, row)
+        return await asyncio.to_thread(self._write, row, traceparent)
 
-    def _write(self, row: Any) -> str:
+    def _write(self, row: Any, traceparent: str | None = None) -> str:
         row_id = row.id  # read before commit expires the instance
+        telemetry = otlp.active()
+        if telemetry is not None and isinstance(row, Span):  # exported as recorded (app/telemetry/otlp.py)
+            telemetry.record(turn_id=row.turn_id, name=row.name, kind=row.kind, started_at=row.started_at,
+                             duration_ms=row.duration_ms, attributes={"gen_ai.conversation.id": row.session_id,
+                                                                      **(row.attributes or {})},
+                             error=row.error, traceparent_value=traceparent)
         with Session(self.engine) as db:
             db.add(row)
             db.commit()
@@ -155,7 +163,7 @@ class TraceRecorder:
                                              branch_id=self.branch_id, step=step, error_type=error_type),
             request=body, response=response,
         )
-        return await self._save(span)
+        return await self._save(span, result.traceparent if result is not None else None)
 
     async def compaction(self, *, step: int, fitted: FittedRequest, retry: bool = False) -> str:
         """Record that the request of model step `step` carries a compacted history. Returns the span id."""

@@ -3,6 +3,7 @@ context budget, graph, services."""
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from app.services.recovery import expire_lost_approvals, mark_interrupted_turns
 from app.services.retention import PruneJob
 from app.services.turns import TurnService
 from app.settings import WorkbenchSettings
+from app.telemetry import otlp
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Workbench:
     branches: BranchService
     pruning: PruneJob
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
+    telemetry: otlp.Telemetry | None = None  # OTLP export, when the environment asks for it
 
     @classmethod
     async def open(cls, settings: WorkbenchSettings, catalog: ScenarioCatalog | None = None) -> Workbench:
@@ -63,7 +66,9 @@ class Workbench:
         stack.callback(liveness.close)
         pruning = PruneJob(engine, settings)  # retention (app/services/retention.py)
         pruning.start()
-        return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, branches, pruning, stack)
+        telemetry = otlp.start()  # app/telemetry/otlp.py: on only with OTEL_EXPORTER_OTLP_ENDPOINT
+        return cls(settings, engine, saver, adapter, budget, catalog, graph, turns, branches, pruning, stack,
+                   telemetry)
 
     async def delete_session(self, db: Session, session: AgentSession) -> None:
         """Delete `session` with everything it owns: turns, branches, runs, traces, artifacts,
@@ -83,3 +88,4 @@ class Workbench:
         await self.adapter.close()
         await self._stack.aclose()
         self.engine.dispose()
+        await asyncio.to_thread(otlp.stop, self.telemetry)  # sends what is queued (bounded wait)

@@ -41,6 +41,7 @@ from pydantic import ConfigDict
 
 from app.agent.messages import from_openai, openai_tool_calls, to_openai
 from app.agent.model_client import ModelAdapter, ModelCallResult
+from app.telemetry import otlp
 
 _REPORTED = [f.name for f in fields(ModelCallResult) if f.name not in ("content", "tool_calls", "model",
                                                                        "finish_reason")]
@@ -85,7 +86,7 @@ class ArborChatModel(BaseChatModel):
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=text, id=message_id))
                 await run_manager.on_llm_new_token(text, chunk=chunk)
 
-        result = await self.adapter.stream(body, on_token=on_token)
+        result = await self.adapter.stream(body, on_token=on_token, traceparent=_traceparent(run_manager))
         message = ai_message(result)
         message.id = message_id
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -94,6 +95,14 @@ class ArborChatModel(BaseChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         # The adapter is an async client; the workbench only ever awaits the model.
         raise NotImplementedError("ArborChatModel is async: use ainvoke")
+
+
+def _traceparent(run_manager: AsyncCallbackManagerForLLMRun | None) -> str | None:
+    """The request's trace context while the workbench exports spans (app/telemetry/otlp.py): a
+    new span of the trace of the turn named in the graph's config metadata."""
+    telemetry = otlp.active()
+    turn_id = (run_manager.metadata or {}).get("turn_id") if run_manager is not None else None
+    return telemetry.model_traceparent(turn_id) if telemetry is not None and turn_id else None
 
 
 def ai_message(result: ModelCallResult) -> AIMessage:

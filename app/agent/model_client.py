@@ -63,6 +63,9 @@ class ModelCallResult:
     timings: dict | None = None  # llama-server style timings, when present
     ttft_ms: float | None = None
     duration_ms: float = 0.0
+    # the W3C trace context sent with the request (OTLP export on: app/telemetry/otlp.py); the
+    # server's span of the request is a child of the span it names
+    traceparent: str | None = None
 
     def assistant_message(self) -> dict:
         """The OpenAI assistant message this call adds to the conversation."""
@@ -134,17 +137,20 @@ class ModelAdapter:
             return {}
         return {"X-Arbor-Session": str(hint["session"]), "X-Arbor-Cache-State": str(hint["state"])}
 
-    async def stream(self, body: dict, on_token: TokenSink | None = None) -> ModelCallResult:
-        """Send `body` (streaming) and assemble the answer; tokens go to `on_token` as they come."""
+    async def stream(self, body: dict, on_token: TokenSink | None = None,
+                     traceparent: str | None = None) -> ModelCallResult:
+        """Send `body` (streaming) and assemble the answer; tokens go to `on_token` as they come.
+        `traceparent` (W3C trace context) goes with the request as its header."""
         standard = {k: v for k, v in body.items() if k != "cache"}
         extra_body = {"cache": body["cache"]} if "cache" in body else None
-        result = ModelCallResult()
+        headers = self.hint_headers(body) | ({"traceparent": traceparent} if traceparent else {})
+        result = ModelCallResult(traceparent=traceparent)
         calls: dict[int, dict] = {}
         start = time.perf_counter()
         stream = None
         try:
             stream = await self.client.chat.completions.create(
-                **standard, extra_body=extra_body, extra_headers=self.hint_headers(body))
+                **standard, extra_body=extra_body, extra_headers=headers)
             async for chunk in stream:
                 data = chunk.model_dump(exclude_unset=True)
                 self._absorb_extras(result, data)

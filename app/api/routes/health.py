@@ -40,4 +40,7 @@ async def health(workbench: WorkbenchDep, db: DbDep) -> dict:
         llm["error"] = workbench.adapter._translate(exc).args[0]
     return {"status": "ok" if llm["reachable"] else "degraded", "database": "ok", "llm": llm,
             "scenarios": [s.name for s in workbench.catalog.list()],
-            "incident_base_url": settings.incident_base_url}
+            "incident_base_url": settings.incident_base_url,
+            # OTLP export (app/telemetry/otlp.py): spans exported, dropped (queue full or collector
+            # unreachable), queued; null when off
+            "otlp": workbench.telemetry.stats() if workbench.telemetry is not None else None}
