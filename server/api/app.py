@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from server import bootstrap
 from server.api.engine_bridge.chat_layer import ChatTemplates
 from server.api.engine_bridge.loop_delivery import LoopDelivery
+from server.api.http import otel
 from server.api.http.aliases import UnprefixedAliases
 from server.api.http.cors import install_cors
 from server.api.http.errors import install_error_handlers
@@ -79,6 +80,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="arbor-server", version="0.1.0", lifespan=lifespan)
     app.state.arbor = state
     install_error_handlers(app)
+    otel.install(app)  # a span per generation request over OTLP, only with OTEL_EXPORTER_OTLP_ENDPOINT
     app.add_middleware(RequestGuard, settings=settings)
     app.add_middleware(AnthropicErrors)  # around the guard: its refusals on /v1/messages in Anthropic's format
     app.include_router(info.public)

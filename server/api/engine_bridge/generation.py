@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from server.api.http import otel
 from server.api.http.client_watch import ClientWatch
 from server.api.http.errors import APIError
 from server.api.http.metrics import ServerMetrics
@@ -68,6 +69,7 @@ class Generation:
         self._wakeup: asyncio.Future | None = None
         self._finished = False
         self._gone = False
+        self._span = otel.current_span()  # the request's span, when spans are exported (http/otel.py)
         try:
             self.seq = engine.submit(request, self._sink)
         except QueueFull as exc:
@@ -79,6 +81,7 @@ class Generation:
         # reader, so a request whose client went away is still counted (as cancelled).
         if isinstance(event, Finished):
             self._metrics.observe(event)
+            otel.annotate(self._span, event)
         self._pending.append(event)
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
