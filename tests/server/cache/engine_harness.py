@@ -22,8 +22,8 @@ class Result:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-def generate(model, tokens: list[int], max_tokens: int = 8, hint=None) -> Result:
-    """Greedy generation, with each generated token's log-probability and the TOP_K most likely."""
+def generate(model, tokens: list[int], max_tokens: int = 8, hint=None, top_k: int = TOP_K) -> Result:
+    """Greedy generation, with each generated token's log-probability and the `top_k` most likely."""
     done = threading.Event()
     parts: list[str] = []
     logprobs: list[TokenLogprob] = []
@@ -38,7 +38,7 @@ def generate(model, tokens: list[int], max_tokens: int = 8, hint=None) -> Result
             done.set()
 
     req = GenerationRequest(prompt_tokens=tokens, sampling=SamplingParams(temperature=0), max_tokens=max_tokens,
-                            cache_hint=hint, logprobs=TOP_K)
+                            cache_hint=hint, logprobs=top_k)
     model.engine.submit(req, sink)
     assert done.wait(300), "request did not finish"
     return Result("".join(parts), box["final"], [lp.token for lp in logprobs], logprobs)
@@ -49,9 +49,20 @@ def divergence(got: Result, want: Result, is_eog) -> str | None:
     (tests/server/near_tie.py); else what differs, for the assertion message. `is_eog(token)`:
     the model's end-of-generation test (an answer that stops where the other goes on chose an
     end-of-generation token, which the other run's row ranks)."""
+    i, worst = parting_gap(got, want, is_eog)
+    if i is None or worst <= NEAR_TIE_NATS:
+        return None
+    return (f"greedy answers differ at token {i} by {worst:.3f} nats "
+            f"(a near-tie is <= {NEAR_TIE_NATS}): {got.text!r} vs {want.text!r}")
+
+
+def parting_gap(got: Result, want: Result, is_eog) -> tuple[int | None, float]:
+    """Where two greedy answers part (None: they do not) and how far apart the two choices were
+    there: the larger of the two runs' own gaps (inf when a run did not rank the other's choice;
+    nan when neither run has a row there)."""
     i = first_parting(got.tokens, want.tokens)
     if i is None:
-        return None
+        return None, 0.0
     gaps = []
     for run, other in ((want, got), (got, want)):
         if i >= len(run.logprobs):
@@ -62,10 +73,50 @@ def divergence(got: Result, want: Result, is_eog) -> str | None:
             gaps.append(gap(step, other.tokens[i]))
         elif other.final.finish_reason == "stop":
             gaps.append(min((gap(step, t) for t in step.top if is_eog(t)), default=float("inf")))
-    if gaps and max(gaps) <= NEAR_TIE_NATS:
-        return None
-    return (f"greedy answers differ at token {i} by {max(gaps, default=float('nan')):.3f} nats "
-            f"(a near-tie is <= {NEAR_TIE_NATS}): {got.text!r} vs {want.text!r}")
+    return i, max(gaps, default=float("nan"))
+
+
+def logprob_drift(got: Result, want: Result) -> float:
+    """Teacher-forced comparison of two runs' log-probabilities: the largest |difference| over the
+    tokens both rank, at every position where both runs read the same tokens before it (up to and
+    including the first parting). Where the two computed the same KV, only floating-point
+    rounding separates them."""
+    i = first_parting(got.tokens, want.tokens)
+    upto = min(len(got.logprobs), len(want.logprobs), len(got.tokens) if i is None else i + 1)
+    worst = 0.0
+    for k in range(upto):
+        a, b = dict(got.logprobs[k].top), dict(want.logprobs[k].top)
+        worst = max([worst, *(abs(a[t] - b[t]) for t in a.keys() & b.keys())])
+    return worst
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One cache-on answer against the cache-off answer to the same prompt."""
+
+    source: str  # the tier the cache-on run reused its prefix from ("none": computed)
+    parting: int | None  # the first token where the answers differ; None: identical
+    gap: float  # nats between the two choices there (parting_gap)
+    drift: float  # logprob_drift
+    problem: str | None  # divergence()'s verdict
+
+    @property
+    def first_token_parts(self) -> bool:
+        return self.parting == 0
+
+
+def compare(got: Result, want: Result, is_eog) -> Comparison:
+    i, worst = parting_gap(got, want, is_eog)
+    return Comparison(got.final.cache.source if got.final.cache else "none", i, worst,
+                      logprob_drift(got, want), divergence(got, want, is_eog))
+
+
+def comparison_summary(rows: list[Comparison]) -> str:
+    """One line per run: how many answers part, where and at what gap, and the largest drift."""
+    parted = [r for r in rows if r.parting is not None]
+    return (f"{len(rows) - len(parted)}/{len(rows)} identical; {len(parted)} part "
+            f"(token, gap in nats: {[(r.parting, round(r.gap, 3)) for r in parted]}); "
+            f"largest teacher-forced drift {max((r.drift for r in rows), default=0.0):.3g}")
 
 
 def assert_same_answer(model, got: Result, want: Result) -> None:

@@ -5,10 +5,12 @@ weights from harness/models/synth_swa_hybrid.py.
 The logits after a reused prefix must equal those of the whole prompt computed from nothing,
 in the same context. Cutting a sliding-window slot back without its window's cells (what slot
 reuse did on these models before checkpoints) is shown to give other logits, so the comparison
-can fail; on the hybrid model llama.cpp refuses that cut (nothing was reused before)."""
+can fail; on the hybrid model llama.cpp refuses that cut (nothing was reused before). A checkpoint
+from another prefix (another window, another recurrent state) is shown to give other logits on both."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -170,6 +172,39 @@ def test_a_branch_resumes_from_a_checkpoint_with_the_logits_of_a_full_computatio
     assert reused == len(branch) and prov.states.reused_by_cut == cuts + 1
     close(logits, reference(rt, longer))
     assert prov.states.checkpoint_errors == 0
+
+
+def test_a_checkpoint_from_another_prefix_is_flagged_by_the_same_comparison(model):
+    """The planted-fault control of the comparison above (close(): MAX_ABS_DIFF): the branch resumed
+    from a checkpoint taken at the same position on another prompt's path (another window's cells on
+    the sliding-window model, another recurrent state on the hybrid one) gives logits far outside
+    the bound; the right checkpoint, in the same run, passes."""
+    from server.engine.slots import Slot
+
+    rt = model.rt
+    prov, slot = provider(rt, every=128), Slot(index=2, seq_id=2)
+    rt.seq_rm(2, -1, -1)
+    run(rt, prov, slot, tokens(rt, 300, 11), 0)
+    foreign = prov.states.of(slot).newest_at_or_below(128)  # another path's checkpoint at 128
+    assert foreign is not None and foreign.pos == 128
+    first = tokens(rt, 1000, 12)
+    run(rt, prov, slot, first, 0)
+    assert rt.seq_pos_min(2) > BRANCH - N_SWA  # the state at the branch is gone: a checkpoint serves
+    real_resume = prov.states.resume
+    prov.states.resume = lambda s, k, ckpt: real_resume(s, k, ckpt and replace(ckpt, blob=foreign.blob))
+    branch = first[:BRANCH] + tokens(rt, 40, 13)
+    logits, reused = run(rt, prov, slot, branch, BRANCH)
+    assert reused == 128 and prov.states.reused_by_checkpoint == 1
+    diff = float(np.max(np.abs(logits - reference(rt, branch))))
+    print(f"{model.kind}: a checkpoint from another prefix moves the logits by {diff:.3g}")
+    assert diff > 10 * MAX_ABS_DIFF, f"a checkpoint from another prefix gave nearly the same logits ({diff})"
+
+    prov.states.resume = real_resume  # control: the same branch again, from its own checkpoint
+    run(rt, prov, slot, first, 0)
+    logits, reused = run(rt, prov, slot, branch, BRANCH)
+    assert reused == 128
+    close(logits, reference(rt, branch))
+    rt.seq_rm(2, -1, -1)
 
 
 def test_cutting_without_the_window_changes_the_logits(model):

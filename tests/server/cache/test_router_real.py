@@ -1,6 +1,8 @@
 """The cache router on the real engine (embedded model), in process.
 
-Correctness: cache-on answers equal cache-off answers. Faults: a corrupt, missing or
+Correctness: cache-on answers equal cache-off answers, or part at a near-tie, and no more often
+than the measured parting rate allows (tests/server/near_tie.py; faults planted on purpose are
+flagged by tests/server/cache/test_cache_faults_real.py). Faults: a corrupt, missing or
 foreign segment, exhausted scratch sequences and a restore failing halfway all give the
 right answer through the fallback, and KV cell usage returns to what the slots hold.
 Sharing: concurrent requests over a common prefix hold one physical copy of it.
@@ -19,8 +21,11 @@ from server.cache.kv_ops import used_cells as kv_used_cells
 from server.engine.slots import common_prefix_len
 from tests.cores import model_threads
 from tests.server.cache.engine_harness import (
+    Comparison,
     assert_same_answer,
     chat_tokens,
+    compare,
+    comparison_summary,
     divergence,
     fail_next_restore,
     generate,
@@ -30,6 +35,7 @@ from tests.server.cache.engine_harness import (
     used_cells,
 )
 from tests.server.conftest import embedded_model_available
+from tests.server.near_tie import FIRST_TOKEN_PARTING_RATE, parting_bound
 
 pytestmark = pytest.mark.model
 
@@ -54,10 +60,50 @@ def load(tmp_path: Path | None, **overrides):
     return bootstrap.load(ServerSettings(**kw))
 
 
+def comparison_prompts(model, n: int = 50, seed: int = 7) -> list[list[int]]:
+    """n chat prompts from shared trunks and branches: three system prompts, one to three questions."""
+    rng = random.Random(seed)
+    systems = [SYSTEM, SYSTEM + " Escalate safety issues first.", "You are a financial research assistant."]
+    prompts = []
+    for i in range(n):
+        turns = rng.sample(QUESTIONS, k=1 + i % 3)
+        prompts.append(chat_tokens(model, systems[i % len(systems)], " Then: ".join(turns)))
+    return prompts
+
+
+def compare_cache_on_off(model, reference, prompts: list[list[int]], max_tokens: int = 6,
+                         top_k: int | None = None) -> list[Comparison]:
+    """Each prompt answered greedily by `reference` (cache off), then by `model` (cache on)."""
+    kw = {} if top_k is None else {"top_k": top_k}
+    rows = []
+    for p in prompts:
+        want = generate(reference, p, max_tokens=max_tokens, **kw)
+        got = generate(model, p, max_tokens=max_tokens, **kw)
+        assert got.final.prompt_tokens == want.final.prompt_tokens
+        rows.append(compare(got, want, model.runtime.is_eog))
+    return rows
+
+
+def parting_problems(rows: list[Comparison]) -> list[str]:
+    """The embedded model's check of a cache-on / cache-off run: every parting at a near-tie, and
+    no more partings (nor first-token ones) than the measured rate allows for this many answers."""
+    problems = [r.problem for r in rows if r.problem]
+    parted = sum(r.parting is not None for r in rows)
+    if parted > parting_bound(len(rows)):
+        problems.append(f"{parted}/{len(rows)} answers part, more than the {parting_bound(len(rows))} "
+                        "the measured parting rate allows")
+    first = sum(r.first_token_parts for r in rows)
+    if first > parting_bound(len(rows), FIRST_TOKEN_PARTING_RATE):
+        problems.append(f"{first}/{len(rows)} answers part at their first token, more than the "
+                        f"{parting_bound(len(rows), FIRST_TOKEN_PARTING_RATE)} the measured rate allows")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def reference():
-    """Cache-off engine: the answers every cache configuration must reproduce."""
-    model = load(None, no_cache=True, parallel=2)
+    """Cache-off engine: the answers every cache configuration must reproduce (no drafting: its
+    verification batches would add batch shapes of their own to what the comparisons measure)."""
+    model = load(None, no_cache=True, parallel=2, spec_type="none")
     yield model
     model.close()
 
@@ -71,46 +117,40 @@ def cached(tmp_path):
 
 def test_cache_on_matches_cache_off_over_shared_prefixes_and_branches(reference, tmp_path):
     """50 prompts from shared trunks and branches, run greedily with and without cache: every
-    answer is the cache-off one, or leaves it only at a near-tie (engine_harness.divergence)."""
-    model = load(tmp_path, parallel=2)
+    answer is the cache-off one, or leaves it only at a near-tie (engine_harness.divergence), and
+    no more answers part than the parting rate measured over many such runs allows
+    (near_tie.parting_bound: at most 15 of 50, at most 8 at their first token; docs/benchmark-notes.md,
+    "Near-tie partings"). Drafting is off in both engines: the subject is the cache."""
+    model = load(tmp_path, parallel=2, spec_type="none")
     try:
-        rng = random.Random(7)
-        systems = [SYSTEM, SYSTEM + " Escalate safety issues first.", "You are a financial research assistant."]
-        prompts = []
-        for i in range(50):
-            sys_prompt = systems[i % len(systems)]
-            turns = rng.sample(QUESTIONS, k=1 + i % 3)
-            prompts.append(chat_tokens(model, sys_prompt, " Then: ".join(turns)))
-        same = 0
-        differ: list[str] = []
+        rows = compare_cache_on_off(model, reference, comparison_prompts(model))
         sources: dict[str, int] = {}
-        for p in prompts:
-            want = generate(reference, p, max_tokens=6)
-            got = generate(model, p, max_tokens=6)
-            same += got.tokens == want.tokens
-            problem = divergence(got, want, model.runtime.is_eog)
-            if problem:
-                differ.append(problem)
-            sources[got.final.cache.source] = sources.get(got.final.cache.source, 0) + 1
-            assert got.final.prompt_tokens == want.final.prompt_tokens
-        print(f"cache on vs off: {same}/50 identical greedy answers, the others part at a near-tie; sources {sources}")
+        for r in rows:
+            sources[r.source] = sources.get(r.source, 0) + 1
+        print(f"cache on vs off: {comparison_summary(rows)}; sources {sources}")
         # Which tier serves a prefix is the cost model's choice from restore rates it measures
         # (server/cache/cost.py): on a loaded machine D can be measured faster than H (CI once saw
         # H 8, D 11). What this test needs is that the cache served the prompts it compares.
         assert 50 - sources.get("none", 0) >= 40, sources
-        assert not differ, differ
+        same = sum(r.parting is None for r in rows)
+        first_same = sum(not r.first_token_parts for r in rows)
+        assert same >= 35, f"only {same}/50 greedy answers identical: {comparison_summary(rows)}"
+        assert first_same >= 42, f"{first_same}/50 answers start the same: {comparison_summary(rows)}"
+        problems = parting_problems(rows)
+        assert not problems, problems
     finally:
         model.close()
 
 
 def test_the_near_tie_check_flags_the_answer_to_another_prompt(reference):
     """The control for engine_harness.divergence: an answer computed from other KV (here, the
-    cache-off answer to the next question) is not passed off as a near-tie of the right one."""
+    cache-off answer to the next question) is not passed off as a near-tie of the right one,
+    for every question (the reference engine is deterministic: cache and drafting off)."""
     answers = [generate(reference, chat_tokens(reference, SYSTEM, q), max_tokens=6) for q in QUESTIONS]
     flagged = [divergence(answers[(i + 1) % len(answers)], a, reference.runtime.is_eog) is not None
                for i, a in enumerate(answers)]
     print(f"another prompt's answer flagged {sum(flagged)}/{len(flagged)}")
-    assert sum(flagged) >= len(flagged) - 1, [a.text for a in answers]
+    assert all(flagged), [a.text for a in answers]
     assert divergence(answers[0], answers[0], reference.runtime.is_eog) is None
 
 
@@ -400,10 +440,14 @@ def _slot_taken_then_back(step_kib: int) -> tuple[object, dict, object]:
     return got, stats, model
 
 
-def test_a_reused_slot_is_written_back_piece_by_piece_while_another_request_decodes():
+def test_a_reused_slot_is_written_back_piece_by_piece_while_another_request_decodes(reference):
     """The taken slot's KV is parked and stored a bounded piece per decode step (the rest
-    when the engine is idle); what comes back from H gives the answer a synchronous store gives."""
+    when the engine is idle); what comes back from H gives the answer a synchronous store gives:
+    the first token's log-probabilities to the bit (the same bytes restored, the rest of the
+    prompt computed in the same batch: one piece stored wrong would move them), the answer the
+    cache-off one up to a near-tie."""
     pieced, stats, model = _slot_taken_then_back(64)  # 64 KiB a step: a few tokens of this model
+    follow = chat_tokens(model, SYSTEM, QUESTIONS[0]) + chat_tokens(model, "", QUESTIONS[2])[3:]
     model.close()
     wb = stats["parked"]
     assert wb["parked"] >= 1 and wb["dropped"] == 0 and wb["pending"] == 0, wb
@@ -414,7 +458,10 @@ def test_a_reused_slot_is_written_back_piece_by_piece_while_another_request_deco
     at_once, stats, model = _slot_taken_then_back(0)  # --cache-write-back-step 0: stored at once, as before
     model.close()
     assert stats["parked"] is None and stats["write_backs"] >= 1 and stats["leak_free"], stats
-    assert pieced.text[:3] == at_once.text[:3]  # cells differ (parked ones are held): a late near tie may flip
+    assert pieced.logprobs[0] == at_once.logprobs[0], (pieced.logprobs[0], at_once.logprobs[0])
+    want = generate(reference, follow, max_tokens=6)
+    assert_same_answer(reference, pieced, want)
+    assert_same_answer(reference, at_once, want)
 
 
 def test_a_reused_slot_within_one_steps_budget_is_stored_at_once_while_another_request_decodes():
@@ -424,6 +471,38 @@ def test_a_reused_slot_within_one_steps_budget_is_stored_at_once_while_another_r
     model.close()
     assert stats["parked"]["parked"] == 0 and stats["write_backs"] >= 1, stats
     assert stats["parked_ids"] == 0 and stats["leak_free"], stats
+
+
+def test_the_write_back_gate_skips_copies_no_request_came_back_to(reference):
+    """The write-back gate (server/cache/write_back_policy.py, ReuseGate) on the real engine: one
+    slot, prompts that share nothing but the template's first tokens, each taking the slot from the
+    last. The first four lost copies are stored (cold start); after them, copies are skipped: counted,
+    nothing extracted, the host tier's tokens no longer grow. The next turn of a skipped conversation
+    is a comeback the gate counts as missed; it is computed (but for the template's first words, which
+    the slot still holds) and answers as the cache-off engine."""
+    model = load(None, parallel=1, cache_tiers=("A", "H"), spec_type="none")
+    try:
+        topics = ["pumps", "valves", "fans", "compressors", "boilers", "chillers", "turbines"]
+        prompts = [chat_tokens(model, f"You keep the maintenance log of the {t}. Every entry names the device, the "
+                                      f"shift and the reading.", f"What is the latest entry about the {t}?")
+                   for t in topics]
+        host_tokens = []
+        for p in prompts:
+            generate(model, p, max_tokens=2)
+            host_tokens.append(model.router.host.stats()["tokens"])
+        gate = model.engine.run_exclusive(lambda: model.router.write.gate.stats())
+        assert model.router.write_backs == 4 and model.router.write_backs_skipped == len(prompts) - 5, gate
+        assert host_tokens[4] == host_tokens[-1] > 0, host_tokens  # nothing stored after the fourth loss
+        follow = prompts[5] + chat_tokens(model, "", "And the one before it? Name the shift that logged it.")[3:]
+        got = generate(model, follow, max_tokens=6)
+        gate = model.engine.run_exclusive(lambda: model.router.write.gate.stats())
+        assert gate["comebacks"] == 1 and gate["missed"] == 1, gate
+        # nothing but the part it shares with the slot's last prompt is reused: the skipped copy is computed
+        assert got.final.cache.reused_tokens == common_prefix_len(prompts[-1], follow) < 16, got.final.cache
+        assert_same_answer(reference, got, generate(reference, follow, max_tokens=6))
+        _assert_no_leak(model)
+    finally:
+        model.close()
 
 
 def test_a_slot_taken_with_nothing_else_running_is_stored_at_once():
