@@ -4,12 +4,11 @@ on the embedded model over real HTTP, with the official openai client where it a
 from __future__ import annotations
 
 import math
+import uuid
 
 import httpx
 import openai
 import pytest
-
-from tests.server.near_tie import NEAR_TIE_NATS, Step, first_parting, parting_problem
 
 pytestmark = pytest.mark.model
 
@@ -36,22 +35,49 @@ def test_greedy_token_is_the_top_one_at_every_position(client):
         assert sum(math.exp(v) for v in values) <= 1.0 + 1e-6
 
 
-def test_stream_carries_the_same_logprobs(client):
-    plain = client.chat.completions.create(model="", messages=MESSAGES, max_tokens=16, temperature=0,
-                                           logprobs=True, top_logprobs=5)
-    entries = []
-    for chunk in client.chat.completions.create(model="", messages=MESSAGES, max_tokens=16, temperature=0,
-                                                logprobs=True, top_logprobs=5, stream=True):
+BATCH = 64  # the shared server's --batch-size (tests/server/conftest.py, arbor_server)
+FILLER = ("Please list them in the order they take in the rainbow from the outside in and give each one a short "
+          "reason why someone might like it best of all on a sunny day after rain").split()
+
+
+def _messages_one_past_a_batch(base_url: str) -> list[dict]:
+    """MESSAGES with words added until the prompt is one token more than a multiple of BATCH: computed
+    from nothing, its last token is then a batch of its own, as it is when everything before it is reused."""
+    for n in range(len(FILLER) + 1):
+        messages = [{"role": "user", "content": " ".join([MESSAGES[0]["content"], *FILLER[:n]])}]
+        prompt = httpx.post(base_url + "/apply-template", json={"messages": messages}, timeout=60).json()["prompt"]
+        tokens = httpx.post(base_url + "/tokenize", json={"content": prompt, "parse_special": True},
+                            timeout=60).json()["tokens"]
+        if len(tokens) % BATCH == 1:
+            return messages
+    raise AssertionError("no prompt length one past a batch")
+
+
+def test_stream_carries_the_same_logprobs(client, arbor_server):
+    """The streamed answer's tokens and log-probabilities are the whole answer's, to the bit. The stream
+    reuses the plain request's KV (its cache_salt, fresh to this test: all but the last token), and the
+    prompt is one token past a multiple of the server's batch, so both computed their last token alone
+    against the same cells: the same arithmetic. A restore of wrong cells would move them (on this model
+    another chunking of one prompt alone moves log-probabilities by up to ~0.6 nats: docs/benchmark-notes.md,
+    "Near-tie partings"). Drafting is off for both (speculative.n_max 0): its verification batches are other
+    shapes."""
+    messages = _messages_one_past_a_batch(arbor_server.base_url)
+    extra = {"cache_salt": f"logprobs-{uuid.uuid4()}", "speculative.n_max": 0}
+    kw = dict(model="", messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=5,
+              extra_body=extra)
+    plain = client.chat.completions.create(**kw)
+    assert plain.usage.prompt_tokens % BATCH == 1 and plain.usage.prompt_tokens_details.cached_tokens == 0
+    entries, usage = [], None
+    for chunk in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
         if chunk.choices and chunk.choices[0].logprobs is not None:
             entries += chunk.choices[0].logprobs.content
+        usage = chunk.usage or usage
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1  # reused, but for the last token
     whole = plain.choices[0].logprobs.content
-    # Each request may reuse other cells of the shared server's KV: a near-tie may flip (near_tie.py)
-    streamed_steps, whole_steps = ([Step(e.token, e.logprob, {t.token: t.logprob for t in e.top_logprobs})
-                                    for e in run] for run in (entries, whole))
-    assert parting_problem(streamed_steps, whole_steps) is None, parting_problem(streamed_steps, whole_steps)
-    same = first_parting([e.token for e in entries], [e.token for e in whole])
-    for a, b in list(zip(entries, whole))[:same]:  # equal up to that arithmetic's noise
-        assert math.isclose(a.logprob, b.logprob, abs_tol=NEAR_TIE_NATS), (a, b)
+    assert [e.token for e in entries] == [e.token for e in whole]
+    for a, b in zip(entries, whole, strict=True):
+        assert a.logprob == b.logprob, (a, b)
+        assert [(t.token, t.logprob) for t in a.top_logprobs] == [(t.token, t.logprob) for t in b.top_logprobs]
 
 
 def test_sampled_tokens_get_their_own_logprob(client):
