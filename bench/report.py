@@ -17,7 +17,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, swa_memory
+from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, speculative, swa_memory
 from harness.kernels import paged_kernel_check
 from harness.reports.results import load_results
 
@@ -321,8 +321,8 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
             by_load.setdefault(run["workload"], []).append(run)
     for wname, runs in by_load.items():
         out += [f"### {wname}", "", "| configuration | computed prompt tokens | computed/ideal | wall (x no-cache) "
-                "| TTFT p50 (x no-cache) | TTFT mean (x no-cache) | cache/decode | sources |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| TTFT p50 (x no-cache) | TTFT mean (x no-cache) | prefill s / decode s | cache/decode | sources |",
+                "|---|---|---|---|---|---|---|---|---|"]
         base = None
         rows = []
         for run in runs:
@@ -344,10 +344,17 @@ def run_all_section(res: Path, dirname: str = "run_all") -> list[str]:
                 + (" **slower**" if check["slower"] else ""))
             out.append(f"| {name} | {s['tokens']['computed']} | {_f(ideal.get('computed_over_ideal'))} | "
                        f"{_f(s['wall_s'], 1)} s ({wall}) | {rel('ttft_s', 'p50')} | {rel('ttft_s', 'mean')} "
-                       f"| {_share(eng)} "
+                       f"| {_halves(s)} | {_share(eng)} "
                        f"| {', '.join(f'{k}:{v}' for k, v in sorted(s.get('cache_sources', {}).items()))} |")
         out.append("")
     return out
+
+
+def _halves(summary: dict) -> str:
+    """A run's requests' time to their first token and after it, summed (its prefill and decode halves)."""
+    if "decode_s" not in summary:
+        return "–"
+    return f"{_f(summary['prefill_s'], 1)} / {_f(summary['decode_s'], 1)}"
 
 
 def _share(eng: dict | None) -> str:
@@ -394,6 +401,7 @@ READING_TOPICS = {
     swa_memory.HEADING: "Sliding-window KV memory",
     paged_kernel_check.HEADING: "Idle cells and paged attention",
     DEVICE_HEADING: "Paged attention on a GPU",
+    speculative.HEADING: "Speculative decoding",
 }
 
 
@@ -656,7 +664,8 @@ def main(argv: list[str] | None = None) -> None:
                                                     tree_evict_section, hostile_section,
                                                     kv_types.report_section, api_parity.report_section,
                                                     checkpoint_agreement.report_section, swa_memory.report_section,
-                                                    paged_kernel_check.report_section, device_section)]
+                                                    paged_kernel_check.report_section, speculative.report_section,
+                                                    device_section)]
     for section in sections:
         lines += reading_pointer(_or_carried(section, old))
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,8 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
         ("arbor A,S", arbor_common + ["--cache-tiers", "A,S"]),
         ("arbor A,H", arbor_common + ["--cache-tiers", "A,H"]),
         ("arbor A,S,H", arbor_common + ["--cache-tiers", "A,S,H"]),
+        # the default drafts (speculative decoding, --spec-type auto): the same without drafting, beside it
+        ("arbor A,S,H no drafting", arbor_common + ["--cache-tiers", "A,S,H", "--spec-type", "none"]),
         ("arbor A,S,H longest", arbor_common + ["--cache-tiers", "A,S,H", "--cache-route", "longest"]),
         # write-back in one go when a slot is taken, instead of a bounded piece per step
         ("arbor A,S,H write-back at once", arbor_common + ["--cache-tiers", "A,S,H", "--cache-write-back-step", "0"]),
@@ -246,7 +248,8 @@ def run_workload(a: argparse.Namespace, wname: str, work, lines: list[ManifestLi
             ideal = summ.get("ideal", {})
             print(f"{wname:15s} {cname:34s} round={rnd} computed={summ['tokens']['computed']:6d} "
                   f"ideal={ideal.get('ideal_computed_tokens')} ratio={ideal.get('computed_over_ideal')} "
-                  f"wall={summ['wall_s']:.1f}s ttft_p50={summ['ttft_s'].get('p50')}", flush=True)
+                  f"wall={summ['wall_s']:.1f}s ttft_p50={summ['ttft_s'].get('p50')} "
+                  f"prefill={summ.get('prefill_s', 0):.1f}s decode={summ.get('decode_s', 0):.1f}s", flush=True)
             index["runs"].append({"workload": wname, "config": cname, "command": " ".join(cmd),
                                   "result": str(path), "workload_params": work.describe()["params"],
                                   "same_prompts": a.same_prompts, "round": rnd, "wall_s": summ["wall_s"],

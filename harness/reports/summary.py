@@ -42,6 +42,10 @@ def summarize(requests: Sequence[RequestResult], wall_s: float, ideal: IdealResu
         "wall_s": wall_s,
         "ttft_s": _stats([r.ttft_s for r in ok if r.ttft_s is not None]),
         "latency_s": _stats([r.latency_s for r in ok if r.latency_s is not None]),
+        # a turn's two halves: prefill (to the first token, queueing included) and decode (first token to the end),
+        # summed over the requests; decode is what speculative decoding shortens
+        "prefill_s": sum(r.ttft_s for r in ok if r.ttft_s is not None),
+        "decode_s": sum(r.latency_s - r.ttft_s for r in ok if r.latency_s is not None and r.ttft_s is not None),
         "throughput": {
             "requests_per_s": len(ok) / wall_s if wall_s > 0 else None,
             "output_tokens_per_s": completion / wall_s if wall_s > 0 else None,
