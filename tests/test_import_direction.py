@@ -1,4 +1,4 @@
-"""Imports go one way (DESIGN.md, "The house"): scenarios use tools, never the reverse; the app
+"""Imports go one way (docs/architecture.md, "The house"): scenarios use tools, never the reverse; the app
 serves the frontend, which never imports the app; the workbench talks to the server only over
 HTTP; the server stands alone; the benchmark harness (harness/) stands alone too, so the workbench's
 replay and the benchmarks' entry points (bench/) can both use it, and nothing but bench/ and the

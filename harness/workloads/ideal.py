@@ -1,4 +1,4 @@
-"""The ideal number of computed prompt tokens for a workload (DESIGN.md, "How we measure reuse").
+"""The ideal number of computed prompt tokens for a workload (docs/replay.md, "Computed tokens and the ideal").
 
 For each prompt in arrival order, the ideal cache computes its length minus the longest
 prefix it shares with *any* earlier prompt, and never less than one token (a fully cached

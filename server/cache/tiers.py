@@ -1,6 +1,6 @@
 """What every stored tier of the prefix cache is to the router: one interface, one name.
 
-The sources of reusable KV (DESIGN.md, the request path) are named by `Source` and by nothing
+The sources of reusable KV (docs/architecture.md, one request's path) are named by `Source` and by nothing
 else; its values are the letters /cache/stats and /metrics have always shown. The stored
 tiers, host RAM (H, server/cache/host_tier.py), disk (D, server/cache/disk_tier.py) and the
 store shared by replicas (R, server/cache/shared_tier.py), implement `KVTier`, and their

@@ -96,7 +96,7 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class CacheReport:
-    """Where the reused prefix of a request came from (DESIGN.md sources A/S/H/D/R)."""
+    """Where the reused prefix of a request came from (docs/architecture.md's sources A/S/H/D/R)."""
 
     source: str = "none"  # "A" | "S" | "H" | "D" | "R" | "none"
     reused_tokens: int = 0

@@ -1,6 +1,6 @@
 """Slots: the N sequences of the unified KV that run requests.
 
-An idle slot keeps the KV of its last request (source A of DESIGN.md), so the pool hands a
+An idle slot keeps the KV of its last request (source A, docs/architecture.md), so the pool hands a
 new request to the idle slot whose kept tokens share the longest prefix with its prompt;
 ties go to the slot idle the longest, so warm prefixes of other slots survive longer.
 """

@@ -4,7 +4,7 @@ Each choice is its own engine request, so choices run side by side on separate s
 sample independently (with a client seed, choice i uses seed + i, so choices differ yet a
 rerun repeats them). They form one prefill group: the cache router lets one choice compute
 the prompt while the others wait, then attaches its KV to them (seq_cp, no copy), so the
-prompt is computed once (DESIGN.md source S; with --no-cache every choice computes it).
+prompt is computed once (source S, docs/architecture.md; with --no-cache every choice computes it).
 
 One choice (n=1) is passed straight through, so requests that do not ask for more pay
 nothing for this.

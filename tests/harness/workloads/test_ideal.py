@@ -1,4 +1,4 @@
-"""The ideal (DESIGN.md "How we measure reuse") against a brute-force definition."""
+"""The ideal (docs/replay.md, "Computed tokens and the ideal") against a brute-force definition."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
