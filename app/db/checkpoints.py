@@ -2,7 +2,7 @@
 
 PostgreSQL: `AsyncPostgresSaver` on a small psycopg connection pool, its tables in the same
 database as the workbench's (created or migrated when the workbench opens). SQLite:
-`AsyncSqliteSaver` on `settings.checkpoint_path`.
+`AsyncSqliteSaver` on `settings.checkpoint_path`, its tables created when the workbench opens.
 
 A checkpoint thread belongs to one branch (`branch_thread_id`, "branch-<branch id>"): its
 turns run one after another on it, each from an explicit checkpoint (app/services/turns.py,
@@ -47,6 +47,9 @@ async def open_checkpointer(settings: WorkbenchSettings) -> AsyncIterator[BaseCh
     assert path is not None  # a SQLite database always has a checkpoint file
     path.parent.mkdir(parents=True, exist_ok=True)
     async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+        # Its tables now, as for PostgreSQL: the saver creates them on its first read or write,
+        # but not before a delete (a session deleted before any turn ran: "no such table", 500).
+        await saver.setup()
         yield saver
 
 
