@@ -29,14 +29,14 @@ def slow_chunks_server(tmp_path_factory):
     stop_server(server)
 
 
-def stream_chunks(v1: str) -> tuple[list[str], dict, float]:
+def stream_chunks(v1: str, max_tokens: int = TOKENS) -> tuple[list[str], dict, float]:
     """The streamed content pieces, the last chunk's usage and timings, and the seconds from
     sending the request to the chunk with the finish_reason."""
     pieces: list[str] = []
     last: dict = {}
     finish = None
     t0 = time.perf_counter()
-    body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+    body = {**BODY, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
     with httpx.stream("POST", v1 + "/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -66,10 +66,13 @@ def test_a_fast_stream_gets_several_tokens_per_chunk_and_the_same_text(slow_chun
 
 
 def test_the_end_of_a_stream_is_not_held_for_the_timer(slow_chunks_server):
-    _, last, to_finish = stream_chunks(slow_chunks_server.v1)
+    """The timer is armed by the first token's chunk: an end held for it would come 1 s after that. The
+    reply is kept short (6 tokens) and its decode asserted under 0.5 s, so a held end would come more
+    than 0.5 s after the reply was done; the end must come within 0.45 s of it (the margin is for the
+    request's own HTTP, template and tokenizer time on a loaded host). On a host too slow for that the
+    test fails on the decode time, rather than passing without having been able to see a held end."""
+    _, last, to_finish = stream_chunks(slow_chunks_server.v1, max_tokens=6)
     t = last["timings"]
+    assert t["predicted_n"] == 6 and t["predicted_ms"] < 500, f"a decode this slow would hide a held end: {t}"
     generated = (t["prompt_ms"] + t["predicted_ms"]) / 1000
-    # The timer was armed by the first token's chunk: an end held for it would come 1 s after that,
-    # more than 0.45 s after the reply was done where the reply takes under 0.55 s (0.16 s here); the
-    # margin is for the request's own HTTP, template and tokenizer time on a loaded host.
     assert to_finish - generated < 0.45, (to_finish, t)

@@ -21,8 +21,9 @@ CTX = 640  # 4 slots: an even share would be 160 cells
 
 @pytest.fixture(scope="module")
 def small_pool(tmp_path_factory):
-    # llama.cpp checks every paged mask it builds: a full pool places cells among other sequences' and the
-    # engine then defragments them (native/src/llama-kv-defrag.cpp), so the masks after those moves are checked too
+    # llama.cpp checks every paged mask it builds, also while the pool is full. Here the idle slots' KV is
+    # dropped whole, so no cell lands among another sequence's and nothing is defragmented (the counter stays 0);
+    # test_defragment_real.py fills the pool so that it does, and checks the masks after the moves
     server = start_server(tmp_path_factory.mktemp("kvpool"), "--parallel", "4", "--ctx-size", str(CTX),
                           "--batch-size", "128", "--cache-tiers", "A", env={"LLAMA_PAGED_ATTN_SELF_CHECK": "1"})
     yield server
