@@ -79,6 +79,8 @@ class TurnJournal:
         self.ids: dict[str, Any] = {"session_id": session_id, "branch_id": branch_id, "turn_id": turn_id,
                                     "segment": segment}
         self._pending: list[dict] = []
+        self._added = self._written = 0  # events added, and of those written (or dropped with a failed write)
+        self._progress = asyncio.Event()  # set (and replaced) after each write
         self._next_seq = 0
         self._closing = False
         self._more = asyncio.Event()
@@ -87,6 +89,7 @@ class TurnJournal:
 
     def add(self, event: dict) -> None:
         self._pending.append(event)
+        self._added += 1
         if event.get("type") in TERMINAL_EVENTS:
             self._urgent.set()
         self._more.set()
@@ -98,6 +101,16 @@ class TurnJournal:
         self._closing = True
         self._urgent.set()
         self._more.set()
+
+    async def settle(self) -> None:
+        """Write what was added so far now, and wait until it is written: a row written next
+        by someone else (`append_event`) then comes after it."""
+        target = self._added
+        while self._task is not None and not self._task.done() and self._written < target:
+            progress = self._progress
+            self._urgent.set()
+            self._more.set()
+            await progress.wait()
 
     async def wait_written(self) -> None:
         """Wait until the task has written everything added before `close`."""
@@ -114,10 +127,14 @@ class TurnJournal:
                     pass
             self._more.clear()
             self._urgent.clear()
-            batch, self._pending = merged_tokens(self._pending), []
+            taken, self._pending = self._pending, []
+            batch = merged_tokens(taken)
             if batch:
                 first, self._next_seq = self._next_seq, self._next_seq + len(batch)
                 await asyncio.to_thread(self._write, batch, first)
+            self._written += len(taken)
+            progress, self._progress = self._progress, asyncio.Event()
+            progress.set()
             if self._closing and not self._pending:
                 return
 

@@ -54,10 +54,11 @@ class TurnHandle:
     journal: TurnJournal | None = None  # the copy other processes read (app/services/turn_journal.py)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    def emit(self, event: dict) -> None:
-        """Append `event` and wake the readers."""
+    def emit(self, event: dict, journal: bool = True) -> None:
+        """Append `event` and wake the readers; `journal` False: the event's row was written
+        already, with the change it tells of (a pause: app/services/turns.py)."""
         self.log.append(event)
-        if self.journal is not None:
+        if journal and self.journal is not None:
             self.journal.add(event)
         self._notify()
 
@@ -90,8 +91,9 @@ class TurnHandle:
     def request_cancel(self) -> None:
         """Ask the turn to stop: in the graph its task is cancelled (the model request is closed,
         the turn ends `cancelled`); before it, the task stops as it gets there; once finishing,
-        nothing changes (the turn ends as it was going to)."""
-        if self.phase == "finishing" or self.task is None or self.task.done():
+        nothing changes (the turn ends as it was going to). Asked again, nothing more happens: a
+        second cancel of the task would cut short the recording of the first."""
+        if self.cancel_requested or self.phase == "finishing" or self.task is None or self.task.done():
             return
         self.cancel_requested = True
         if self.phase == "graph":

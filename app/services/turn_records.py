@@ -67,7 +67,10 @@ def record_start(db: Session, turn: Turn, run: Run, checkpoint_id: str, history_
 def pause(db: Session, turn: Turn, run: Run, request: dict) -> dict:
     """running → awaiting_approval, with the pending approval of `request` (the graph's
     interrupt: tool_call_id, tool_name, arguments), recorded once however often it is asked.
-    Returns the `approval_request` event."""
+    Returns the `approval_request` event, journaled here, with the pause: whoever sees the
+    turn paused (and may cancel it, or decide, from any process) sees its event too, and a
+    `cancelled` row appended to the segment comes after it (the caller has the journal write
+    what the turn streamed before, app/services/turns.py)."""
     approval = db.exec(select(Approval).where(Approval.run_id == run.id,
                                               Approval.tool_call_id == request["tool_call_id"])).first()
     if approval is None:
@@ -76,8 +79,11 @@ def pause(db: Session, turn: Turn, run: Run, request: dict) -> dict:
                             arguments=request.get("arguments"))
         db.add(approval)
     _move(db, TurnStatus.AWAITING_APPROVAL, turn, run)
-    return {"type": "approval_request", "approval_id": approval.id, "turn_id": turn.id,
-            "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name, "arguments": approval.arguments}
+    event = {"type": "approval_request", "approval_id": approval.id, "turn_id": turn.id,
+             "tool_call_id": approval.tool_call_id, "tool_name": approval.tool_name, "arguments": approval.arguments}
+    db.flush()  # the approval counts as pending, not decided: the segment is the one streamed
+    append_event(db, turn, event)
+    return event
 
 
 def decide(db: Session, approval_id: str, approved: bool, comment: str,
@@ -90,9 +96,11 @@ def decide(db: Session, approval_id: str, approved: bool, comment: str,
     approval = db.get(Approval, approval_id)
     if approval is None:
         raise NotFound(f"unknown approval {approval_id!r}", "unknown_approval")
+    turn = lock_turn(db, approval.turn_id)  # a cancel of the turn waits for this decision, or this for it
+    db.refresh(approval)
     if approval.status != ApprovalStatus.PENDING:
         raise Conflict(f"approval {approval_id!r} is already {approval.status}", "approval_decided")
-    turn, run = db.get(Turn, approval.turn_id), db.get(Run, approval.run_id)
+    run = db.get(Run, approval.run_id)
     if turn is None or run is None or turn.status != TurnStatus.AWAITING_APPROVAL:
         raise Conflict(f"the turn of approval {approval_id!r} is not waiting for a decision", "approval_stale")
     claim = (update(Approval).where(col(Approval.id) == approval_id, col(Approval.status) == ApprovalStatus.PENDING)
@@ -103,6 +111,33 @@ def decide(db: Session, approval_id: str, approved: bool, comment: str,
         db.rollback()
         raise Conflict(f"approval {approval_id!r} was decided meanwhile", "approval_decided")
     return turn, run
+
+
+def lock_turn(db: Session, turn_id: str) -> Turn:
+    """Turn `turn_id` as it is now, its row locked until the transaction ends: PostgreSQL's
+    FOR NO KEY UPDATE, so a transition of the turn in another process waits, then reads what
+    this one wrote, while rows that only refer to the turn (its journal, its spans) are still
+    written. Every transition takes it before it touches the turn's runs or approvals: one
+    order, no deadlock. SQLite has one writer at a time (and each process its own lock,
+    app/services/turns.py). NotFound for an unknown turn."""
+    turn = db.exec(select(Turn).where(Turn.id == turn_id).with_for_update(key_share=True)
+                   .execution_options(populate_existing=True)).first()
+    if turn is None:
+        raise NotFound(f"unknown turn {turn_id!r}", "unknown_turn")
+    return turn
+
+
+def lock_branch(db: Session, branch: Branch) -> Branch:
+    """`branch` as it is now, its row locked until the transaction ends (FOR NO KEY UPDATE on
+    PostgreSQL): a turn that completes meanwhile (its end and the branch's new head are one
+    transaction) is either seen completed with its head, or waits until this one has
+    recorded its new turn. Refreshed again after the check that the branch is free, for SQLite,
+    whose reads outside a write see each statement's own moment."""
+    locked = db.exec(select(Branch).where(Branch.id == branch.id).with_for_update(key_share=True)
+                     .execution_options(populate_existing=True)).first()
+    if locked is None:
+        raise NotFound(f"unknown branch {branch.id!r}", "unknown_branch")
+    return locked
 
 
 def resume(db: Session, turn: Turn, run: Run, owner: str | None) -> None:

@@ -109,12 +109,15 @@ class TurnService:
         with self._record_lock, Session(self.engine) as db:
             session = sessions_service.get_session(db, session_id)
             scenario = self.catalog.get(session.scenario)
-            branch = sessions_service.get_branch(db, session, request.branch_id)
+            branch = turn_records.lock_branch(db, sessions_service.get_branch(db, session, request.branch_id))
             if request.tool_choice is not None:
                 check_tool_choice(request.tool_choice, scenario)
             busy = sessions_service.busy_turn(db, branch)
             if busy is not None:
                 raise branch_busy(branch.id, busy)
+            # Read after the check: a turn that was busy a moment ago recorded its end and the
+            # branch's head at once, so the head read now is at least that turn's.
+            db.refresh(branch)
             parent = db.get(Turn, branch.head_turn_id) if branch.head_turn_id else None
             start = turn_start(db, branch, parent)
             if start.cut is not None and message != start.cut.user_message:
@@ -213,33 +216,31 @@ class TurnService:
         is cancelled in the graph); a turn waiting for an approval is cancelled with its
         approval. A turn another workbench process runs is stopped by that process
         (app/services/remote_cancel.py): this one waits for it to end (at most CANCEL_WAIT_S,
-        then answers the turn as it stands); one whose process died is ended here. Conflict
-        (`turn_not_running`) for a turn that had already ended, and (`turn_starting`) for one
-        this process is still recording."""
+        then answers the turn as it stands); one whose process died is ended here. A running
+        turn that pauses for an approval as it is asked to stop (it was recording the pause)
+        is cancelled in its pause. Conflict (`turn_not_running`) for a turn that had already
+        ended, and (`turn_starting`) for one this process is still recording."""
         handle = self._live.get(turn_id)
         if handle is not None:
             handle.request_cancel()
             assert handle.task is not None  # set before the handle is registered as live (_launch)
             await asyncio.wait({handle.task})  # not cancelled with this request: the turn ends regardless
-            # A task that was just recording a pause (its stream had already ended at the
-            # approval request) ends paused, not cancelled: the pause is cancelled like any other.
-            if (await asyncio.to_thread(self.turn_public, turn_id)).status == TurnStatus.AWAITING_APPROVAL:
-                session_key = await asyncio.to_thread(self._cancel_recorded, turn_id)
-                if session_key is not None:
-                    await self.hints.turn_ended(session_key)
         else:
             session_key = await asyncio.to_thread(self._cancel_recorded, turn_id)
-            if session_key is None:  # passed on to the process running it
-                await wait_ended(self.engine, turn_id, self.follow_timing.poll_s, CANCEL_WAIT_S)
-            else:
+            if session_key is not None:
                 await self.hints.turn_ended(session_key)
+                return await asyncio.to_thread(self.turn_public, turn_id)
+            await wait_ended(self.engine, turn_id, self.follow_timing.poll_s, CANCEL_WAIT_S)  # passed on
+        session_key = await asyncio.to_thread(self._cancel_paused, turn_id)
+        if session_key is not None:
+            await self.hints.turn_ended(session_key)
         return await asyncio.to_thread(self.turn_public, turn_id)
 
     def _cancel_recorded(self, turn_id: str) -> str | None:
         """Cancel a turn no task of this process runs: ask its running process (None), or end it
         here (a paused turn, or one whose process died) and return its cache session key."""
         with self._record_lock, Session(self.engine) as db:
-            turn = sessions_service.get_turn(db, turn_id)
+            turn = turn_records.lock_turn(db, turn_id)  # a decision or a cancel elsewhere goes first, or after
             if turn.status == TurnStatus.RUNNING:
                 run = sessions_service.latest_run(db, turn.id)
                 owner = run.owner if run else None
@@ -253,6 +254,17 @@ class TurnService:
                 raise Conflict(f"turn {turn_id!r} is {turn.status}; only a running turn can be stopped",
                                "turn_not_running")
             turn_records.cancel_here(db, turn, CANCELLED)  # paused, or its process is dead: it ends here
+            db.commit()
+            return hint_key(turn.session_id, turn.branch_id)
+
+    def _cancel_paused(self, turn_id: str) -> str | None:
+        """Cancel turn `turn_id` if it waits for an approval (its cache session key); None for a
+        turn in any other state, which is left as it is."""
+        with self._record_lock, Session(self.engine) as db:
+            turn = turn_records.lock_turn(db, turn_id)
+            if turn.status != TurnStatus.AWAITING_APPROVAL:
+                return None
+            turn_records.cancel_here(db, turn, CANCELLED)
             db.commit()
             return hint_key(turn.session_id, turn.branch_id)
 
@@ -307,11 +319,15 @@ class TurnService:
             if await self._run_graph(handle, graph_input, context, config):
                 await self.hints.turn_ended(context.cache_session)
         finally:
-            if self._live.get(handle.turn_id) is handle:
-                del self._live[handle.turn_id]
             handle.close()
-            if handle.journal is not None:  # written before the task ends (and before shutdown closes the database)
-                await handle.journal.wait_written()
+            try:
+                if handle.journal is not None:  # written before the task ends (and before shutdown closes the database)
+                    await handle.journal.wait_written()
+            finally:
+                # Live until its journal is written: a cancel meanwhile waits for this task, then
+                # reads how the turn ended, instead of writing after rows still on their way.
+                if self._live.get(handle.turn_id) is handle:
+                    del self._live[handle.turn_id]
 
     async def _run_graph(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> bool:
         """Run the graph from `config`, emit its events and record the outcome; False when it
@@ -330,7 +346,9 @@ class TurnService:
                     interrupts.extend(chunk["__interrupt__"])
             handle.phase = "finishing"  # the outcome is recorded as it is, even if asked to stop now
             if interrupts:
-                emit(await asyncio.to_thread(self._pause, context, interrupts[0].value))
+                if handle.journal is not None:  # what it streamed first, then the pause with its event
+                    await handle.journal.settle()
+                emit(await asyncio.to_thread(self._pause, context, interrupts[0].value), journal=False)
                 return False
             # The thread's latest checkpoint: this run's last (its branch is busy meanwhile).
             state = await self.graph.aget_state(branch_threads.thread_config(config["configurable"]["thread_id"]))
@@ -344,6 +362,7 @@ class TurnService:
                 current = asyncio.current_task()
                 assert current is not None  # this runs in the turn's task
                 current.uncancel()
+                handle.phase = "finishing"  # recording it: nothing cancels this task again
                 emit(await asyncio.to_thread(self._cancelled, context))
                 return True
             # synchronously: the workbench is stopping, and an await here could be cancelled too
@@ -373,7 +392,8 @@ class TurnService:
     def _record(self, transition: Callable[..., Any], context: TurnContext, *args: Any) -> Any:
         """Move the turn and run of `context` by `transition` (app/services/turn_records.py), committed."""
         with Session(self.engine) as db:
-            result = transition(db, db.get(Turn, context.turn_id), db.get(Run, context.run_id), *args)
+            turn = turn_records.lock_turn(db, context.turn_id)  # before its run: the one lock order
+            result = transition(db, turn, db.get(Run, context.run_id), *args)
             db.commit()
             return result
 

@@ -10,6 +10,9 @@ for a module-scoped app.
 
 Without PostgreSQL installed the `[postgresql]` cases skip, naming the package; under CI=true
 that skip fails the run (tests/conftest.py).
+
+A test fails when a workbench answered it with a 5xx it did not expect (tests/app/server_errors.py):
+mark a test that provokes one `@pytest.mark.expects_5xx`, or wrap the request in `expected_5xx()`.
 """
 
 from __future__ import annotations
@@ -22,9 +25,37 @@ from dataclasses import dataclass
 import pytest
 
 from app.settings import WorkbenchSettings
+from tests.app import server_errors
+from tests.app.server_errors import SERVER_ERRORS
 from tests.pg_cluster import TempCluster, unavailable_reason
 
 DATABASES = ("sqlite", "postgresql")
+
+server_errors.install()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{server_errors.MARKER}: the test provokes a 5xx from a workbench on purpose")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Fail the test with the 5xx answers a workbench gave it, unless it expects them."""
+    SERVER_ERRORS.reset()
+    result = yield
+    seen = list(SERVER_ERRORS.seen)
+    if seen and item.get_closest_marker(server_errors.MARKER) is None:
+        listed = "\n  ".join(seen[:10])
+        raise AssertionError(f"a workbench answered {len(seen)} request(s) with a 5xx the test did not expect "
+                             f"(mark it @pytest.mark.{server_errors.MARKER} if it should):\n  {listed}")
+    return result
+
+
+@pytest.fixture
+def expected_5xx():
+    """`with expected_5xx(): ...`: the 5xx answers inside the block are expected."""
+    return SERVER_ERRORS.expected
+
 
 # The tables where each LangGraph checkpointer keeps a thread's state.
 _CHECKPOINT_TABLES = {"sqlite": ("checkpoints", "writes"),

@@ -1,6 +1,8 @@
 """LangGraph checkpoints live where DATABASE_URL says, one thread per branch, and are deleted
 with their session."""
 
+import pytest
+
 from tests.app.support import make_settings, new_session, post_turn, workbench_client
 from tests.fakes.scripted_openai import ScriptedReply, scripted_server, tool_call
 
@@ -46,6 +48,7 @@ def test_deleting_a_session_deletes_its_checkpoints(tmp_path, workbench_database
         assert not list(settings.data_dir.glob("*.sqlite")) and not list(settings.data_dir.glob("*.db"))
 
 
+@pytest.mark.expects_5xx  # the injected checkpoint failure answers 500
 def test_a_failed_checkpoint_delete_leaves_the_session_whole_and_can_be_retried(tmp_path):
     with scripted_server(_reply) as fake, workbench_client(make_settings(tmp_path, fake.base_url)) as client:
         session = new_session(client)

@@ -9,6 +9,7 @@ from tests.fakes.scripted_openai import scripted_server
 pytestmark = pytest.mark.usefixtures("workbench_database")  # each test on SQLite and PostgreSQL
 
 
+@pytest.mark.expects_5xx  # a tool that raises answers 500 tool_failed
 def test_lab_scenario_routes_and_direct_tool_runs(tmp_path):
     with scripted_server([]) as fake, workbench_client(make_settings(tmp_path, fake.base_url)) as client:
         listing = client.get("/api/scenarios").json()
