@@ -41,10 +41,19 @@ class ChatChoiceStream:
 
     def finish(self, fin: Finished) -> str:
         """What the strict reading of the whole reply adds, then the choice's last chunk with its
-        finish_reason, llama-server `timings` and `arbor` extension."""
+        finish_reason, llama-server `timings` and `arbor` extension.
+
+        A tool call the reply's end cut off (its arguments no whole JSON object) has had its
+        name and the arguments so far streamed already, and cannot be taken back: the last
+        chunk says so, with finish_reason "length" when `max_tokens` cut it (as OpenAI answers
+        such a call) and ``arbor.truncated_tool_call`` true whatever ended it, so a client knows
+        not to run it nor send it back (this server refuses arguments that are no JSON object).
+        A whole (non-streamed) answer leaves such a call out."""
         head = self._frames(self._reader.finish(), None)
         reason = finish_reason(fin, self._reader.calls)
         extra = {"timings": timings(fin), "arbor": arbor_extension(fin)}
+        if self._reader.truncated_call:
+            extra["arbor"]["truncated_tool_call"] = True
         return head + sse(self._chunk({}, finish=reason, extra=extra))
 
     def close(self) -> None:
