@@ -123,7 +123,9 @@ def ai_message(result: ModelCallResult) -> AIMessage:
 def call_result(message: AIMessage) -> ModelCallResult:
     """The `ModelCallResult` an ArborChatModel message was made from (for the trace)."""
     meta = message.response_metadata
-    # its content is the text the adapter returned (a str, never content blocks)
-    return ModelCallResult(content=cast(str, message.content), tool_calls=openai_tool_calls(message),
+    # its content is the text the adapter returned (a str, never content blocks); its calls as the
+    # model wrote them (openai_tool_calls writes an invalid call's arguments as the history sends them)
+    calls = message.additional_kwargs.get("tool_calls") or openai_tool_calls(message)
+    return ModelCallResult(content=cast(str, message.content), tool_calls=list(calls),
                            finish_reason=meta.get("finish_reason"), model=meta.get("model_name"),
                            **meta.get("arbor", {}))

@@ -43,6 +43,14 @@ class FittedRequest:
     compaction: Compaction | None = None  # None when no limit is known
     context: ContextState = ContextState()
     exact: bool = False  # the token counts are the server's, not estimates
+    prompt_tokens: int | None = None  # the prompt sent (None when no limit is known)
+
+    @property
+    def room(self) -> int | None:
+        """Tokens the context has left after the prompt (None when no limit is known)."""
+        if self.limit is None or self.prompt_tokens is None:
+            return None
+        return self.limit.n_ctx - self.prompt_tokens
 
     @property
     def compacted(self) -> bool:
@@ -62,11 +70,31 @@ class ContextBudget:
     async def fit(self, model: str, system: dict, conversation: list[dict], history_len: int,
                   tools: list[dict] | None, tool_choice: object, state: ContextState = ContextState()) -> FittedRequest:
         """Fit `conversation` (its first `history_len` messages are past turns) after `system`,
-        for a request offering `tools` with `tool_choice`, on a branch whose context state is `state`."""
+        for a request offering `tools` with `tool_choice`, on a branch whose context state is
+        `state`; ModelBackendError (`context_exceeded`) when even the compacted request leaves
+        no room for an answer."""
+        fitted = await self.measure(model, system, conversation, history_len, tools, tool_choice, state)
+        if fitted.limit is not None and fitted.room is not None and fitted.room < MIN_ANSWER_TOKENS:
+            limit = fitted.limit
+            raise ModelBackendError(
+                f"the request needs about {fitted.prompt_tokens} tokens even with the history compacted, and the "
+                f"model's context holds {limit.n_ctx} (from {limit.source}): shorten the message, or lower "
+                "ARBOR_TOOL_RESULT_MAX_TOKENS so tool results take less room", "context_exceeded")
+        return fitted
+
+    def reserve(self, limit: ContextLimit) -> int:
+        """The room kept for a full answer in a context of `limit`."""
+        return min(self.max_tokens, limit.n_ctx // 2)
+
+    async def measure(self, model: str, system: dict, conversation: list[dict], history_len: int,
+                      tools: list[dict] | None, tool_choice: object,
+                      state: ContextState = ContextState()) -> FittedRequest:
+        """`fit`, without the refusal: the compacted request and its prompt's tokens, however
+        little room they leave (`max_tokens` may then be below MIN_ANSWER_TOKENS, or negative)."""
         limit = await self.reader.get(model)
         if limit is None:
             return FittedRequest(conversation, self.max_tokens, context=state)
-        reserve = min(self.max_tokens, limit.n_ctx // 2)
+        reserve = self.reserve(limit)
         estimator = TokenEstimator(state.chars_per_token)
         exact_counts: list[bool] = []
         counts: dict[str, int] = {}  # the server's counts in this fit, by request
@@ -98,14 +126,9 @@ class ContextBudget:
                                        chunk_chars=limit.n_ctx, level=state.level, headroom=limit.n_ctx // 4)
             prompt = await count(compaction.messages, this_step=True)
         room = limit.n_ctx - prompt
-        if room < MIN_ANSWER_TOKENS:
-            raise ModelBackendError(
-                f"the request needs about {prompt} tokens even with the history compacted, and the "
-                f"model's context holds {limit.n_ctx} (from {limit.source}): shorten the message, or lower "
-                "ARBOR_TOOL_RESULT_MAX_TOKENS so tool results take less room", "context_exceeded")
         context = ContextState(state.level.forward(compaction.level), state.chars_per_token)
         return FittedRequest(compaction.messages, min(self.max_tokens, room), limit, compaction, context,
-                             exact=all(exact_counts))
+                             exact=all(exact_counts), prompt_tokens=prompt)
 
     @staticmethod
     def observe(body: dict, prompt_tokens: int | None, state: ContextState) -> ContextState:

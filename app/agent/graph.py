@@ -5,6 +5,20 @@
                |---(a proposed action)-------> approval --> tools
                '---(tool calls, budget spent)-> budget_exhausted -> END
 
+A small model rambles; the loop does not break when it does (issue 59, item 4):
+
+- a reply that ends inside a tool call (``finish_reason`` "length" after a call began, or
+  arbor-server's ``truncated_tool_call`` mark) is never run and never enters the history: the
+  step runs once more with more of the context's room (up to RETRY_GROWTH times the cut try's
+  ``max_tokens``); cut again, or with no room for more, the turn ends with the model's text
+  and a note saying what was cut and why nothing ran (outcome ``tool_call_cut``);
+- a step that required a tool call (``tool_choice`` "required" or a named function: the forced
+  first step) and got an answer without one ends the turn saying so (outcome ``no_tool_call``);
+- a call whose arguments are no JSON object (not cut) is answered with its error and sent back
+  with ``{}`` as its arguments (app/agent/messages.py), which every server accepts;
+- the tools node fits one step's results together to the context that remains
+  (app/agent/result_fit.py), so a step whose tools answered at length never fails the next call.
+
 Nodes return partial state updates; routing lives in app/agent/routers.py. Each model call
 is fitted to the server's context first (app/agent/context_budget.py), from the branch's
 compaction level in the state (`context_fit`, which the call may only move forward); a
@@ -30,21 +44,24 @@ told by app/services/turns.py.
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
-from langgraph.types import interrupt
+from langgraph.types import StreamWriter, interrupt
 
 from app.agent.chat_model import call_result
 from app.agent.context import TurnContext
+from app.agent.context_budget import FittedRequest
 from app.agent.context_state import ContextState
 from app.agent.messages import from_openai, openai_tool_calls, to_openai
-from app.agent.model_client import ModelBackendError
+from app.agent.model_client import ModelBackendError, ModelCallResult
 from app.agent.requests import fitted_step_body
-from app.agent.routers import route_after_model
+from app.agent.result_fit import fit_step_results
+from app.agent.routers import route_after_model, tool_choice_for_step
 from app.agent.state import AgentState, last_model_message
 from app.agent.token_events import TokenEvents
 from app.agent.tool_calls import TOOL_NODE, approval_needed, refuse_invalid_call
@@ -58,11 +75,70 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
     model = await ctx.adapter.model_name()
     conversation = to_openai(state["messages"])
     context = ContextState.of(state.get("context_fit"))  # the branch's level and estimate
+    budgets: list[int] = []  # max_tokens of each try whose tool call was cut
+    while True:
+        message, body, fitted, started_at = await _model_step(ctx, config, write, model, conversation, context,
+                                                              state, step, _retry_budget(budgets, None))
+        result = call_result(message)
+        context = ctx.budget.observe(body, result.prompt_tokens, fitted.context)
+        span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
+                                                duration_ms=result.duration_ms, result=result)
+        timings = result.timings or {}  # llama-server's: draft_n, draft_n_accepted when the server drafts
+        write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,
+               "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
+               "cache_source": (result.cache or {}).get("source"), "ttft_ms": result.ttft_ms,
+               "draft_n": timings.get("draft_n"), "draft_n_accepted": timings.get("draft_n_accepted"),
+               "duration_ms": result.duration_ms, "finish_reason": result.finish_reason})
+        if not _cut(result):
+            break
+        # A call cut by max_tokens is never run nor sent back: the step runs again with more of
+        # the context's room, once; cut again (or no room for more), the turn ends saying so.
+        budgets.append(int(body["max_tokens"]))
+        larger = _retry_budget(budgets, fitted.room)
+        if larger is None:
+            return _cut_turn(result, budgets, step, context)
+        write({"type": "retry", "step": step, "reason": "tool_call_cut", "cut_at_tokens": budgets[-1],
+               "max_tokens": larger, "span_id": span_id})
+    update: dict = {"messages": [message], "steps": step, "awaiting": [], "context_fit": context.as_state()}
+    for call in result.tool_calls:
+        write({"type": "tool_call", "tool_call_id": call["id"], "name": call["function"]["name"],
+               "arguments": call["function"]["arguments"], "step": step})
+    if result.tool_calls:
+        update["awaiting"] = [c["id"] for c in message.tool_calls if approval_needed(ctx, c)]
+        return update
+    answer = result.content
+    if _forced(tool_choice_for_step(step, state["max_steps"], ctx.force_tool, ctx.tool_choice)):
+        # the step required a tool call and the model answered without one: say so, never silently
+        note = NO_TOOL_NOTE
+        answer = f"{answer.strip()}\n\n{note}" if answer.strip() else note
+        update["messages"] = [AIMessage(content=answer, id=message.id, response_metadata=message.response_metadata,
+                                        additional_kwargs=message.additional_kwargs)]
+        update.update(final_answer=answer, outcome="no_tool_call")
+        return update
+    update["final_answer"] = answer
+    update["outcome"] = "answered"
+    return update
+
+
+NO_TOOL_NOTE = ("[The workbench required a tool call in this step (tool_choice) and the model answered "
+                "without one, so no tool ran.]")
+RETRY_GROWTH = 4  # a retried step may take up to this many times the tokens of the cut try
+
+
+async def _model_step(ctx: TurnContext, config: RunnableConfig, write: StreamWriter, model: str,
+                      conversation: list[dict], context: ContextState, state: AgentState, step: int,
+                      max_tokens: int | None) -> tuple[AIMessage, dict, FittedRequest, datetime]:
+    """One model call of step `step`, fitted to the context (compacted harder and sent once more
+    when the server counts more than the estimate); `max_tokens` overrides the fitted budget
+    (a retry of a cut call), within the room the context has."""
     for attempt in (1, 2):
         body, fitted = await fitted_step_body(
             ctx.budget, ctx.adapter, ctx.scenario, model, conversation, ctx.history_len, context, step=step,
             max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
             cache_session=ctx.cache_session)
+        if max_tokens is not None:
+            room = fitted.room
+            body["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
         if fitted.compacted:
             span_id = await ctx.recorder.compaction(step=step, fitted=fitted, retry=attempt > 1)
             done = fitted.compaction
@@ -77,34 +153,53 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
             # its callbacks see): the trace records what was sent (tests/app/test_traces_manifest.py).
             message = await ctx.chat_model.ainvoke(
                 from_openai(body["messages"]), merge_configs(config, {"callbacks": [TokenEvents(write)]}), body=body)
-            break
         except ModelBackendError as exc:
             await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
-                                    duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc), error_type=exc.kind)
+                                          duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc),
+                                          error_type=exc.kind)
             # Our estimate fell short of the server's count: compact harder, once.
             if attempt == 2 or not exc.context_exceeded or fitted.limit is None:
                 raise
             context = ctx.budget.tighten(body, str(exc), fitted.context)
-    result = call_result(message)
-    context = ctx.budget.observe(body, result.prompt_tokens, fitted.context)
-    span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
-                                      duration_ms=result.duration_ms, result=result)
-    timings = result.timings or {}  # llama-server's: draft_n, draft_n_accepted when the server drafts
-    write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,
-           "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
-           "cache_source": (result.cache or {}).get("source"), "ttft_ms": result.ttft_ms,
-           "draft_n": timings.get("draft_n"), "draft_n_accepted": timings.get("draft_n_accepted"),
-           "duration_ms": result.duration_ms, "finish_reason": result.finish_reason})
-    update: dict = {"messages": [message], "steps": step, "awaiting": [], "context_fit": context.as_state()}
-    for call in result.tool_calls:
-        write({"type": "tool_call", "tool_call_id": call["id"], "name": call["function"]["name"],
-               "arguments": call["function"]["arguments"], "step": step})
-    if result.tool_calls:
-        update["awaiting"] = [c["id"] for c in message.tool_calls if approval_needed(ctx, c)]
-    else:
-        update["final_answer"] = result.content
-        update["outcome"] = "answered"
-    return update
+            continue
+        assert isinstance(message, AIMessage)  # ArborChatModel answers one
+        return message, body, fitted, started_at
+    raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _cut(result: ModelCallResult) -> bool:
+    """The reply ended inside a tool call: cut by max_tokens after a call began (or before
+    anything else came: the server holds a call's markup back until its name is complete), or
+    marked cut by the server."""
+    return result.cut_tool_calls or (result.finish_reason == "length" and not result.content.strip())
+
+
+def _retry_budget(budgets: list[int], room: int | None) -> int | None:
+    """max_tokens of the next try of a step whose calls were cut at `budgets`: none before the
+    first cut; more than the cut try (up to RETRY_GROWTH times) within the context's `room`; None
+    when it was retried already or there is no room for more."""
+    if not budgets:
+        return None
+    if len(budgets) > 1:
+        return None
+    larger = budgets[-1] * RETRY_GROWTH if room is None else min(room, budgets[-1] * RETRY_GROWTH)
+    return larger if larger > budgets[-1] else None
+
+
+def _cut_turn(result: ModelCallResult, budgets: list[int], step: int, context: ContextState) -> dict:
+    """End the turn after a step whose tool call was cut again: the model's text and why nothing ran."""
+    names = ", ".join(dict.fromkeys(c["function"]["name"] for c in result.tool_calls if c["function"]["name"]))
+    tries = " and ".join(str(b) for b in budgets)
+    what = f"its call of {names}" if names else "its tool call"
+    note = (f"[Stopped: the model's reply was cut off at {tries} tokens (max_tokens) before {what} was complete, "
+            "so nothing was run. Ask for something shorter, or raise LLM_MAX_TOKENS.]")
+    answer = f"{result.content.strip()}\n\n{note}" if result.content.strip() else note
+    return {"messages": [AIMessage(content=answer)], "steps": step, "awaiting": [],
+            "context_fit": context.as_state(), "final_answer": answer, "outcome": "tool_call_cut"}
+
+
+def _forced(choice: object) -> bool:
+    return choice == "required" or isinstance(choice, dict)
 
 
 async def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
@@ -135,7 +230,9 @@ async def run_tools(state: AgentState, config: RunnableConfig, runtime: Runtime[
     for call in last.invalid_tool_calls:
         answers.append(await refuse_invalid_call(ctx, runtime.stream_writer, call))
     order = {call["id"]: i for i, call in enumerate(openai_tool_calls(last))}
-    return {"messages": sorted(answers, key=lambda m: order[m.tool_call_id]), "awaiting": []}
+    answers.sort(key=lambda m: order[m.tool_call_id])
+    # together, the step's results must leave the next model call room to answer
+    return {"messages": await fit_step_results(ctx, dict(state), answers, runtime.stream_writer), "awaiting": []}
 
 
 def stop_at_budget(state: AgentState) -> dict:

@@ -7,7 +7,10 @@ model's own bytes, kept in ``additional_kwargs["tool_calls"]`` as ChatOpenAI doe
 history sent again renders to the same tokens and the server's prefix cache still matches.
 Arguments that are not a JSON object become ``invalid_tool_calls`` (with the readable error
 the model is told) instead of failing the conversion, as langchain-core's own
-``convert_to_messages`` would.
+``convert_to_messages`` would. Such a call is written back with ``{}`` as its arguments: a
+history with arguments that are no JSON object is refused by servers that check it
+(arbor-server: 400 "tool call arguments are not valid JSON"), and the call's tool answer
+already tells the model what was wrong, quoting what it wrote.
 
 Key order and fields follow what the workbench always sent: ``{"role", "content",
 "tool_calls"}`` for the assistant (and ``"reasoning_content"`` when a thinking model gave one,
@@ -26,6 +29,8 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert
 from langchain_core.messages.tool import invalid_tool_call, tool_call
 
 from tools.base import ToolError
+
+INVALID_ARGUMENTS = "{}"  # what a call whose arguments were no JSON object is sent back with
 
 
 def parse_arguments(raw: Any) -> dict:
@@ -88,14 +93,14 @@ def openai_tool_calls(message: AIMessage) -> list[dict]:
             out.append(raw)
             seen.add(call_id)
         elif call_id in invalid and function.get("arguments") == invalid[call_id]["args"]:
-            out.append(raw)
+            out.append(_entry(call_id, function.get("name"), INVALID_ARGUMENTS))
             seen.add(call_id)
     for call in message.tool_calls:
         if call["id"] not in seen:
             out.append(_entry(call["id"], call["name"], json.dumps(call["args"])))
     for bad in message.invalid_tool_calls:
         if bad["id"] not in seen:
-            out.append(_entry(bad["id"], bad["name"], bad["args"] or ""))
+            out.append(_entry(bad["id"], bad["name"], INVALID_ARGUMENTS))
     return out
 
 

@@ -63,9 +63,18 @@ class ModelCallResult:
     timings: dict | None = None  # llama-server style timings, when present
     ttft_ms: float | None = None
     duration_ms: float = 0.0
+    # arbor-server's mark of a reply whose end cut a tool call off (its streamed arguments are
+    # incomplete): the "arbor.truncated_tool_call" extension of the last chunk
+    truncated_tool_call: bool = False
     # the W3C trace context sent with the request (OTLP export on: app/telemetry/otlp.py); the
     # server's span of the request is a child of the span it names
     traceparent: str | None = None
+
+    @property
+    def cut_tool_calls(self) -> bool:
+        """Tool calls the end of the reply may have cut: generation stopped at `max_tokens`
+        (finish_reason "length") after a call began, or the server says it cut one."""
+        return self.truncated_tool_call or (self.finish_reason == "length" and bool(self.tool_calls))
 
     def assistant_message(self) -> dict:
         """The OpenAI assistant message this call adds to the conversation."""
@@ -200,6 +209,8 @@ class ModelAdapter:
         arbor = data.get("arbor")
         if isinstance(arbor, dict) and isinstance(arbor.get("cache"), dict):
             result.cache = arbor["cache"]
+        if isinstance(arbor, dict) and arbor.get("truncated_tool_call") is True:
+            result.truncated_tool_call = True
 
     @staticmethod
     def _merge_tool_call(calls: dict[int, dict], piece: dict) -> None:

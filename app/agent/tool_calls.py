@@ -15,7 +15,8 @@ that execution the wrapper keeps the workbench's contract:
   anything; a tool marked `apply_on_approval` (appending a story chapter) runs only after an
   approval;
 - results are trimmed to the context budget (the full text kept as an artifact), recorded
-  as a span, and sent to the client as a ``tool_result`` event.
+  as a span, and sent to the client as a ``tool_result`` event; the step's results together
+  are then fitted to the context that remains (app/agent/result_fit.py).
 
 Calls whose arguments are not a JSON object are ``invalid_tool_calls`` of the AI message;
 ToolNode does not see them, `refuse_invalid_call` answers them with the same error the
@@ -36,6 +37,7 @@ from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from app.agent.context import TurnContext
+from app.agent.result_fit import StepResult
 from app.agent.scenario_tools import langchain_tool, requires_approval
 from app.agent.trimming import trim_tool_result
 from app.db.models import new_id, utcnow
@@ -161,6 +163,10 @@ async def _answer(ctx: TurnContext, write: Callable[[dict], None], name: str, ca
            "error": error, "trimmed": trimmed, "full_chars": full_chars, "artifact_id": artifact_id,
            "duration_ms": round(duration_ms, 3), "span_id": span_id})
     # The full result is kept as an artifact row when trimmed; the state keeps only what the
-    # model sees, so checkpoints do not carry every large result twice.
+    # model sees, so checkpoints do not carry every large result twice. Until the step's results
+    # are fitted together (app/agent/result_fit.py, which then clears it) the raw result rides along.
+    step_result = None if error is not None else StepResult(
+        raw=result, full_text=shaped.full_text, artifact_id=artifact_id, name=name, call_id=call_id,
+        duration_ms=duration_ms, span_id=span_id)
     return ToolMessage(content=content, tool_call_id=call_id, name=name,
-                       status="error" if error is not None else "success")
+                       status="error" if error is not None else "success", artifact=step_result)

@@ -17,7 +17,10 @@ The events (each a dict with "type"; app/services/turns.py emits them):
                    draft_n, draft_n_accepted (speculative decoding's, when the server reports them),
                    ttft_ms, duration_ms, finish_reason}
   tool_call       {tool_call_id, name, arguments (JSON text), step}
+  retry           {step, reason ("tool_call_cut"), cut_at_tokens, max_tokens, span_id}
+                  (the step's reply was cut inside a tool call: nothing ran, it runs again with more room)
   tool_result     {tool_call_id, name, content, error, trimmed, full_chars, artifact_id, duration_ms, span_id}
+                  (again with "fitted": true when the step's results were cut to fit the context together)
   approval_request{approval_id, turn_id, tool_call_id, tool_name, arguments}    (the stream ends here)
   final           {turn_id, branch_id, content, outcome, steps}                  (the stream ends here)
   error           {turn_id, message, error_type, retryable}                      (the stream ends here)

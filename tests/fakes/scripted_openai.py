@@ -27,6 +27,8 @@ Contract of the responses (mirrors arbor-server, see the helper brief):
 - with ``token_delay_s`` each streamed chunk waits that long first; a stream the client closes
   before its end is counted in ``aborted``;
 - ``status`` other than 200 answers an OpenAI-style error body with that status;
+- ``finish_reason`` overrides the finish reason ("length": a reply cut by max_tokens, its tool
+  call arguments as scripted, even cut), ``truncated_tool_call`` adds arbor-server's mark;
 - an exhausted reply list answers 500 with a message saying so (the test then fails loudly);
 - ``POST /cache/hint`` (arbor-server's bare lifecycle hint) is checked with the server's own
   parser and recorded in ``hints``; ``timeline`` holds ``("chat", body["cache"])`` and
@@ -36,7 +38,8 @@ Contract of the responses (mirrors arbor-server, see the helper brief):
   (``default_generation_settings.n_ctx``; with ``limit_via="models"`` it is ``max_model_len`` of
   ``GET /v1/models`` instead, as vLLM reports it), and a request whose prompt tokens +
   ``max_tokens`` exceed it answers 400 ``context_length_exceeded`` naming the prompt's tokens.
-  Prompt tokens are ``len(json.dumps(messages)) / chars_per_token`` (default 4).
+  Prompt tokens are ``len(json.dumps(messages)) / chars_per_token`` (default 4), the tools'
+  schemas included with ``count_tools``.
 
 ``requests`` holds one dict per chat request: ``{"body": <json>, "headers": {lower-case: value}}``.
 """
@@ -75,6 +78,12 @@ class ScriptedReply:
     cached_tokens: int = 0
     cache_source: str | None = None
     status: int = 200
+    finish_reason: str | None = None  # None: "tool_calls" with tool calls, else "stop"; e.g. "length" (a cut reply)
+    truncated_tool_call: bool = False  # arbor-server's mark of a call the reply's end cut (arbor.truncated_tool_call)
+
+    @property
+    def finish(self) -> str:
+        return self.finish_reason or ("tool_calls" if self.tool_calls else "stop")
 
 
 def tool_call(name: str, arguments: dict | str, call_id: str | None = None) -> dict:
@@ -87,9 +96,10 @@ def tool_call(name: str, arguments: dict | str, call_id: str | None = None) -> d
     }
 
 
-def _prompt_tokens(body: dict, chars_per_token: float = 4.0) -> int:
+def _prompt_tokens(body: dict, chars_per_token: float = 4.0, count_tools: bool = False) -> int:
     # A deterministic stand-in for tokenization: roughly four characters per token.
-    return max(1, int(len(json.dumps(body.get("messages", []))) / chars_per_token))
+    text = json.dumps(body.get("messages", [])) + (json.dumps(body.get("tools") or []) if count_tools else "")
+    return max(1, int(len(text) / chars_per_token))
 
 
 def _completion_tokens(reply: ScriptedReply) -> int:
@@ -107,6 +117,7 @@ class ScriptedOpenAI:
     n_ctx: int | None = None  # tokens one request may hold; None: no limit, no /props
     limit_via: str = "props"  # where n_ctx is reported: "props" | "models"
     chars_per_token: float = 4.0  # the fake's tokenizer (tests may change it between requests)
+    count_tools: bool = False  # the prompt's tokens include the tools' schemas, as a real server's do
     hint_endpoint: bool = True
     hint_refusals: int = 0  # hints answered 404 because hint_endpoint is False
     hints: list[dict] = field(default_factory=list)
@@ -205,7 +216,7 @@ class ScriptedOpenAI:
             body = await request.json()
             self.requests.append({"body": body, "headers": {k.lower(): v for k, v in request.headers.items()}})
             self.timeline.append(("chat", body.get("cache")))
-            prompt = _prompt_tokens(body, self.chars_per_token)
+            prompt = _prompt_tokens(body, self.chars_per_token, self.count_tools)
             if self.n_ctx and prompt + (body.get("max_tokens") or 0) > self.n_ctx:
                 return _error(400, f"max_tokens={body.get('max_tokens')} does not fit: the prompt has {prompt} "
                                    f"tokens and a request holds {self.n_ctx}", code="context_length_exceeded")
@@ -264,6 +275,8 @@ def _extras(prompt: int, reply: ScriptedReply) -> dict:
     if reply.cache_source is not None:
         extras["arbor"] = {"cache": {"source": reply.cache_source, "reused_tokens": cached,
                                      "restored_bytes": 0, "restore_ms": 0.0}}
+    if reply.truncated_tool_call:
+        extras.setdefault("arbor", {})["truncated_tool_call"] = True
     return extras
 
 
@@ -278,8 +291,7 @@ def _completion(reply: ScriptedReply, extras: dict) -> dict:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": MODEL_ID,
-        "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish}],
         **extras,
     }
 
@@ -305,7 +317,7 @@ def _stream(reply: ScriptedReply, extras: dict, include_usage: bool) -> Iterator
                                      "function": {"name": call["function"]["name"], "arguments": ""}}]})
         for piece in (args[:half], args[half:]):
             yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-    finish = "tool_calls" if reply.tool_calls else "stop"
+    finish = reply.finish
     final_extras = {k: v for k, v in extras.items() if k != "usage"}
     yield chunk({}, finish, **final_extras)
     if include_usage:
