@@ -111,7 +111,8 @@ class Twin:
         self.decode_s = 0.0
         if control_pad:
             self._decode(self.on, [(3 + i, i, (n_seq_max - 1,), False) for i in range(control_pad)])
-        # llama.cpp checks every paged mask against its own (patch 0010): self_check_failures() counts the misses
+        # llama.cpp checks every paged mask against its own (native/src/llama-kv-paged-mask.cpp): self_check_failures()
+        # counts the misses
         paged_attention.set_self_check(self.on.ctx, True)
 
     def self_check_failures(self) -> int:

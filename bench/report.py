@@ -209,7 +209,7 @@ def paged_section(res: Path, pointers: bool = True) -> list[str]:
         found = True
         b = uvs["best_tok_s"]
         shared = ""
-        if "unified_paged_shared_pages" in b:  # patch 0008's placement turned off, beside it
+        if "unified_paged_shared_pages" in b:  # owned pages turned off (llama.cpp's placement), beside it
             shared = (f"; paged with llama.cpp's placement (decode tokens of all sequences sharing pages) "
                       f"{_f(b['unified_paged_shared_pages'], 0)} ({_f(uvs['unified_paged_shared_pages_over_split'])}x)")
         out += [f"**Unified against split, synthetic model** (`python -m bench.unified_vs_split --model "

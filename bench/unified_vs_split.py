@@ -9,7 +9,7 @@ within one stream), so its cost in decode speed is ours to know. Four configurat
 turns: split streams, unified KV with llama.cpp's attention over every cell, unified KV with
 paged attention (`--page-size` cells a page; our llama.cpp patch) and pages owned by one
 sequence, and paged attention with llama.cpp's placement (the decode tokens of all sequences
-sharing pages, as before patch 0008).
+sharing pages, llama.cpp's placement).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from server.model_file import embedded_model_path
 
 CONFIGS: dict[str, tuple[bool, Literal["auto", "on", "off"], Literal["owned", "shared"]]] = {
     "split": (False, "off", "owned"), "unified": (True, "off", "owned"), "unified_paged": (True, "on", "owned"),
-    # paged with llama.cpp's placement: the decode tokens of all sequences share pages (before patch 0008)
+    # paged with llama.cpp's placement: the decode tokens of all sequences share pages (llama.cpp's placement,
+    # --page-placement shared)
     "unified_paged_shared_pages": (True, "on", "shared")}
 
 

@@ -10,9 +10,9 @@ lets each row see its own cells. One row per sequence is the per-row path (sever
 the split-KV path (one).
 Within a process, paged and unpaged take turns, and (unless --no-marks, for libraries before patch
 0014) paged with the pages marked GGML_FA_PAGE_UNMASKED as llama.cpp marks them (each page whose
-cells from its start are the row's, its last one cut where the row's cells end (patch 0022): all but
+cells from its start are the row's, its last one cut where the row's cells end (exact page lengths): all but
 the page a sequence shares with the one before it), which the kernel computes without reading the
-mask, and again with only the pages that need no cut marked (patch 0014's rule: what the cut saves,
+mask, and again with only the pages that need no cut marked (the rule before exact lengths: what the cut saves,
 "cut_over_uncut"; --no-cuts times only that table, for libraries before 0022, which would read a
 cut's bits as part of the page index); a figure is the median of --iters runs of the op (after 3
 warm-up runs), and each round measures every shape once.
@@ -75,7 +75,7 @@ SHAPES = (
 def inputs(shape: Shape, rng: np.random.Generator, page_size: int = PAGE_SIZE,
            kv: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """q, k, v, mask, the page table ("pages"), the same table with llama.cpp's marks ("marked") and with the marks
-    of the pages that need no cut only ("marked_uncut": patch 0014's rule, before 0022), for pages of page_size
+    of the pages that need no cut only ("marked_uncut": the rule before exact page lengths), for pages of page_size
     cells. `kv`: K and V to use (of the shape's sizes) instead of drawing new ones."""
     from harness.kernels.ggml_fa import GGML_FA_PAGE_CUT_SHIFT, GGML_FA_PAGE_UNMASKED
 
@@ -168,10 +168,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench/results/fa_kernel.json"))
     p.add_argument("--no-marks", dest="marks", action="store_false",
-                   help="skip the marked-pages variant (libraries built before patch 0014 do not know the mark)")
+                   help="skip the marked-pages variant (libraries built before unmasked pages, the old numbered "
+                        "series' 0014, do not know the mark)")
     p.add_argument("--no-cuts", dest="cuts", action="store_false",
-                   help="mark only pages that need no cut (libraries built before patch 0022 would read a cut's bits "
-                        "as part of the page index)")
+                   help="mark only pages that need no cut (libraries built before exact page lengths, the old "
+                        "series' 0022, would read a cut's bits as part of the page index)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     shapes = tuple(SHAPES[int(i)] for i in a.shapes.split(",")) if a.shapes else SHAPES

@@ -28,20 +28,20 @@ GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 GGML_TYPE_I32 = 26
 
-# ggml.h (patches 0014, 0022): a page index in a page-table row may carry the flag GGML_FA_PAGE_UNMASKED (the mask is 0
-# at every cell of the row's part of that page, and the kernel does not read it there) and a cut (bits 18-29: the row's
-# part of the page ends that many cells before the page does; the cells after are outside the row's pages)
+# ggml.h (the page-table topic): a page index in a page-table row may carry the flag GGML_FA_PAGE_UNMASKED (the mask is
+# 0 at every cell of the row's part of that page, and the kernel does not read it there) and a cut (bits 18-29: the
+# row's part of the page ends that many cells before the page does; the cells after are outside the row's pages)
 GGML_FA_PAGE_UNMASKED = 1 << 30
 GGML_FA_PAGE_CUT_SHIFT = 18
 GGML_FA_PAGE_SIZE_MAX = 1 << 12
 GGML_FA_PAGE_INDEX = (1 << GGML_FA_PAGE_CUT_SHIFT) - 1  # a page index without its flag and cut
 
 
-GGML_FA_ROW_INTS = 4  # ggml.h (patch 0026): a query row's header in the page table, { n, tag, off, last }
+GGML_FA_ROW_INTS = 4  # ggml.h (the page-table topic): a query row's header in the page table, { n, tag, off, last }
 
 
 def pack_page_table(rows: np.ndarray) -> np.ndarray:
-    """ggml_flash_attn_ext_set_pages' table (patch 0026) from one page list per query row, `rows` int [n_rows,
+    """ggml_flash_attn_ext_set_pages' table (one list per tag) from one page list per query row, `rows` int [n_rows,
     2 + n_pages_max] of {n, tag, p_0..p_{n-1}}: a header per row {n, tag, off, last}, then one list per tag (its
     longest row's), which every row of the tag reads up to its own end but for its last entry, its own. Raises
     ValueError for rows of one tag that are not prefixes of one list but for their last page's marks (the contract:

@@ -14,7 +14,7 @@ causal tail, so its rows' lists are prefixes of one another) and query heads per
 heads), over one layout (paged_layout): a prefix two sequences share, sequences with runs of their own and
 cells scattered after evictions, an idle sequence's cells among them, the KV's last page cut short (pages of 7).
 The page table carries llama.cpp's marks: GGML_FA_PAGE_UNMASKED, with a cut on a page the row's sequence fills from
-its start and no further (patch 0022: the cells after the cut are outside the row's pages). Per case:
+its start and no further (exact page lengths: the cells after the cut are outside the row's pages). Per case:
   - paged: the op with the page table, on the backend, against the reference (max |difference|);
   - dense: the op without it (the kernels llama.cpp runs without pages), same backend, same reference;
   - poisoned: the paged op again with NaN written where the kernel must not read the mask: it must give the
@@ -107,7 +107,7 @@ def layout(rows: int, rng: np.random.Generator) -> tuple[UnifiedKV, list[tuple[i
     for s in decoding:
         kv.append(s, 1, contiguous=True)
     # a prompt chunk's cells, written before attention runs: into the lowest free cells (among other sequences'), or
-    # at 124 rows into pages of its own (a causal tail: each row's list ends at its own cell, patch 0023)
+    # at 124 rows into pages of its own (a causal tail: each row's list ends at its own cell)
     kv.append(4, chunk, contiguous=True, at=CHUNK_AT if rows == 124 else None)
     return kv, [(s, kv.next_pos[s] - 1) for s in decoding] + [(4, kv.next_pos[4] - chunk + i) for i in range(chunk)]
 

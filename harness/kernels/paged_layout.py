@@ -3,7 +3,8 @@ each cell and at which position, and from that the mask, the per-token page tabl
 marks an ubatch gets (GGML_FA_PAGE_UNMASKED, and a cut for a page the sequence fills from its start), with each
 token's list ending at its own cell in a causal tail.
 
-It is an oracle written apart from the C code (llama_kv_cells, patches 0003, 0008, 0014, 0022 and 0023): the operator
+It is an oracle written apart from the C code (llama_kv_cells and native/src/llama-kv-pages.{h,cpp}: pages per
+sequence, owned pages, unmarked pages, exact lengths, causal tails): the operator
 tests (tests/server/engine/test_paged_attention_op.py) and the kernel check on an accelerator
 (paged_kernel_check.py) build their inputs with it.
 """
@@ -93,7 +94,7 @@ def page_mark(kv: UnifiedKV, seq: int, page: int, page_size: int, pos_min: int) 
 def causal_tail(kv: UnifiedKV, seq: int, pages: list[int], marks: list[int | None], page_size: int) -> int:
     """The index in `pages` of the causal tail's first page, len(pages) when there is none: the unmarked pages that end
     the list, each holding seq's cells from its start, with their positions not decreasing through them in list
-    order (patch 0023)."""
+    order (a causal tail)."""
     tail, later = len(pages), None
     for j in range(len(pages) - 1, -1, -1):
         start = pages[j] * page_size

@@ -73,10 +73,9 @@ class RuntimeConfig:
     # paged attention over the unified KV (server/engine/paged_attention.py): auto = on where the backend has it
     paged_attn: Literal["auto", "on", "off"] = "auto"
     page_size: int = 16  # cells per page
-    # where tokens go with pages on: "shared" (llama.cpp's next free cells) or "owned" (each sequence fills pages of
-    # its own, native/src/llama-kv-pages.cpp). The server passes its --page-placement (default owned, measured faster
-    # at the seed's
-    # shape: docs/paged-attention.md); direct users of the runtime (tests, benches) keep llama.cpp's placement
+    # where tokens go with pages on: "shared" (llama.cpp's next free cells) or "owned" (each sequence fills pages of its
+    # own, native/src/llama-kv-pages.cpp). The server passes its --page-placement (default owned, measured faster at the
+    # seed's shape: docs/paged-attention.md); direct users of the runtime (tests, benches) keep llama.cpp's placement
     page_placement: Literal["owned", "shared"] = "shared"
 
 

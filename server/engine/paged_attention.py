@@ -34,10 +34,9 @@ Contract:
   debug build of llama.cpp and wherever LLAMA_PAGED_ATTN_SELF_CHECK is a number other than 0
   (LLAMA_PAGED_ATTN_SELF_CHECK: a server can be asked to check itself; /props reports it); `self_check(ctx)` says
   whether it is on and how many ubatches failed. `inject_mask_fault(ctx)` (tests only;
-  native/src/llama-kv-paged-mask.cpp)
-  arms a one-shot fault: the next paged mask drops one entry the kernel reads that llama.cpp's mask
-  keeps (the first of the ubatch's first token that has one), as a bug in the mask builder would, so a
-  test can see the self-check count a real wrong mask and the logits move.
+  native/src/llama-kv-paged-mask.cpp) arms a one-shot fault: the next paged mask drops one entry the kernel
+  reads that llama.cpp's mask keeps (the first of the ubatch's first token that has one), as a bug in the mask
+  builder would, so a test can see the self-check count a real wrong mask and the logits move.
 - `seq_pages(ctx, seq_id)` lists the pages a sequence's attention walks (ascending page
   indices), or None when paged attention is off. With owned pages a page is shared only
   through seq_cp, or when the cache is too full for a free page, so a sequence of n cells alone

@@ -37,8 +37,8 @@ def test_one_library_paged_against_unpaged(tmp_path):
 
 
 def test_without_cuts_the_marked_table_is_patch_0014s(tmp_path):
-    """--no-cuts (libraries before patch 0022, which would read a cut as page-index bits): the timed marked table
-    carries no cut, and no cut-against-uncut figure is made."""
+    """--no-cuts (libraries before exact page lengths, which would read a cut as page-index bits): the timed marked
+    table carries no cut, and no cut-against-uncut figure is made."""
     paged_op_or_skip()
     import numpy as np
 
@@ -55,8 +55,8 @@ def test_without_cuts_the_marked_table_is_patch_0014s(tmp_path):
 
 
 def test_pages_are_marked_unmasked_where_they_hold_only_the_rows_cells():
-    """The marked table is llama.cpp's (patches 0014, 0022): a page whose cells from its start are the row's is
-    marked, the first sequence's last page (2900 cells are not whole 16-cell pages) cut where its cells end; the
+    """The marked table is llama.cpp's (unmasked pages, exact lengths): a page whose cells from its start are the row's
+    is marked, the first sequence's last page (2900 cells are not whole 16-cell pages) cut where its cells end; the
     second sequence's first page, whose first cells are the first sequence's, keeps the mask."""
     import numpy as np
 

@@ -81,8 +81,9 @@ def test_a_prefill_is_poisoned_outside_every_rows_pages_only():
 
 @pytest.mark.parametrize("rows", [1, 8, 64, 124])
 def test_the_layouts_carry_pages_cut_short(rows):
-    """Patch 0022: each row count's layout has pages marked with a cut (a sequence's cells filling a page from its
-    start), so the check crosses the kernels' stop at the cut; a cut page's cells after the cut are -inf in the mask."""
+    """Exact page lengths: each row count's layout has pages marked with a cut (a sequence's cells filling a page from
+    its start), so the check crosses the kernels' stop at the cut; a cut page's cells after the cut are -inf in the
+    mask."""
     from harness.kernels.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut
 
     _, _, mask, _, marked = layout_and_table(16, rows)
@@ -95,7 +96,7 @@ def test_the_layouts_carry_pages_cut_short(rows):
 
 @pytest.mark.parametrize("page_size", [7, 16, 64])
 def test_the_prefill_layouts_chunk_is_a_causal_tail(page_size):
-    """Patch 0023: the 124-row layout's chunk lies in pages of its own, so each of its rows lists its sequence's pages
+    """Causal tails: the 124-row layout's chunk lies in pages of its own, so each of its rows lists its sequence's pages
     only up to its own cell, cut there: lists of one tag that are prefixes of the longest one, equal but for the last
     entry's cut, and a row's cells up to that cut are exactly those its mask keeps from the chunk's first page on."""
     from harness.kernels.ggml_fa import GGML_FA_PAGE_INDEX, GGML_FA_PAGE_UNMASKED, page_cut

@@ -23,11 +23,9 @@ per-row path before, up to 1e-3 apart): test_short_runs_of_rows_match_unpaged.
 Placement. Those bounds hold for the same cells in the same order, i.e. with llama.cpp's placement kept
 (`page_placement="shared"`), which checks the kernel and the mask alone. With pages owned by one sequence
 (native/src/llama-kv-pages.cpp, Twin's default; opt-in in the server) a sequence's tokens sit in other cells than
-unpaged
-llama.cpp puts them, and llama.cpp itself moves logits by up to ~7e-4 when only the order of a sequence's cells changes
-(test_cell_order_alone_moves_unpaged_logits): owned placement is held to LAYOUT_BOUND, 3x above that and
-15x below one wrong cell, plus equal top-1 everywhere.
-"""
+unpaged llama.cpp puts them, and llama.cpp itself moves logits by up to ~7e-4 when only the order of a sequence's cells
+changes (test_cell_order_alone_moves_unpaged_logits): owned placement is held to LAYOUT_BOUND, 3x above that and 15x
+below one wrong cell, plus equal top-1 everywhere. """
 
 from __future__ import annotations
 
@@ -291,12 +289,11 @@ def short_runs_script(tw, toks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_the_per_row_and_split_kv_paths_match_unpaged_bit_for_bit(model, toks, page_size):
-    """Ubatches of fewer than 64 rows only (prompts in chunks of 40, decodes of three sequences, one sequence
-    alone over > 512 cells), with llama.cpp's placement: paged, the per-row path takes the two query heads of
-    each KV group in one pass over the cells (GQA packing, native/ggml/src/ggml-cpu/paged-flash-attn.cpp) and the
-    split-KV path gives a thread's
-    pages to both heads at once; unpaged walks every cell once per head. Per head the arithmetic and the
-    cells' order are the same, so every logit is the same float, not merely close."""
+    """Ubatches of fewer than 64 rows only (prompts in chunks of 40, decodes of three sequences, one sequence alone over
+    > 512 cells), with llama.cpp's placement: paged, the per-row path takes the two query heads of each KV group in one
+    pass over the cells (GQA packing, native/ggml/src/ggml-cpu/paged-flash-attn.cpp) and the split-KV path gives a
+    thread's pages to both heads at once; unpaged walks every cell once per head. Per head the arithmetic and the cells'
+    order are the same, so every logit is the same float, not merely close."""
     with twin(model, page_size, page_placement="shared") as tw:
         for seq in (0, 1, 2):
             prefill(tw, toks, seq, 90 + 30 * seq, 1000 * seq, chunk=40)
@@ -359,12 +356,12 @@ def test_the_tolerance_sees_one_wrong_cell(model, toks):
 @pytest.mark.parametrize("self_check", [True, False], ids=["checked", "unchecked"])
 def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
     """The self-check's failure counter against a real fault (inject_mask_fault, native/src/llama-kv-paged-mask.cpp):
-    the next paged
-    mask drops one cell that a token of sequence 0 may attend to, in a page whose mask is read. With llama.cpp's
-    placement the two sequences' decode tokens share pages, so their rows read the mask there (in pages of its own a
-    sequence reads none: since 0022 no decode row, since 0023 no prompt chunk's row either). The checked run counts
-    exactly that ubatch, once (the fault is spent); unchecked, nothing counts it. Either way the dropped cell reaches
-    the kernel: that decode's logits leave the owned-placement bound, so the counter counts a fault that matters."""
+    the next paged mask drops one cell that a token of sequence 0 may attend to, in a page whose mask is read. With
+    llama.cpp's placement the two sequences' decode tokens share pages, so their rows read the mask there (in pages of
+    its own a sequence reads none: with exact page lengths no decode row, with causal tails no prompt chunk's row
+    either). The checked run counts exactly that ubatch, once (the fault is spent); unchecked, nothing counts it. Either
+    way the dropped cell reaches the kernel: that decode's logits leave the owned-placement bound, so the counter counts
+    a fault that matters."""
     from server.engine import paged_attention
 
     with twin(model, 16, page_placement="shared") as tw:
@@ -387,12 +384,11 @@ def test_the_self_check_counts_a_wrong_mask(model, toks, self_check):
 
 def test_a_prompt_chunk_in_pages_of_its_own_reads_no_mask(model, toks):
     """Causality from positions (native/src/llama-kv-pages.h's causal tail): a prompt chunk written into pages of its
-    sequence's own, here one that
-    begins in the tail page of its prompt's last cells, is a causal tail, so each of its rows lists its pages up to
-    its own cell and reads no mask. A mask fault armed before the chunk finds no mask entry the kernel reads, in the
-    chunk or in the decodes after it: no count, no logit moves. It stays armed until a ubatch does read one: after
-    seq_cp gives sequence 0 a single cell in a page of sequence 1, its decode row reads the mask in that page and
-    takes the fault."""
+    sequence's own, here one that begins in the tail page of its prompt's last cells, is a causal tail, so each of its
+    rows lists its pages up to its own cell and reads no mask. A mask fault armed before the chunk finds no mask entry
+    the kernel reads, in the chunk or in the decodes after it: no count, no logit moves. It stays armed until a ubatch
+    does read one: after seq_cp gives sequence 0 a single cell in a page of sequence 1, its decode row reads the mask in
+    that page and takes the fault."""
     from server.engine import paged_attention
 
     with twin(model, 16) as tw:

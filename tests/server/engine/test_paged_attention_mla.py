@@ -1,10 +1,9 @@
-"""Paged attention on an MLA model (deepseek2, random weights from harness/models/synth_mla.py): llama.cpp runs
-MLA through its K-only attention graph (V is a view of K), which the topic "llama: paged attention in the graph and the
-C API" gives the page table;
-before it, that graph ran flash attention over every cell with the paged mask, which on a CPU-only
-build is not written outside each sequence's pages, and read stale bytes there. The same KV
-operations on a paged and an unpaged context must give the same logits at every position, with
-other sequences' cells in the KV, a prefix shared by seq_cp and several sequences in one batch."""
+"""Paged attention on an MLA model (deepseek2, random weights from harness/models/synth_mla.py): llama.cpp runs MLA
+through its K-only attention graph (V is a view of K), which the topic "llama: paged attention in the graph and the C
+API" gives the page table; before it, that graph ran flash attention over every cell with the paged mask, which on a
+CPU-only build is not written outside each sequence's pages, and read stale bytes there. The same KV operations on a
+paged and an unpaged context must give the same logits at every position, with other sequences' cells in the KV, a
+prefix shared by seq_cp and several sequences in one batch."""
 
 from __future__ import annotations
 
@@ -103,8 +102,8 @@ def test_mla_paged_logits_match_unpaged(mla_model):
 
 def test_defragmentation_moves_k_only_cells(mla_model):
     """Defragmentation (native/src/llama-kv-defrag.cpp) on a K-only (MLA) cache, whose layers have no V tensor: the
-    cells a full cache made a
-    minority in their pages move, and each moved sequence's next logits are those it had before the move."""
+    cells a full cache made a minority in their pages move, and each moved sequence's next logits are those it had
+    before the move."""
     from server.engine.llama_runtime import BatchEntry, LlamaRuntime, RuntimeConfig
 
     rt = LlamaRuntime(RuntimeConfig(mla_model, n_ctx=256, n_batch=256, n_seq_max=9, n_threads=THREADS,

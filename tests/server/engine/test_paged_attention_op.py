@@ -173,11 +173,10 @@ def rows_beside_one_row(rng) -> tuple[UnifiedKV, list[list[tuple[int, int]]]]:
 @pytest.mark.parametrize("extras", ["plain", "softcap+sinks"])
 def test_grouped_heads_in_one_pass_are_exact(n_head, n_threads, extras):
     """Paged, the per-row and split-KV paths take the query heads of a KV group in one pass over the cells
-    (native/ggml/src/ggml-cpu/paged-flash-attn.cpp; groups of 3, 4 and 2 here, over 2 KV heads). Per head the
-    arithmetic and the cells' order are those of the unpaged path, so the result is the same float, with a soft-cap and
-    sinks too (sinks apply once,
-    in the first KV chunk). Threads take chunks of whole groups (5 rows of 6 heads over 3 threads: 30 items in
-    chunks of 3). The split-KV path sums per-thread partials over other cell ranges than unpaged with several
+    (native/ggml/src/ggml-cpu/paged-flash-attn.cpp; groups of 3, 4 and 2 here, over 2 KV heads). Per head the arithmetic
+    and the cells' order are those of the unpaged path, so the result is the same float, with a soft-cap and sinks too
+    (sinks apply once, in the first KV chunk). Threads take chunks of whole groups (5 rows of 6 heads over 3 threads: 30
+    items in chunks of 3). The split-KV path sums per-thread partials over other cell ranges than unpaged with several
     threads, so there it is held to the reference."""
     rng = np.random.default_rng(1000 + 10 * n_head + n_threads)
     kv, ubatches = rows_beside_one_row(rng)
@@ -308,12 +307,11 @@ def test_pages_marked_unmasked_are_computed_without_reading_the_mask(tokens_of):
 @pytest.mark.parametrize("shape", [(N_HEAD, N_HEAD_KV, DK, DV), HEAD_SHAPES[0], HEAD_SHAPES[3]],
                          ids=["gqa3", "mha", "mla"])
 def test_a_long_row_beside_short_ones_is_cut_among_the_threads(n_threads, extras, shape):
-    """The per-row path planned per batch (paged-flash-attn.cpp's plan; MHA's and MLA's shapes too): one decode row
-    over 1,500 cells
-    beside three short ones would leave threads idle while one walks the long row's passes; the plan cuts each long
-    pass into pieces of pages, computes them on any thread and combines them per head (sinks once). The result is the
-    reference's; that the cut really ran shows in the last bits: the long row is no longer the same float as unpaged
-    (whose cells one thread sums in order), while the short rows, not cut, still are."""
+    """The per-row path planned per batch (paged-flash-attn.cpp's plan; MHA's and MLA's shapes too): one decode row over
+    1,500 cells beside three short ones would leave threads idle while one walks the long row's passes; the plan cuts
+    each long pass into pieces of pages, computes them on any thread and combines them per head (sinks once). The result
+    is the reference's; that the cut really ran shows in the last bits: the long row is no longer the same float as
+    unpaged (whose cells one thread sums in order), while the short rows, not cut, still are."""
     n_head, n_head_kv, dk, dv = shape
     rng = np.random.default_rng(2000 + n_threads + n_head)
     kv = UnifiedKV(1700, rng)

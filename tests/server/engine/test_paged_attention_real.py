@@ -66,9 +66,8 @@ def test_page_larger_than_the_kv_is_refused():
 
 
 def test_more_pages_than_a_table_entry_indexes_are_refused(tmp_path):
-    """Exact page lengths: a page-table entry keeps the page's index in 18 bits beside its flag and cut, so a KV of
-    more than
-    262,144 pages is refused with the reason (a tiny random-weight model: 262,400 cells of 128 bytes); pages of 2
+    """Exact page lengths: a page-table entry keeps the page's index in 18 bits beside its flag and cut, so a KV of more
+    than 262,144 pages is refused with the reason (a tiny random-weight model: 262,400 cells of 128 bytes); pages of 2
     cells over the same KV are taken."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (run scripts/setup.sh)")
     from harness.models.synth_model import ModelShape, write_model

@@ -1,7 +1,6 @@
 """The switch of llama.cpp's paged-attention self-check (LLAMA_PAGED_ATTN_SELF_CHECK): off in a release build, on
-wherever
-LLAMA_PAGED_ATTN_SELF_CHECK is a number other than 0, and what LlamaRuntime (and /props) reports of it.
-Each case runs in a process of its own, since llama.cpp reads the variable when it makes the KV cache."""
+wherever LLAMA_PAGED_ATTN_SELF_CHECK is a number other than 0, and what LlamaRuntime (and /props) reports of it. Each
+case runs in a process of its own, since llama.cpp reads the variable when it makes the KV cache."""
 
 from __future__ import annotations
 

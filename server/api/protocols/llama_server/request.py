@@ -8,7 +8,8 @@ text completion `as_completion` translates it into.
 
 `cache_prompt` is accepted and has no effect: Arbor always reuses what it has cached, and a reuse
 never changes the result (docs/architecture.md, "Rules the code keeps"). `id_slot` is accepted and
-ignored (the scheduler places requests). `n_probs` > 0 asks for `completion_probabilities` (server.api.protocols.llama_server.reply).
+ignored (the scheduler places requests). `n_probs` > 0 asks for `completion_probabilities`
+(server.api.protocols.llama_server.reply).
 """
 
 from __future__ import annotations
