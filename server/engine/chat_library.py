@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import ctypes
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import llama_cpp
 
+from server.engine import native_library
+
 ABI_VERSION = 2
-LIBRARY_NAME = "libarbor-chat.so"
 
 
 class ChatLibraryMissing(RuntimeError):
     """The llama.cpp build has no (or another version of) libarbor-chat: not Arbor's patched build."""
-
-
-def library_path() -> Path:
-    return Path(llama_cpp.llama_cpp._lib._name).resolve().parent / LIBRARY_NAME
 
 
 _c_str = ctypes.c_char_p
@@ -47,22 +43,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
 
 @cache
 def chat_library() -> ctypes.CDLL:
-    path = library_path()
-    if not path.exists():
-        raise ChatLibraryMissing(f"{path} is missing: llama-cpp-python was not built by scripts/setup.sh with "
-                                 "Arbor's patches (0007 adds llama.cpp's chat layer)")
-    lib = ctypes.CDLL(str(path))
-    try:
-        for name, (argtypes, restype) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = argtypes, restype
-    except AttributeError as exc:
-        raise ChatLibraryMissing(f"{path} lacks {exc}: an older build of native/tools/arbor-chat "
-                                 "(run scripts/setup.sh)") from exc
-    if lib.arbor_chat_abi_version() != ABI_VERSION:
-        raise ChatLibraryMissing(f"{path} speaks ABI {lib.arbor_chat_abi_version()}, this server {ABI_VERSION} "
-                                 "(run scripts/setup.sh)")
-    return lib
+    return native_library.load("arbor-chat", "native/tools/arbor-chat", _SIGNATURES, "arbor_chat_abi_version",
+                               ABI_VERSION, ChatLibraryMissing)
 
 
 def take_string(ptr: int | None) -> str | None:

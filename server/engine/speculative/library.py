@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import ctypes
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import llama_cpp
 
+from server.engine import native_library
+
 ABI_VERSION = 1
-LIBRARY_NAME = "libarbor-spec.so"
 
 
 class SpecLibraryMissing(RuntimeError):
@@ -49,10 +49,6 @@ class SpecParams(ctypes.Structure):
     ]
 
 
-def library_path() -> Path:
-    return Path(llama_cpp.llama_cpp._lib._name).resolve().parent / LIBRARY_NAME
-
-
 _token_p = ctypes.POINTER(llama_cpp.llama_token)
 _i32_p = ctypes.POINTER(ctypes.c_int32)
 _err = ctypes.POINTER(ctypes.c_void_p)
@@ -74,22 +70,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
 
 @cache
 def spec_library() -> ctypes.CDLL:
-    path = library_path()
-    if not path.exists():
-        raise SpecLibraryMissing(f"{path} is missing: llama-cpp-python was not built by scripts/setup.sh with "
-                                 "Arbor's native sources (native/tools/arbor-spec)")
-    lib = ctypes.CDLL(str(path))
-    try:
-        for name, (argtypes, restype) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = argtypes, restype
-    except AttributeError as exc:
-        raise SpecLibraryMissing(f"{path} lacks {exc}: an older build of native/tools/arbor-spec "
-                                 "(run scripts/setup.sh)") from exc
-    if lib.arbor_spec_abi_version() != ABI_VERSION:
-        raise SpecLibraryMissing(f"{path} speaks ABI {lib.arbor_spec_abi_version()}, this server {ABI_VERSION} "
-                                 "(run scripts/setup.sh)")
-    return lib
+    return native_library.load("arbor-spec", "native/tools/arbor-spec", _SIGNATURES, "arbor_spec_abi_version",
+                               ABI_VERSION, SpecLibraryMissing)
 
 
 def default_params() -> SpecParams:
