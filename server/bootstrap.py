@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from server.build_info import system_fingerprint
@@ -27,9 +27,12 @@ from server.cache.radix_tree import RadixTree
 from server.cache.router import CacheRouter
 from server.cache.shared_tier import SharedTier
 from server.cache.tiers import ON_TREE, KVTier, Source
+from server.engine import kv_layout
 from server.engine.embedder import Embedder, EmbeddingsUnavailable
 from server.engine.engine import Deliver, Engine, deliver_inline
-from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
+from server.engine.kv_layout import KVLayoutChoice
+from server.engine.llama_runtime import LlamaRuntime, ModelInfo, RuntimeConfig
+from server.engine.offload import OffloadReport
 from server.engine.runner import LlamaRunner, PrefixProvider, SlotReuseOnly
 from server.engine.scheduler import Scheduler
 from server.engine.seq_ids import SequenceIdLayout, SequenceIdPool
@@ -61,6 +64,9 @@ class LoadedModel:
     speculator: Speculator | None = None  # speculative decoding (None: off)
     speculative_note: str | None = None  # why it is off, when --spec-type asked for it
     template: object | None = None  # the API layer's chat templates (server.api.engine_bridge.chat_layer.ChatTemplates)
+    # the KV layout in force (--kv-layout resolved, with why) and what it turned off or sized, and why
+    kv_layout: KVLayoutChoice = field(default_factory=lambda: KVLayoutChoice("unified", "unified", "the default"))
+    kv_layout_notes: tuple[str, ...] = ()
 
     def close(self) -> None:
         self.engine.stop()
@@ -84,6 +90,56 @@ def default_model_name(settings: ServerSettings) -> str:
 # Resident owners: enough for a handful of common prefixes (system prompts, documents).
 MAX_RESIDENT_OWNERS = 8
 SCRATCH_SEQUENCES = 2
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What the context is made with for a layout: its sequence ids, its cells, and what the layout changed."""
+
+    layout: SequenceIdLayout
+    n_ctx: int  # cells of the context (unified: one pool; split: a stream per sequence id)
+    notes: tuple[str, ...] = ()
+
+
+def kv_shape(settings: ServerSettings, choice: KVLayoutChoice) -> KVShape:
+    """The sequence ids and cells of the context in the chosen layout. Unified: the slots' cells plus
+    --resident-cells for resident owners, which share cells with the slots; scratch sequences for moving KV;
+    parked sequences for piecewise write-back. Split: every sequence id is a stream of --ctx-size / --parallel
+    cells, so only the slots and the owner streams --resident-cells pays for (at most MAX_RESIDENT_OWNERS); no
+    scratch (KV is read and restored in the slot's own stream) and no parked copies (a slot is written back at
+    once): each would cost a whole stream."""
+    wants_cache = any(settings.tier_enabled(source) for source in ON_TREE)
+    wants_s = settings.tier_enabled(Source.S)
+    parks = settings.tier_enabled(Source.H) and bool(settings.cache_write_back_step)
+    if not choice.split:
+        layout = SequenceIdLayout(
+            slots=settings.parallel,
+            owners=MAX_RESIDENT_OWNERS if wants_s else 0,
+            scratch=SCRATCH_SEQUENCES if wants_cache else 0,
+            # a slot's kept KV waits under one of these while it is written back piece by piece
+            parked=settings.parallel if parks else 0,
+        )
+        # resident owners may hold cells beyond what the slots use
+        return KVShape(layout, settings.ctx_size + (settings.resident_cells if wants_s else 0))
+    cells = kv_layout.stream_cells(settings.ctx_size, settings.parallel)
+    owners = min(MAX_RESIDENT_OWNERS, settings.resident_cells // cells) if wants_s else 0
+    notes = [f"{settings.parallel} slot streams of {cells} cells (--ctx-size {settings.ctx_size} / --parallel "
+             f"{settings.parallel}, padded to {kv_layout.LLAMA_STREAM_PAD} as llama.cpp pads a stream)"]
+    if wants_s:
+        notes.append("tier S copies a prefix from the stream that holds it (another slot's or a resident owner's) "
+                     "into the slot's: a whole stream per copy, made on the device")
+        notes.append(f"{owners} resident-owner streams of {cells} cells (--resident-cells {settings.resident_cells})"
+                     if owners else
+                     f"no resident-owner stream: --resident-cells {settings.resident_cells} is less than one stream "
+                     f"of {cells} cells; S copies from other slots only")
+    if parks:
+        notes.append("parked write-back is off: a parked copy would take a stream of its own; a slot's KV is written "
+                     "back at once when the slot is taken (--cache-write-back-step applies to the unified layout)")
+    if wants_cache:
+        notes.append("no scratch sequences: KV is read from and restored into the slot's own stream (host, disk and "
+                     "shared-store restores start at position 0)")
+    layout = SequenceIdLayout(slots=settings.parallel, owners=owners, scratch=0, parked=0)
+    return KVShape(layout, cells * layout.total, tuple(notes))
 
 
 def unsupported_cache_reason(info) -> str | None:
@@ -142,7 +198,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
-        states=states,
+        states=states, split=runtime.split,
     )
 
 
@@ -151,36 +207,45 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
     sinks (the HTTP server passes one that runs them on its event loop)."""
     path = model_path(settings)
     wants_cache = any(settings.tier_enabled(source) for source in ON_TREE)
-    layout = SequenceIdLayout(
-        slots=settings.parallel,
-        owners=MAX_RESIDENT_OWNERS if settings.tier_enabled(Source.S) else 0,
-        scratch=SCRATCH_SEQUENCES if wants_cache else 0,
-        # a slot's kept KV waits under one of these while it is written back piece by piece
-        parked=settings.parallel if settings.tier_enabled(Source.H) and settings.cache_write_back_step else 0,
-    )
-    seq_ids = SequenceIdPool(layout)
     flash = {"auto": None, "on": True, "off": False}[settings.flash_attn]
     speculator: Speculator | None = None
-    runtime = LlamaRuntime(
-        RuntimeConfig(
-            model_path=path,
-            # resident owners may hold cells beyond what the slots use
-            n_ctx=settings.ctx_size + (settings.resident_cells if settings.tier_enabled(Source.S) else 0),
-            n_batch=settings.batch_size,
-            n_seq_max=layout.total,
-            n_threads=settings.threads,
-            n_threads_batch=settings.batch_threads,
-            n_gpu_layers=settings.n_gpu_layers,
-            flash_attn=flash,
-            cache_type_k=settings.cache_type_k,
-            cache_type_v=settings.cache_type_v,
-            paged_attn=settings.paged_attn,
-            swa_full=settings.swa_full,
-            page_size=settings.page_size,
-            page_placement=settings.page_placement,
-        )
+    base = RuntimeConfig(
+        model_path=path,
+        n_ctx=settings.ctx_size,  # and n_seq_max, kv_unified: set by `shape` for the layout
+        n_batch=settings.batch_size,
+        n_seq_max=settings.parallel,
+        n_threads=settings.threads,
+        n_threads_batch=settings.batch_threads,
+        n_gpu_layers=settings.n_gpu_layers,
+        flash_attn=flash,
+        cache_type_k=settings.cache_type_k,
+        cache_type_v=settings.cache_type_v,
+        paged_attn=settings.paged_attn,
+        swa_full=settings.swa_full,
+        page_size=settings.page_size,
+        page_placement=settings.page_placement,
     )
+    chosen: dict[str, object] = {}
+
+    def shape(info: ModelInfo, report: OffloadReport) -> RuntimeConfig:
+        """The KV layout, once the model and where its layers run are known (KVLayoutUnavailable refuses)."""
+        structure = ModelMemory.of(info)
+        choice = kv_layout.choose(settings.kv_layout, backend=report.backend if report.offloaded else None,
+                                  parallel=settings.parallel, paged_attn=settings.paged_attn,
+                                  idle_cells=settings.cache_idle_cells is not None,
+                                  model_note=kv_layout.model_note(structure.needs_checkpoints, structure.describe()))
+        kv = kv_shape(settings, choice)
+        chosen.update(choice=choice, shape=kv)
+        return replace(base, kv_unified=not choice.split, n_ctx=kv.n_ctx, n_seq_max=kv.layout.total)
+
+    runtime = LlamaRuntime(base, shape)
+    choice, kv = chosen["choice"], chosen["shape"]
+    assert isinstance(choice, KVLayoutChoice) and isinstance(kv, KVShape)
+    log.info("KV layout: %s (%s)", choice.layout, choice.reason)
+    for note in kv.notes:
+        log.info("KV layout %s: %s", choice.layout, note)
     try:
+        seq_ids = SequenceIdPool(kv.layout)
         info = runtime.info
         # None: llama.cpp's chat layer loads the model's own templates (default and tool_use)
         template_src = settings.chat_template_file.read_text() if settings.chat_template_file else None
@@ -201,10 +266,16 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
                                            per_slot=settings.ctx_checkpoints, every=settings.checkpoint_every)
         else:
             prefix = SlotReuseOnly(runtime, reuse=settings.tier_enabled(Source.A))
+        if router is not None and runtime.split and settings.tier_enabled(Source.S) and settings.parallel > 1:
+            # what tier S costs here: a copy of one stream into another, measured before serving
+            router.costs.copy_ms = runtime.time_stream_copy(seq_ids.slot_ids[0], seq_ids.slot_ids[1])
+            log.info("KV layout split: a copy between streams costs %.2f ms", router.costs.copy_ms)
         scheduler = Scheduler(
             slots, max_batch_tokens=runtime.n_batch, max_waiting=settings.max_queue,
             reuse=settings.tier_enabled(Source.A),
-            kv_cells=settings.ctx_size, defer=router.should_defer if router is not None else None,
+            # split: each slot's stream holds its request whole (the API keeps a request within it)
+            kv_cells=runtime.n_ctx_seq * settings.parallel if runtime.split else settings.ctx_size,
+            defer=router.should_defer if router is not None else None,
             prefill_while_decoding=settings.prefill_while_decoding or None,
         )
         speculator, speculative_note = _build_speculator(settings, runtime, slots, memory)
@@ -216,17 +287,20 @@ def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedM
             speculator.close()
         runtime.close()
         raise
-    max_request = max_request_tokens(settings.ctx_size, info.n_ctx_train)
+    max_request = max_request_tokens(runtime.n_ctx_seq if runtime.split else settings.ctx_size, info.n_ctx_train)
     embedder, embeddings_note = _build_embedder(settings, runtime)
     log.info(
-        "loaded %s (%s, %d layers), n_ctx=%d, %d slots sharing %d cells, up to %d tokens per request",
-        path.name, info.architecture, info.n_layer, runtime.n_ctx, settings.parallel, settings.ctx_size, max_request,
+        "loaded %s (%s, %d layers), n_ctx=%d, %d slots %s, up to %d tokens per request",
+        path.name, info.architecture, info.n_layer, runtime.n_ctx, settings.parallel,
+        f"with a stream of {runtime.n_ctx_seq} cells each" if runtime.split else f"sharing {settings.ctx_size} cells",
+        max_request,
     )
     return LoadedModel(
         runtime=runtime, engine=engine, template_source=template_src, slots=slots, seq_ids=seq_ids, prefix=prefix,
         model_name=default_model_name(settings), cache_note=cache_note, max_request_tokens=max_request,
         router=router, system_fingerprint=system_fingerprint(path), embedder=embedder,
         embeddings_note=embeddings_note, speculator=speculator, speculative_note=speculative_note,
+        kv_layout=choice, kv_layout_notes=kv.notes,
     )
 
 

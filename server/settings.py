@@ -83,9 +83,15 @@ class ServerSettings(SpeculativeSettings, BaseSettings):
     port: int = Field(8080, ge=0, le=65535, description="port")
     parallel: int = Field(4, ge=1, le=64, description="slots: requests computed concurrently",
                           json_schema_extra={"short": "-np"})
-    ctx_size: int = Field(8192, ge=256, description="total KV cells of the unified cache, shared by the slots; one "
-                          "request may use all of them (up to the model's training context)",
+    ctx_size: int = Field(8192, ge=256, description="total KV cells of the slots: in the unified layout one pool "
+                          "shared by them, which one request may use whole (up to the model's training context); "
+                          "in the split layout a stream of --ctx-size / --parallel cells per slot",
                           json_schema_extra={"short": "-c"})
+    kv_layout: Literal["auto", "unified", "split"] = Field(
+        "auto", description="unified: one KV shared by every slot, prefixes shared in place, paged attention where "
+        "it pays; split: a KV stream per slot (llama-server without --kv-unified), prefixes copied between "
+        "streams; auto: the layout measured fastest for the backend (split with layers on a GPU/NPU, unified "
+        "on the CPU); /props arbor.kv_layout says which and why")
     batch_size: int = Field(512, ge=16, le=8192, description="tokens per decode step",
                             json_schema_extra={"short": "-b"})
     prefill_while_decoding: int = Field(
@@ -332,6 +338,13 @@ class ServerSettings(SpeculativeSettings, BaseSettings):
                 raise ValueError(f"--cache-dir {self.cache_dir} is given but --cache-tiers "
                                  f"{','.join(self.cache_tiers)} leaves out D; add D or drop --cache-dir")
             self.cache_tiers = (*self.cache_tiers, Source.D.value)  # the default tiers plus the disk asked for
+        if self.kv_layout == "split" and self.paged_attn == "on":
+            raise ValueError("--paged-attn on pages one unified KV; --kv-layout split gives each slot a stream of "
+                             "its own: drop one of them (or use --kv-layout auto, which then takes unified)")
+        if self.kv_layout == "split" and self.cache_idle_cells is not None:
+            raise ValueError("--cache-idle-cells bounds the idle cells of the unified KV, which every running "
+                             "request's attention walks; with --kv-layout split each slot's stream is its own: "
+                             "drop one of them")
         if self.paged_attn == "on" and self.flash_attn == "off":
             raise ValueError("--paged-attn on needs flash attention (its kernel is a flash-attention kernel); "
                              "drop --flash-attn off or use --paged-attn auto|off")

@@ -18,7 +18,11 @@ restore look slower than computing).
 
 A plan restores (or attaches) a prefix and computes the rest; its estimate is
 restore overhead + restore_bytes / restore_rate + computed_tokens / prefill_rate. Attaching
-(S) and keeping (A) cost no copy. The lowest estimate wins; ties keep A > S > H > D > R > none.
+(S) and keeping (A) cost no copy in the unified KV layout. In the split layout (a KV stream per
+slot, server/engine/kv_layout.py) S copies another stream into the slot's, whole: a fixed cost
+per copy whatever the prefix's length, `copy_ms`, measured on the device before the server
+serves (LlamaRuntime.time_stream_copy: sub-millisecond on a GPU, milliseconds on a CPU), added
+to every S option (`PlanOption.copy`). The lowest estimate wins; ties keep A > S > H > D > R > none.
 
 Estimates only correct themselves for sources that get chosen: one slow sample (a restore
 that ran while the machine was busy) could keep a tier out for good. So when a tier has
@@ -67,6 +71,7 @@ class PlanOption:
     source: str  # a Source's value, or "none" (compute it all)
     length: int
     restore_tokens: int = 0
+    copy: bool = False  # a copy between KV streams (S in the split layout): costs copy_ms
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ class CostModel:
         self.bytes_per_token = 0
         self._plans_since_sample: dict[str, int] = dict.fromkeys(STORED, 0)
         self.probes = 0
+        # ms one copy between split KV streams adds (None: not measured, or the unified layout, where S is free)
+        self.copy_ms: float | None = None
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= self.MIN_PREFILL_SAMPLE:
@@ -119,6 +126,8 @@ class CostModel:
         if tps is None:
             return None
         ms = 1000.0 * max(1, prompt_len - opt.length) / tps
+        if opt.copy and self.copy_ms:
+            ms += self.copy_ms
         if opt.restore_tokens and self.bytes_per_token:
             ms += self.overhead_ms(opt.source)
             ms += 1000.0 * opt.restore_tokens * self.bytes_per_token / self.restore_rate(opt.source)
@@ -170,5 +179,6 @@ class CostModel:
                 "restore_bytes_per_s": {k: r.per_second for k, r in restore},
                 "restore_overhead_ms": {k: self.overhead_ms(k) for k in overhead},
                 "kv_bytes_per_token": self.bytes_per_token,
+                "stream_copy_ms": self.copy_ms,
                 "probes": self.probes,
                 "samples": {"prefill": self.prefill.samples, **{k: r.samples for k, r in restore}}}

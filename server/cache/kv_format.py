@@ -1,6 +1,6 @@
 """Direct KV: llama.cpp's per-sequence state, parsed into token-range segments.
 
-`llama_state_seq_get_data_ext(seq)` writes (unified KV, one stream):
+`llama_state_seq_get_data_ext(seq)` writes (unified KV: one stream):
 
     u32 magic (0xaf143cd8) | i32 seq_id | u32 n_stream (=1) | u32 cell_count
     cell_count x { i32 pos, u32 n_seq_id (=1), i32 seq_id }          # cell order, not position order
@@ -8,6 +8,14 @@
     n_layer x { i32 k_type, u64 k_row_bytes, cell_count rows }         # K: one row per cell
     if not v_trans: n_layer x { i32 v_type, u64 v_row_bytes, cell_count rows }
     else:           n_layer x { i32 v_type, u32 v_el_bytes, u32 n_embd_v, n_embd_v x cell_count elements }
+
+In the split layout (`--kv-layout split`: a KV stream per sequence, server/engine/kv_layout.py)
+`n_stream` is the context's stream count and every stream has its `cell_count`; a sequence's
+cells are in its own stream, the others count 0 and carry nothing (`u32 0`). llama.cpp restores
+such a state into the destination sequence's stream whichever stream held it, but only into a
+context of the same stream count, so a state is written for the context it goes to
+(`state_blob(..., streams=n)`); the segments themselves are layout-free, which is why host,
+disk and shared-store KV written under one layout restores under the other.
 
 Rows are bytes: a quantized K or V row (q8_0, q4_0, ... from `--cache-type-k/-v`) is whole
 blocks of one token's `n_embd` elements, so it splits and joins by token like an f16 row. A
@@ -35,7 +43,7 @@ from server.engine.kv_types import QUANTIZED_TYPE_IDS
 SEQ_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp's io_magic for sequence states
 
 class KVFormatError(ValueError):
-    """The blob is not a single-stream sequence state of a layout we understand."""
+    """The blob is not a one-sequence state of a layout we understand."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class KVSegment:
     v: list[np.ndarray]
     blob: memoryview | None = None
     memory: MemoryBlock | None = None
+    blob_streams: int = 1  # the KV stream count of the context `blob` was written for
 
     def __post_init__(self) -> None:
         if self.memory is None:
@@ -154,9 +163,12 @@ class KVSegment:
             return segments[0]
         return parse_seq_state(state_blob(segments))
 
-    def to_state_blob(self) -> memoryview:
-        """A sequence state that restores exactly these tokens at their positions."""
-        return self.blob if self.blob is not None else state_blob([self])
+    def to_state_blob(self, streams: int = 1) -> memoryview:
+        """A sequence state that restores exactly these tokens at their positions, into a context
+        of `streams` KV streams (1: unified)."""
+        if self.blob is not None and self.blob_streams == streams:
+            return self.blob
+        return state_blob([self], streams)
 
     def arrays(self) -> list[np.ndarray]:
         """Every per-layer array, K layers then V layers (the order of the state blob)."""
@@ -193,9 +205,10 @@ def positioned(segments: list[KVSegment], pos: int = 0) -> list[tuple[int, KVSeg
     return out
 
 
-def state_blob(segments: list[KVSegment]) -> memoryview:
-    """Consecutive segments written into one new sequence state: one allocation and one
-    memcpy-class copy per layer and segment. Raises KVFormatError if they do not fit."""
+def state_blob(segments: list[KVSegment], streams: int = 1) -> memoryview:
+    """Consecutive segments written into one new sequence state for a context of `streams` KV
+    streams: one allocation and one memcpy-class copy per layer and segment. Raises
+    KVFormatError if they do not fit."""
     if not segments:
         raise KVFormatError("nothing to join")
     lay, pos0 = segments[0].layout, segments[0].pos0
@@ -206,7 +219,7 @@ def state_blob(segments: list[KVSegment]) -> memoryview:
         if s.pos0 != pos:
             raise KVFormatError(f"segments are not consecutive: expected pos {pos}, got {s.pos0}")
         pos += s.n_tokens
-    blob = EmptyStateBlob(lay, pos0, pos - pos0)
+    blob = EmptyStateBlob(lay, pos0, pos - pos0, streams)
     t = 0
     for s in segments:
         for li, src in enumerate(s.arrays()):
@@ -221,15 +234,21 @@ def state_blob(segments: list[KVSegment]) -> memoryview:
 class EmptyStateBlob:
     """A sequence state for positions [pos0, pos0 + n) whose headers are written and whose
     K/V rows are left for the caller to fill (`rows`), e.g. straight from a file: the KV
-    then reaches llama.cpp's format with a single copy. Every row must be written."""
+    then reaches llama.cpp's format with a single copy. Every row must be written. `streams`:
+    the KV stream count of the context it is for (the cells go in the first stream, the
+    others count 0)."""
 
-    def __init__(self, layout: KVLayout, pos0: int, n: int):
-        self.layout, self.pos0, self.n = layout, pos0, n
+    def __init__(self, layout: KVLayout, pos0: int, n: int, streams: int = 1):
+        if streams < 1:
+            raise KVFormatError(f"{streams} KV streams")
+        self.layout, self.pos0, self.n, self.streams = layout, pos0, n, streams
         header = 16 + 12 * n + 8
-        total = header + sum(12 + n * r for r in list(layout.k_row_bytes) + list(layout.v_row_bytes))
+        body = sum(12 + n * r for r in list(layout.k_row_bytes) + list(layout.v_row_bytes))
+        total = header + body + 4 * (streams - 1)
         buf = np.empty(total, dtype=np.uint8)
         raw = buf.data  # its bytes, for struct and memoryview (numpy types a buffer only on Python 3.12+)
-        struct.pack_into("<IiII", raw, 0, SEQ_STATE_MAGIC, 0, 1, n)
+        struct.pack_into("<IiII", raw, 0, SEQ_STATE_MAGIC, 0, streams, n)
+        buf[header + body:] = 0  # the other streams' cell counts
         meta = np.frombuffer(buf, dtype=_META, count=n, offset=16)
         meta["pos"] = np.arange(pos0, pos0 + n, dtype=np.int32)
         meta["n_seq"] = 1
@@ -295,7 +314,8 @@ def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
 
     Cells are reordered (one copy) only when llama.cpp wrote them out of position order.
     Raises KVFormatError unless the state holds consecutive positions of one sequence in
-    one stream and the whole blob is consumed (anything else is a layout we do not know).
+    one stream (of one, unified, or of several, split: the other streams empty) and the whole
+    blob is consumed (anything else is a layout we do not know).
     `more_sections`: the state of a model with sliding-window or recurrent layers, whose first
     section is the full-attention KV (iSWA's base cache, a hybrid's attention cache) and whose
     next ones (the window cells, the recurrent state) are left out: the segment is the first
@@ -307,11 +327,35 @@ def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
     if magic != SEQ_STATE_MAGIC:
         raise KVFormatError(f"not a llama.cpp sequence state (magic {magic:#x})")
     (n_stream,) = r.take("<I")
-    if n_stream != 1:
-        raise KVFormatError(f"{n_stream} KV streams: Direct KV needs a unified KV cache")
-    (n,) = r.take("<I")
-    if n == 0:
+    if n_stream < 1:
+        raise KVFormatError("a state of no KV stream")
+    found: tuple | None = None
+    for _stream in range(n_stream):
+        (n,) = r.take("<I")
+        if n == 0:
+            continue
+        if found is not None:
+            raise KVFormatError("cells in several KV streams: not a single-sequence state")
+        found = _read_cells(r, n)
+    if found is None:
         raise KVFormatError("the sequence holds no cells")
+    layout, pos0, ks, vs, order = found
+    if r.off != len(r.buf):
+        if not more_sections:
+            raise KVFormatError(f"{len(r.buf) - r.off} unexpected trailing bytes (cell extensions are not supported)")
+        # the first section in a buffer of its own: the views must not keep the window cells or
+        # the recurrent state alive (a hybrid's state can be many times its attention KV)
+        return parse_seq_state(np.frombuffer(bytes(r.buf[:r.off]), dtype=np.uint8).data)
+    if order is not None:
+        ks = [a[order] for a in ks]
+        vs = [a[:, order] if layout.v_trans else a[order] for a in vs]
+        return KVSegment(layout, pos0, ks, vs)
+    return KVSegment(layout, pos0, ks, vs, blob=r.buf, memory=MemoryBlock(r.buf.nbytes), blob_streams=n_stream)
+
+
+def _read_cells(r: _Reader, n: int) -> tuple[KVLayout, int, list[np.ndarray], list[np.ndarray], np.ndarray | None]:
+    """One stream's `n` cells of one sequence: its layout, first position, K and V views (cell order) and the
+    order that sorts them by position (None when they are in order already)."""
     meta = r.array(n * 12).view(_META)
     if np.any(meta["n_seq"] != 1):
         raise KVFormatError("cells with several sequence ids: not a single-sequence state")
@@ -348,18 +392,8 @@ def parse_seq_state(blob, *, more_sections: bool = False) -> KVSegment:
             v_rows.append(el * n_embd_v)
             v_els.append(el)
             vs.append(r.array(n * el * n_embd_v).reshape(n_embd_v, n, el))
-    if r.off != len(r.buf):
-        if not more_sections:
-            raise KVFormatError(f"{len(r.buf) - r.off} unexpected trailing bytes (cell extensions are not supported)")
-        # the first section in a buffer of its own: the views must not keep the window cells or
-        # the recurrent state alive (a hybrid's state can be many times its attention KV)
-        return parse_seq_state(np.frombuffer(bytes(r.buf[:r.off]), dtype=np.uint8).data)
     layout = KVLayout(bool(v_trans), tuple(k_types), tuple(k_rows), tuple(v_types), tuple(v_rows), tuple(v_els))
-    if order is not None:
-        ks = [a[order] for a in ks]
-        vs = [a[:, order] if v_trans else a[order] for a in vs]
-        return KVSegment(layout, pos0, ks, vs)
-    return KVSegment(layout, pos0, ks, vs, blob=r.buf, memory=MemoryBlock(r.buf.nbytes))
+    return layout, pos0, ks, vs, order
 
 
 def with_partial_state(full_attention: memoryview | bytes, partial: bytes) -> bytes:
@@ -373,10 +407,39 @@ def with_partial_state(full_attention: memoryview | bytes, partial: bytes) -> by
 
 
 def count_state_cells(blob) -> int:
-    """Cells in a whole-context state dump (seq_id -1) of a unified (single-stream) KV."""
+    """Cells in a whole-context state dump (seq_id -1): of its one stream (unified), or of every stream (split,
+    whose streams each hold one sequence's cells, walked section by section)."""
     magic, _seq, n_stream, n = struct.unpack_from("<IiII", blob, 0)
     if magic != SEQ_STATE_MAGIC:
         raise KVFormatError("not a llama.cpp sequence state")
-    if n_stream != 1:
-        raise KVFormatError("count_state_cells expects a unified KV (one stream)")
-    return int(n)
+    if n_stream == 1:
+        return int(n)
+    r = _Reader(blob)
+    r.take("<IiI")
+    total = 0
+    for _stream in range(n_stream):
+        (n,) = r.take("<I")
+        if n:
+            _skip_cells(r, n)
+            total += n
+    if r.off != len(r.buf):
+        raise KVFormatError(f"{len(r.buf) - r.off} unexpected trailing bytes after {n_stream} KV streams")
+    return total
+
+
+def _skip_cells(r: _Reader, n: int) -> None:
+    """Past one stream's `n` cells of a whole-context dump: their ids (any number per cell) and K and V rows."""
+    for _ in range(n):
+        _pos, n_seq = r.take("<iI")
+        r.array(4 * n_seq)
+    v_trans, n_layer = r.take("<II")
+    for _ in range(n_layer):
+        _t, row = r.take("<iQ")
+        r.array(n * row)
+    for _ in range(n_layer):
+        if not v_trans:
+            _t, row = r.take("<iQ")
+            r.array(n * row)
+        else:
+            _t, el, n_embd_v = r.take("<iII")
+            r.array(n * el * n_embd_v)

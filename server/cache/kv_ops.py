@@ -11,6 +11,14 @@
   it touched, so the caller can fall back to computing the tokens.
 
 Every scratch sequence id is given back on every path (the pool's `in_use` shows leaks).
+
+In the split KV layout (server/engine/kv_layout.py) a scratch sequence would be a stream of its
+own, and a copy between streams replaces the whole destination stream: so there is no scratch.
+`extract` reads the source sequence's state whole and keeps [start, end) of it (one copy of
+that part when it is not the whole); `restore` writes a state starting at position 0 straight
+into the emptied target's stream (the router restores from 0 there: server/cache/restore.py).
+A stream that a copy not yet made involves is neither read nor written (StreamCopyPending):
+ExtractError or RestoreError, and the tokens are computed.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from server.cache.kv_format import (
     state_blob,
     with_partial_state,
 )
-from server.engine.llama_runtime import LlamaRuntime
+from server.engine.llama_runtime import LlamaRuntime, StreamCopyPending
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
 
 
@@ -53,8 +61,13 @@ class KVOps:
         # a model with sliding-window or recurrent layers: segments are its full-attention KV
         # (the state's first section), and a restore needs a state checkpoint for the rest
         self.partial_state = partial_state
+        # the split KV layout: a stream per sequence, no scratch; states are written for its stream count
+        self.split = runtime.split
+        self.streams = runtime.n_stream
 
     def extract(self, src_seq: int, start: int, end: int) -> KVSegment:
+        if self.split:
+            return self._extract_whole(src_seq, start, end)
         try:
             scratch = self.seq_ids.take("scratch")
         except SequenceIdsExhausted as exc:
@@ -73,6 +86,21 @@ class KVOps:
                                f"[{seg.pos0}, {seg.pos0 + seg.n_tokens})")
         return seg
 
+    def _extract_whole(self, src_seq: int, start: int, end: int) -> KVSegment:
+        """Split layout: the source's whole state, cut to [start, end) (a copy of that part unless it is all)."""
+        try:
+            seg = parse_seq_state(self.runtime.state_seq_get(src_seq), more_sections=self.partial_state)
+        except KVFormatError as exc:
+            raise ExtractError(f"unexpected KV state format: {exc}") from exc
+        except StreamCopyPending as exc:
+            raise ExtractError(str(exc)) from exc
+        if seg.pos0 > start or seg.pos0 + seg.n_tokens < end:
+            raise ExtractError(f"asked for positions [{start}, {end}), the sequence held "
+                               f"[{seg.pos0}, {seg.pos0 + seg.n_tokens})")
+        if (start, end) == (seg.pos0, seg.pos0 + seg.n_tokens):
+            return seg
+        return seg.slice(start - seg.pos0, end - seg.pos0).compact()
+
     def restore(self, segments: list[KVSegment], target_seq: int,
                 checkpoint: StateCheckpoint | None = None) -> RestoreResult:
         """Attach the joined segments to `target_seq` (which must not hold those positions). With
@@ -83,13 +111,15 @@ class KVOps:
                                    or checkpoint.pos != sum(s.n_tokens for s in segments)):
             raise RestoreError("this model's KV restores only from position 0 with a checkpoint at its end")
         try:
-            blob = segments[0].to_state_blob() if len(segments) == 1 else state_blob(segments)
+            blob = segments[0].to_state_blob(self.streams) if len(segments) == 1 else state_blob(segments, self.streams)
             if checkpoint is not None:
                 blob = memoryview(with_partial_state(blob, checkpoint.blob))
         except KVFormatError as exc:
             raise RestoreError(str(exc)) from exc
         start = segments[0].pos0
         end = start + sum(s.n_tokens for s in segments)
+        if self.split:
+            return self._restore_into(blob, target_seq, start, end, t0)
         try:
             scratch = self.seq_ids.take("scratch")
         except SequenceIdsExhausted as exc:
@@ -108,9 +138,27 @@ class KVOps:
             self.seq_ids.give("scratch", scratch)
         return RestoreResult(end - start, len(blob), (time.perf_counter() - t0) * 1000.0)
 
+    def _restore_into(self, blob, target_seq: int, start: int, end: int, t0: float) -> RestoreResult:
+        """Split layout: the state, from position 0, straight into the target's own stream (llama.cpp empties
+        the target first)."""
+        if start != 0:
+            raise RestoreError(f"the split KV layout restores from position 0, not {start} (the router restores "
+                               "whole prefixes there)")
+        try:
+            if not self.runtime.state_seq_set(blob, target_seq):
+                raise RestoreError("llama.cpp refused the restored state (no room in the KV stream?)")
+            if self.runtime.seq_pos_max(target_seq) != end - 1:
+                raise RestoreError("restored state does not end where the segments do")
+        except StreamCopyPending as exc:
+            raise RestoreError(str(exc)) from exc
+        except RestoreError:
+            self.runtime.seq_rm(target_seq, -1, -1)
+            raise
+        return RestoreResult(end - start, len(blob), (time.perf_counter() - t0) * 1000.0)
+
 
 def used_cells(runtime: LlamaRuntime) -> int:
-    """Cells of the unified KV owned by at least one sequence (read from a full state dump,
+    """Cells of the KV owned by at least one sequence (every stream's, split; read from a full state dump,
     so it is exact but costs a copy of the KV: for /cache/stats checks, tests and
     benchmarks, never on the request path). Engine thread."""
     return count_state_cells(runtime.state_seq_get(-1))

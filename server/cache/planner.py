@@ -16,7 +16,9 @@ Contracts:
   round trip), kept only when it does beat them.
 - `plan(cands, prompt_len)`: the candidate to commit (None: compute everything) and the plan
   (route `cost`: lowest estimated time to first token; `longest`: the longest match; ties
-  A > S > H > D > R). H, D and R are costed for what neither A nor S holds already.
+  A > S > H > D > R). H, D and R are costed for what neither A nor S holds already; in the
+  split KV layout (`copies`) for all of it, as they restore from position 0 into the emptied
+  slot, and S is a copy between streams with its own cost (CostModel.copy_ms).
 - `note(...)`: the counters /cache/stats shows (plans by label, shorter than the longest,
   the recent plans with their estimates).
 - `defer_behind(seq, running, min_tokens)`: in-flight sharing, whether `seq` should wait for
@@ -64,9 +66,12 @@ def kept_in_slot(plan: Plan, a_len: int) -> int:
 
 class Planner:
     def __init__(self, *, enabled: set[Source], tree: Any, tiers: Iterable[KVTier], resident: Any,
-                 route: str = "cost", costs: CostModel | None = None, checkpoints: Any = None):
+                 route: str = "cost", costs: CostModel | None = None, checkpoints: Any = None,
+                 copies: bool = False):
         """`enabled`: the sources in use (A and S among them); `tiers`: the stored tiers, ordered
-        as server.cache.tiers.STORED."""
+        as server.cache.tiers.STORED; `copies`: the split KV layout (S copies a stream, a stored
+        tier restores from position 0)."""
+        self.copies = copies
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.enabled = enabled
@@ -134,9 +139,11 @@ class Planner:
     def plan(self, cands: list[Candidate], prompt_len: int) -> tuple[Candidate | None, Plan]:
         """The candidate to commit (None: compute everything) and the plan behind it."""
         # H, D and R restore only what neither the slot (A) nor a shared device copy (S) holds;
-        # with state checkpoints they restore everything (into the emptied slot)
-        device = 0 if self.checkpoints is not None else max(length_of(cands, Source.A), length_of(cands, Source.S))
-        options = [PlanOption(c.source.value, c.length, c.length - min(device, c.length) if c.source in STORED else 0)
+        # with state checkpoints, or a stream per slot (split), they restore everything (into the emptied slot)
+        device = 0 if self.checkpoints is not None or self.copies else \
+            max(length_of(cands, Source.A), length_of(cands, Source.S))
+        options = [PlanOption(c.source.value, c.length, c.length - min(device, c.length) if c.source in STORED else 0,
+                              copy=self.copies and c.source is Source.S)
                    for c in cands if c.length > 0]
         plan = self.costs.choose(options, prompt_len, longest=self.route == "longest")
         chosen = next((c for c in cands if c.source == plan.option.source), None)

@@ -9,6 +9,11 @@ cells the owners hold are exactly the distinct token positions of their prefixes
 union bound), and that is what the budget charges. Eviction removes an owner's sequence;
 its cells are freed only where no slot or other owner still holds them.
 
+In the split KV layout (server/engine/kv_layout.py) each owner is a stream of its own: publishing
+copies the finished slot's stream and trims it to the prefix (`copy_prefix`), and a request
+takes an owner's prefix by the same copy, so owners share no cells: each holds its whole
+prefix, and the budget charges the copies, the sum of their lengths (`copies=True`).
+
 Owners are indexed by the radix tree the stored tiers share (server/cache/radix_tree.py):
 each is a *holder* of the nodes on its path, so a lookup is one walk of the tree (no
 scan of the owners), and the cells the owners hold together are the tree's
@@ -58,10 +63,12 @@ class ResidentOwners:
 
     def __init__(self, tree: RadixTree, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
                  registry: SessionRegistry, on_evict: Callable[[int, list[int]], None] | None = None,
-                 partial_state: bool = False):
+                 partial_state: bool = False, copies: bool = False):
         """`partial_state`: the model has sliding-window or recurrent layers (an owner's window
-        cells or recurrent state are those at its end; publish takes a checkpoint)."""
+        cells or recurrent state are those at its end; publish takes a checkpoint). `copies`: the
+        split KV layout, where an owner holds a copy of its whole prefix in a stream of its own."""
         self.partial_state = partial_state
+        self.copies = copies
         self.tree = tree
         self.runtime = runtime
         self.seq_ids = seq_ids
@@ -105,7 +112,15 @@ class ResidentOwners:
         self.hits += 1
 
     def cells(self) -> int:
+        """The cells the owners hold: the union of their prefixes (unified: they share cells), or the sum of
+        their copies (split)."""
+        if self.copies:
+            return sum(len(o.tokens) for o in tuple(self.owners))
         return self.tree.held_tokens
+
+    def _new_cells(self, n: int, base_n: int) -> int:
+        """The cells publishing an n-token prefix adds: past the longest owner it extends (unified), or all n."""
+        return n if self.copies else n - base_n
 
     # ---------------------------------------------------------------- publish
     def publish(self, tokens: list[int], src_seq: int, hint: CacheHint | None,
@@ -120,20 +135,23 @@ class ResidentOwners:
             base.last_used = next(_stamps)
             self._tag(base, hint)
             return base
-        if n - base_n > self.budget_cells:
+        if self._new_cells(n, base_n) > self.budget_cells:
             return None
-        while self.cells() + (n - base_n) > self.budget_cells or self.seq_ids.in_use("owner") >= \
+        while self.cells() + self._new_cells(n, base_n) > self.budget_cells or self.seq_ids.in_use("owner") >= \
                 self.seq_ids.layout.owners:
-            if not self.evict_one(protect=base):
+            if not self.evict_one(protect=None if self.copies else base):
                 return None
             base_n, base = self.best(tokens)
         try:
             sid = self.seq_ids.take("owner")
         except SequenceIdsExhausted:
             return None
-        if base is not None and base_n > 0:
-            self.runtime.seq_cp(base.seq_id, sid, 0, base_n)
-        self.runtime.seq_cp(src_seq, sid, base_n, n)
+        if self.copies:  # a stream of its own: a copy of the slot's, trimmed to the prefix
+            self.runtime.copy_prefix(src_seq, sid, n)
+        else:
+            if base is not None and base_n > 0:
+                self.runtime.seq_cp(base.seq_id, sid, 0, base_n)
+            self.runtime.seq_cp(src_seq, sid, base_n, n)
         if checkpoint is not None and (checkpoint.pos != n
                                        or not self.runtime.state_seq_set(checkpoint.blob, sid, partial=True)):
             log.warning("resident publish: the state at %d could not be restored; dropped", n)

@@ -6,6 +6,10 @@ HiCache loads back ahead of compute).
 Contracts:
 - `execute(adm, best, plan, cands, lease)` commits `best` into the slot and returns the
   request's CacheReport (`loading=True` while a read ahead is pending on `lease.load`).
+- In the split KV layout (`copies`: a stream per slot) S copies the other stream into the slot's
+  (`copy_prefix`: whole, trimmed), and H, D and R restore from position 0 into the emptied slot:
+  a state written into the slot's stream replaces it, and a copy between streams is made only
+  when the next batch is computed, so neither can be joined to the slot's own KV or to a copy.
 - On a model with sliding-window or recurrent layers (`states`), A resumes the slot from where
   its state allows (server/cache/checkpointed_slots.py), S shares another sequence's cells with
   a checkpoint when needed, and H, D or R restore from position 0 with the state checkpoint at
@@ -54,9 +58,10 @@ READ_THREADS = {Source.D: "arbor-disk-read", Source.R: "arbor-shared-read"}  # n
 class Restorer:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, running: Callable[[], list[Sequence]],
                  tree: RadixTree | None, tiers: Iterable[KVTier], resident: ResidentOwners | None,
-                 costs: CostModel, clock: EngineTime, states: SlotStates | None = None):
-        """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED."""
+                 costs: CostModel, clock: EngineTime, states: SlotStates | None = None, copies: bool = False):
+        """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED; `copies`: the split KV layout."""
         self.runtime, self.kv, self.running = runtime, kv, running
+        self.copies = copies
         # a model with sliding-window or recurrent layers: the slots' states and checkpoints
         self.states = states
         self.tree, self.resident = tree, resident
@@ -116,9 +121,11 @@ class Restorer:
             return CacheReport(Source.S.value, c.length)
         # H, D or R: keep what the slot already holds (A), or attach the longer part another device
         # copy holds (S: the restored suffix then shares its prefix's cells instead of
-        # duplicating them), and restore only the rest.
-        keep = min(a_len, c.length)
-        if shared is not None and shared.src_seq is not None and min(shared.length, c.length) > keep:
+        # duplicating them), and restore only the rest. Split layout: all of it, from 0.
+        keep = 0 if self.copies else min(a_len, c.length)
+        if self.copies:
+            self.runtime.seq_rm(slot_seq, -1, -1)
+        elif shared is not None and shared.src_seq is not None and min(shared.length, c.length) > keep:
             keep = min(shared.length, c.length)
             self._attach(shared, slot_seq, keep)
             if keep == c.length:  # nothing left to restore (the plan prefers S then; kept for safety)
@@ -179,10 +186,10 @@ class Restorer:
     def _attach(self, c: Candidate, slot_seq: int, length: int) -> None:
         """Give the slot positions [0, length) of the S candidate's cells. The slot's own copy is
         dropped entirely: attaching shares the other sequence's cells, so the slot's duplicates
-        are freed (one physical copy of the prefix)."""
+        are freed (one physical copy of the prefix). Split layout: a copy of the other stream."""
         assert c.src_seq is not None  # an S candidate names the sequence holding the cells
         self.runtime.seq_rm(slot_seq, -1, -1)
-        self.runtime.seq_cp(c.src_seq, slot_seq, 0, length)
+        self.runtime.copy_prefix(c.src_seq, slot_seq, length)
         if self.runtime.seq_pos_max(slot_seq) != length - 1:
             raise RestoreError("attaching the shared prefix did not give the expected cells")
         if c.owner is not None:

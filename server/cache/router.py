@@ -3,7 +3,8 @@ executable prefix among
 
 - A: the slot's own kept KV,
 - S: KV already in the unified cache under another sequence: a resident owner, or another
-     slot (idle or running) whose computed tokens share the prefix; attached with seq_cp,
+     slot (idle or running) whose computed tokens share the prefix; attached with seq_cp (in the
+     split KV layout, a stream per slot: copied from that sequence's stream, at a cost of its own),
 - H: segments in host RAM, restored,
 - D: segment files on disk, restored,
 - R: chunks in a store shared by replicas (Redis/Valkey, server/cache/shared_tier.py),
@@ -62,9 +63,11 @@ class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  enabled: set[Source], tree: RadixTree | None, tiers: Iterable[KVTier], resident_cells: int | None,
                  registry: SessionRegistry, min_tokens: int, route: str = "cost", write_back_step_bytes: int = 0,
-                 idle_cells: int | None = None, states: SlotStates | None = None):
+                 idle_cells: int | None = None, states: SlotStates | None = None, split: bool = False):
         """`enabled`: the sources in use (A and S among them); `tiers`: the stored tiers, ordered
-        as server.cache.tiers.STORED (R is not on the tree: its store changes under every replica)."""
+        as server.cache.tiers.STORED (R is not on the tree: its store changes under every replica);
+        `split`: the split KV layout (server/engine/kv_layout.py), where S copies between streams."""
+        self.split = split
         if route not in ROUTES:
             raise ValueError(f"unknown cache route {route!r}; choose among {', '.join(ROUTES)}")
         self.runtime, self.kv, self.slots, self.running = runtime, kv, slots, running
@@ -74,7 +77,8 @@ class CacheRouter:
         self.clock = EngineTime()
         self.write = WriteBackPolicy(runtime=runtime, kv=kv, slots=slots, running=running, tree=tree, tiers=self.tiers,
                                      registry=registry, min_tokens=min_tokens, resident_cells=resident_cells,
-                                     step_bytes=write_back_step_bytes, idle_cells=idle_cells, clock=self.clock)
+                                     step_bytes=write_back_step_bytes, idle_cells=idle_cells, clock=self.clock,
+                                     copies=split)
         self.resident, self.parked = self.write.resident, self.write.parked
         # a model with sliding-window or recurrent layers: its slots' states and checkpoints (tiers
         # A, H and D only: server/bootstrap.py), the host's checkpoints for H and D
@@ -86,10 +90,11 @@ class CacheRouter:
             self.write.state_of = states.resumable
             self.write.path_checkpoints = states.store.on_path
         self.planner = Planner(enabled=enabled, tree=tree, tiers=self.tiers, resident=self.resident, route=route,
-                               checkpoints=states.store if states is not None else None)
+                               checkpoints=states.store if states is not None else None, copies=split)
         self.costs = self.planner.costs
         self.restorer = Restorer(runtime=runtime, kv=kv, running=running, tree=tree, tiers=self.tiers,
-                                 resident=self.resident, costs=self.costs, clock=self.clock, states=states)
+                                 resident=self.resident, costs=self.costs, clock=self.clock, states=states,
+                                 copies=split)
         self.sources = CandidateSources(slots=slots, running=running, enabled=enabled, tree=tree,
                                         planner=self.planner, parked=self.parked, states=states)
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)

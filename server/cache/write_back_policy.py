@@ -172,9 +172,11 @@ class ReuseGate:
 class WriteBackPolicy:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tree: RadixTree | None, tiers: Iterable[KVTier], registry: SessionRegistry, min_tokens: int,
-                 resident_cells: int | None, step_bytes: int, idle_cells: int | None, clock: EngineTime):
+                 resident_cells: int | None, step_bytes: int, idle_cells: int | None, clock: EngineTime,
+                 copies: bool = False):
         """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED (the first is written
-        from the device, the ones below it from the first)."""
+        from the device, the ones below it from the first). `copies`: the split KV layout, where a
+        resident owner holds a copy of its prefix in a stream of its own."""
         self.runtime, self.kv, self.slots, self.running = runtime, kv, slots, running
         self.tree, self.tiers = tree, tuple(tiers)
         # the host tier, where a parked copy's path grows piece by piece and the KV size is learnt
@@ -185,7 +187,8 @@ class WriteBackPolicy:
         if resident_cells is not None:
             assert tree is not None  # S is indexed in the tree
             self.resident = ResidentOwners(tree, runtime, kv.seq_ids, resident_cells, registry,
-                                           on_evict=self.write_back_owner, partial_state=kv.partial_state)
+                                           on_evict=self.write_back_owner, partial_state=kv.partial_state,
+                                           copies=copies)
         # Parking needs the host tier (a stored path grows piece by piece there) and parked ids.
         self.parked = (WriteBackQueue(runtime, kv.seq_ids, self.store, lambda: host.bytes_per_token, step_bytes)
                        if host is not None and step_bytes > 0 and kv.seq_ids.layout.parked else None)

@@ -1,8 +1,17 @@
 """The one place that owns llama.cpp's model and context (through llama-cpp-python's ctypes API).
 
 Contract:
-- One model, one context with unified KV (a single stream shared by every sequence), so
-  `seq_cp` shares cells instead of copying them (the basis of resident prefix sharing).
+- One model, one context. Its KV is unified (`kv_unified`, a single stream shared by every
+  sequence, so `seq_cp` shares cells instead of copying them: the basis of resident prefix
+  sharing) or split (a stream per sequence id, `--kv-layout split`: server/engine/kv_layout.py),
+  where `copy_prefix` copies another stream's prefix. The layout may be chosen once the model
+  and its devices are known, before the context is created (`shape`).
+- Split layout: llama.cpp copies between streams whole, when the next batch is computed (its
+  seq_cp of a range across streams aborts the process: `seq_cp` refuses it here). Until that
+  decode, a stream a copy reads from or writes to must not have its state written, nor a stream
+  a copy writes to be read: `state_seq_get` / `state_seq_set` there first have llama.cpp make
+  the copies (`make_copies`: one token decoded into that sequence past its end and removed
+  again), counted in `copies_made_early`.
 - Every method except the tokenizer ones must be called from the engine thread only;
   llama.cpp contexts are not thread-safe. Tokenization reads the vocabulary only and may
   be called from any thread.
@@ -15,6 +24,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +33,7 @@ from typing import Any, Literal
 import llama_cpp
 import numpy as np
 
-from server.engine import backend_devices, kv_types, offload, paged_attention
+from server.engine import backend_devices, kv_layout, kv_types, offload, paged_attention
 from server.engine.kv_full import KVCacheFull
 from server.engine.llama_backend import init_once as _init_backend_once
 from server.engine.model_weights import matmul_weights, read_tensor_types
@@ -50,6 +61,11 @@ class ModelLoadError(RuntimeError):
 
 class UnsupportedModel(RuntimeError):
     """The model's architecture or memory type is not supported for the requested use."""
+
+
+class StreamCopyPending(RuntimeError):
+    """A copy between split KV streams that llama.cpp has not made yet involves this sequence's stream, and it
+    could not be made now."""
 
 
 @dataclass(frozen=True)
@@ -146,11 +162,11 @@ class _OwnedBatch:
 class LlamaRuntime:
     """Model + context + a reusable batch buffer, and thin typed wrappers over the C API."""
 
-    def __init__(self, config: RuntimeConfig):
-        if config.n_seq_max > LLAMA_MAX_SEQ:
-            raise UnsupportedModel(
-                f"{config.n_seq_max} sequences requested; llama.cpp allows at most {LLAMA_MAX_SEQ} per context"
-            )
+    def __init__(self, config: RuntimeConfig,
+                 shape: Callable[[ModelInfo, offload.OffloadReport], RuntimeConfig] | None = None):
+        """`shape`: called with the model's facts and where its layers run, once both are known and before the
+        context is created, it returns the config the context is made with (its KV layout, cells and sequences:
+        server/bootstrap.py); it may raise to refuse, and the model is freed."""
         _init_backend_once()
         self.config = config
         mparams = llama_cpp.llama_model_default_params()
@@ -171,6 +187,20 @@ class LlamaRuntime:
         _log_offload(self.offload)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self._pieces: dict[int, bytes] = {}  # token -> piece (special=False), filled as tokens come out
+        self._eog: dict[int, bool] = {}
+        self._control: dict[int, bool] = {}
+        self.info = self._read_info()
+        try:
+            if shape is not None:
+                config = self.config = shape(self.info, self.offload)
+            if config.n_seq_max > LLAMA_MAX_SEQ:
+                raise UnsupportedModel(
+                    f"{config.n_seq_max} sequences requested; llama.cpp allows at most {LLAMA_MAX_SEQ} per context"
+                )
+        except Exception:
+            llama_cpp.llama_model_free(self.model)
+            raise
 
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = config.n_ctx
@@ -198,10 +228,21 @@ class LlamaRuntime:
             raise ModelLoadError(
                 f"could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}{types}"
             )
+        self.split = not config.kv_unified  # a KV stream per sequence id (server/engine/kv_layout.py)
+        self.kv_layout = "split" if self.split else "unified"
+        self.n_stream = config.n_seq_max if self.split else 1
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold (a stream's, split)
+        # split: sequences a copy between streams involves until the next decode makes it (sources, destinations)
+        self._copy_sources: set[int] = set()
+        self._copy_targets: set[int] = set()
+        self.copies_made_early = 0  # times a state read or write had llama.cpp make the pending copies first
         try:
-            self.paged_attn = paged_attention.configure(self.ctx, config.paged_attn, config.page_size,
-                                                        offloaded=self.offload.offloaded > 0,
-                                                        kv_types=(config.cache_type_k, config.cache_type_v))
+            if self.split:
+                self.paged_attn = self._paged_off_in_split(config)
+            else:
+                self.paged_attn = paged_attention.configure(self.ctx, config.paged_attn, config.page_size,
+                                                            offloaded=self.offload.offloaded > 0,
+                                                            kv_types=(config.cache_type_k, config.cache_type_v))
         except paged_attention.PagedAttentionUnavailable:
             llama_cpp.llama_free(self.ctx)
             llama_cpp.llama_model_free(self.model)
@@ -218,10 +259,13 @@ class LlamaRuntime:
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
         self._batch = _OwnedBatch(self.n_batch)
-        self._pieces: dict[int, bytes] = {}  # token -> piece (special=False), filled as tokens come out
-        self._eog: dict[int, bool] = {}
-        self._control: dict[int, bool] = {}
-        self.info = self._read_info()
+
+    def _paged_off_in_split(self, config: RuntimeConfig) -> paged_attention.PagedAttentionStatus:
+        """Paged attention pages one unified KV (llama_set_paged_attn refuses split streams): off, with why."""
+        note = kv_layout.paged_attention_note(self.offload.backend if self.offload.offloaded else None)
+        if config.paged_attn == "on":
+            raise paged_attention.PagedAttentionUnavailable(f"--paged-attn on: {note}")
+        return paged_attention.PagedAttentionStatus(paged_attention.compiled_in(), 0, note)
 
     # ----------------------------------------------------------------- metadata
     def _meta(self, key: str) -> str | None:
@@ -336,6 +380,9 @@ class LlamaRuntime:
         b.logits[:n] = logits
         b.batch.n_tokens = n
         rc = llama_cpp.llama_decode(self.ctx, b.batch)
+        if self._copy_targets and rc in (0, 1, 2):  # the batch got as far as llama.cpp's memory update
+            self._copy_sources.clear()
+            self._copy_targets.clear()
         if rc == 1:
             raise KVCacheFull(n)
         if rc != 0:
@@ -360,7 +407,74 @@ class LlamaRuntime:
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """llama.cpp's seq_cp. Split layout: only whole sequences (a range across streams would abort the process:
+        `copy_prefix` copies and trims), and `dst` loses what it held."""
+        if self.split and src != dst:
+            if p0 > 0 or 0 <= p1 < self.n_ctx_seq - 1:
+                raise ValueError(f"seq_cp({src}, {dst}, {p0}, {p1}): the split KV layout copies whole streams only")
+            self._copy_sources.add(src)
+            self._copy_targets.add(dst)
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """`dst` holds positions [0, n) of `src` (which holds them). Unified: added to dst's cells, sharing src's
+        (no copy). Split: dst's stream is replaced by a copy of src's, made by llama.cpp when the next batch is
+        computed, and trimmed to [0, n) (the copy's cost is the whole stream's bytes: CostModel.copy_ms)."""
+        if not self.split:
+            self.seq_cp(src, dst, 0, n)
+            return
+        self.seq_cp(src, dst, -1, -1)
+        self.seq_rm(dst, n, -1)
+
+    def time_stream_copy(self, src: int, dst: int, repeats: int = 3) -> float:
+        """Split layout: the ms a copy of one stream into another adds to the next decode, measured on two empty
+        streams before the server serves (one token decoded into `src`, with and without a copy of its stream into
+        `dst` pending; the median of `repeats` differences, at least 0). The copy moves a whole stream whatever
+        the prefix's length, so this is what tier S costs a request there (server/cache/cost.py). Both
+        sequences are left empty. Engine thread (or before the engine starts)."""
+        if not self.split:
+            return 0.0
+        bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        token = bos if bos >= 0 else 0
+
+        def step(copy: bool) -> float:
+            if copy:
+                self.seq_cp(src, dst, -1, -1)
+            t0 = time.perf_counter()
+            self.decode([BatchEntry(token, 0, src, True)])
+            seconds = time.perf_counter() - t0
+            self.seq_rm(src, -1, -1)
+            self.seq_rm(dst, -1, -1)
+            return seconds
+
+        step(False)  # the first decode's graph and buffers are not the copy's
+        diffs = sorted(step(True) - step(False) for _ in range(repeats))
+        return max(0.0, diffs[len(diffs) // 2]) * 1000.0
+
+    def copy_pending(self, seq_id: int) -> bool:
+        """A copy between split streams that llama.cpp has not made yet reads from or writes to this sequence."""
+        return seq_id in self._copy_sources or seq_id in self._copy_targets
+
+    def make_copies(self, via: int) -> None:
+        """Have llama.cpp make the pending copies between split streams now: it makes them at the start of a
+        decode, so one token (no logits) is decoded into `via` just past its last position, then removed again;
+        its stream's cells are as they were, whatever it held (its data is copied before the token is
+        computed). Raises StreamCopyPending if the decode failed before llama.cpp got to the copies."""
+        if not self._copy_targets:
+            return
+        pos = self.seq_pos_max(via) + 1
+        bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        try:
+            self.decode_arrays([bos if bos >= 0 else 0], [pos], [via], [0])
+        except KVCacheFull:
+            pass  # a full stream: llama.cpp made the copies before it looked for room
+        except DecodeError as exc:
+            raise StreamCopyPending(f"the pending copies between KV streams could not be made: {exc}") from exc
+        finally:
+            self.seq_rm(via, pos, -1)
+        if self._copy_targets:
+            raise StreamCopyPending("the pending copies between KV streams could not be made")
+        self.copies_made_early += 1
 
     def seq_pos_max(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
@@ -396,6 +510,8 @@ class LlamaRuntime:
         the only copy is its own device-to-host one. `partial`: only what the full-attention
         KV cannot rebuild, the sliding-window layers' cells or the recurrent state
         (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY; server/cache/checkpoints.py)."""
+        if seq_id in self._copy_targets:  # its stream is still to receive a copy
+            self.make_copies(seq_id)
         flags = _PARTIAL_ONLY if partial else 0
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, flags)
         buf = np.empty(size, dtype=np.uint8)
@@ -412,6 +528,8 @@ class LlamaRuntime:
         """Restore a sequence state into `seq_id` (llama.cpp clears that sequence first: with
         `partial`, only its sliding-window cells or recurrent state). `data` is any contiguous
         buffer (bytes, bytearray, memoryview, numpy); it is passed by address, never copied here."""
+        if self.copy_pending(seq_id):  # a copy would read what this writes, or overwrite it
+            self.make_copies(seq_id)
         arr = np.frombuffer(data, dtype=np.uint8)
         ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         return llama_cpp.llama_state_seq_set_data_ext(self.ctx, ptr, arr.nbytes, seq_id,

@@ -35,8 +35,13 @@ def _stats(model, measure: bool) -> dict:
     if isinstance(model.prefix, CheckpointedSlotReuse):  # tier A on a model with SWA or recurrent layers
         out["tiers"]["A"]["state"] = model.prefix.stats()
     out["note"] = model.cache_note
-    out["kv"] = {"n_ctx": model.runtime.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
-                 "parked_cells": out.pop("parked_cells")}
+    rt = model.runtime
+    out["kv"] = {"n_ctx": rt.n_ctx, "scratch_in_use": model.seq_ids.in_use("scratch"),
+                 "parked_cells": out.pop("parked_cells"),
+                 # the KV layout (--kv-layout): split has a stream of stream_cells per sequence id; copies between
+                 # streams that a state read or write had llama.cpp make before the next decode
+                 "layout": rt.kv_layout, "streams": rt.n_stream, "stream_cells": rt.n_ctx_seq if rt.split else None,
+                 "copies_made_early": rt.copies_made_early}
     out["engine_thread"]["decode_ms"] = round(model.engine.stats().busy_seconds * 1000.0, 3)
     if measure:
         from server.cache.resident import union_positions
@@ -45,7 +50,9 @@ def _stats(model, measure: bool) -> dict:
         held = [running.get(x.index, list(x.tokens) if not x.busy else []) for x in s.slots]
         held += [o.tokens for o in r.resident.owners] if r and r.resident else []
         out["kv"]["used_cells"] = used_cells(model.runtime)
-        out["kv"]["union_bound"] = union_positions([h for h in held if h])
+        # unified: the held prefixes share cells (their union); split: each stream holds its own copy
+        out["kv"]["union_bound"] = (sum(len(h) for h in held) if rt.split else
+                                    union_positions([h for h in held if h]))
     return out
 
 

@@ -69,11 +69,12 @@ async def props(state: StateDep, model: ModelDep):
                                                                          "top_p": 0.95, "min_p": 0.05}},
         "arbor": {
             "batch_size": model.runtime.n_batch,
-            "kv_unified": True,
+            "kv_unified": not model.runtime.split,
+            "kv_layout": _kv_layout(model),
             # one request may use max_request_tokens; running requests reserve cells out of
             # kv_cells (the rest of n_ctx is room for resident prefixes)
             "max_request_tokens": model.max_request_tokens,
-            "kv_cells": s.ctx_size,
+            "kv_cells": model.runtime.n_ctx_seq * s.parallel if model.runtime.split else s.ctx_size,
             "kv_cells_reserved": model.engine.scheduler.reserved_cells,
             "cache_tiers": [t for t in s.cache_tiers if s.tier_enabled(t)],
             "cache_note": model.cache_note,
@@ -95,6 +96,19 @@ async def props(state: StateDep, model: ModelDep):
             # the Responses API's stored responses: limits (--responses-store, --responses-store-mb) and occupancy
             "responses_store": state.responses.stats(),
         },
+    }
+
+
+def _kv_layout(model: ModelDep) -> dict:
+    """The KV layout in force (--kv-layout resolved): which, what was asked, why, its streams and what it changed."""
+    runtime, choice = model.runtime, model.kv_layout
+    return {
+        "layout": choice.layout,
+        "asked": choice.asked,
+        "reason": choice.reason,
+        "streams": runtime.n_stream,
+        "stream_cells": runtime.n_ctx_seq if runtime.split else None,  # split: cells of each sequence's stream
+        "notes": list(model.kv_layout_notes),
     }
 
 
