@@ -120,16 +120,20 @@ def hint_states(lines: Sequence[ManifestLine]) -> list[str]:
 
     A request's hint takes effect when it ends, so it says what its branch does next: the
     next line of the same session/branch continues with tool results -> ``tool_wait`` (tools
-    or an approval in between); it starts with a user message, or nothing follows -> ``done``
-    (the turn ended).
+    or an approval in between); else another branch forks from it (its first line waits for this
+    one, `ordering.py`) -> ``active``: others go on from its KV, the seed's collaboration wait
+    (issue 58; before, such a fork point said ``done`` and was evicted first); else (a user
+    message follows, or nothing) -> ``done`` (the turn ended).
     """
     states = ["done"] * len(lines)
     last_of: dict[str, int] = {}
+    for waits_for, line in zip(predecessors(lines), lines):
+        if waits_for is not None and lines[waits_for].cache_session != line.cache_session:
+            states[waits_for] = "active"
     for index, line in enumerate(lines):
         key = line.cache_session
-        if key in last_of:
-            continues = continues_with_tool_result(line.api, line.body)
-            states[last_of[key]] = "tool_wait" if continues else "done"
+        if key in last_of and continues_with_tool_result(line.api, line.body):
+            states[last_of[key]] = "tool_wait"
         last_of[key] = index
     return states
 

@@ -192,6 +192,8 @@ def agent_sessions(
     output_len: int = 48,
     session_interval_s: float = 0.0,
     think_time_s: float = 0.0,
+    branches: int = 1,
+    fork_after: int = 2,
     seed: int = 0,
     model: str | None = DEFAULT_MODEL,
     tokenize: BodyTokenizer | None = None,
@@ -204,41 +206,63 @@ def agent_sessions(
     starts at ``s * session_interval_s``; turn ``k`` is due ``k * think_time_s`` later (the
     runner also waits for the session's previous turn). The last turn expects the answer
     (``output_len``); the others expect a tool call (``tool_call_len``).
+
+    With ``branches`` > 1 each session forks after its first ``fork_after`` requests (branch
+    ``main``, the trunk) into ``branches`` branches ``b0``, ``b1`` ...: each calls a tool of its own
+    where the trunk stopped and goes on to ``turns`` requests, so a session sends
+    ``fork_after + branches * (turns - fork_after)`` requests (issue 58's workload: 16 sessions, 4
+    turns, 2 branches after 2: 96 requests). The runner starts a branch when the trunk is done.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
     require_positive(sessions=sessions, turns=turns, system_len=system_len, user_len=user_len,
                      tool_result_len=tool_result_len, tool_call_len=tool_call_len, output_len=output_len)
     require_non_negative(session_interval_s=session_interval_s, think_time_s=think_time_s)
+    branching = branches > 1
+    if branching and not 1 <= fork_after < turns:
+        raise ValueError(f"fork_after must be between 1 and turns - 1 ({turns - 1}), got {fork_after}")
     role_line, tools = SCENARIOS[scenario]
     text = SyntheticText(seed)
     system = text.paragraph(max(1, system_len - len(role_line.split())), lead=role_line)
     lines: list[ManifestLine] = []
-    for s in range(sessions):
-        session_id = f"{scenario}-{s}"
-        messages: list[dict] = [{"role": "system", "content": system},
-                                {"role": "user", "content": text.paragraph(user_len - 2, lead=f"Task {s}:")}]
-        start = s * session_interval_s
-        for k in range(turns):
+
+    def tool_step(messages: list[dict], s: int, k: int, tag: str = "") -> None:
+        """Append the assistant's (recorded) tool call and the tool's result."""
+        tool = tools[text.rng.randrange(len(tools))]["function"]
+        arguments = {name: text.words(2) for name in tool["parameters"]["properties"]}
+        call_id = f"call_{s}_{k}{tag}"
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": tool["name"], "arguments": json.dumps(arguments)}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id,
+                         "content": text.paragraph(tool_result_len - 2, lead=f"Result {s}.{k}{tag}:")})
+
+    def run_turns(messages: list[dict], s: int, ks: range, branch: str, start: float, tag: str = "") -> None:
+        for k in ks:
             last = k == turns - 1
             expected = output_len if last else tool_call_len
             lines.append(ManifestLine(
-                t=round(start + k * think_time_s, 6), session_id=session_id, branch_id=MAIN_BRANCH,
+                t=round(start + k * think_time_s, 6), session_id=f"{scenario}-{s}", branch_id=branch,
                 body=chat_body(model, [dict(m) for m in messages], expected, tools), expected_output_tokens=expected))
-            if last:
-                break
-            tool = tools[text.rng.randrange(len(tools))]["function"]
-            arguments = {name: text.words(2) for name in tool["parameters"]["properties"]}
-            call_id = f"call_{s}_{k}"
-            messages.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": call_id, "type": "function",
-                 "function": {"name": tool["name"], "arguments": json.dumps(arguments)}}]})
-            messages.append({"role": "tool", "tool_call_id": call_id,
-                             "content": text.paragraph(tool_result_len - 2, lead=f"Result {s}.{k}:")})
+            if last or (branching and k == ks.stop - 1 and branch == MAIN_BRANCH):
+                break  # the end, or the fork: each branch makes its own call where the trunk stopped
+            tool_step(messages, s, k, tag)
+
+    for s in range(sessions):
+        messages: list[dict] = [{"role": "system", "content": system},
+                                {"role": "user", "content": text.paragraph(user_len - 2, lead=f"Task {s}:")}]
+        start = s * session_interval_s
+        run_turns(messages, s, range(fork_after if branching else turns), MAIN_BRANCH, start)
+        for b in range(branches if branching else 0):
+            branch = [dict(m) for m in messages]
+            tool_step(branch, s, fork_after - 1, f"b{b}")
+            run_turns(branch, s, range(fork_after, turns), f"b{b}", start, f"b{b}")
     lines.sort(key=lambda line: line.t)  # stable: a session's turns keep their order
     params = dict(scenario=scenario, sessions=sessions, turns=turns, system_len=system_len, user_len=user_len,
                   tool_result_len=tool_result_len, tool_call_len=tool_call_len, output_len=output_len,
                   session_interval_s=session_interval_s, think_time_s=think_time_s, seed=seed)
+    if branching:
+        params.update(branches=branches, fork_after=fork_after)
     return generated("agent-sessions", params, lines, tokenize)
 
 

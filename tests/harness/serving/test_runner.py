@@ -125,8 +125,9 @@ async def test_branches_wait_for_the_trunk_then_run_together():
     trunk, *branches = result.requests
     assert all(b.start_s >= trunk.start_s + trunk.latency_s for b in branches)
     assert max_overlap(branches) == 3
-    # one key per session/branch, as the workbench sends; each ends its only turn
-    assert hints == {"f/trunk": "done", "f/b0": "done", "f/b1": "done", "f/b2": "done"}
+    # one key per session/branch, as the workbench sends; each branch ends its only turn, the trunk
+    # goes on in its branches (a collaboration wait)
+    assert hints == {"f/trunk": "active", "f/b0": "done", "f/b1": "done", "f/b2": "done"}
 
 
 def _tool_step(session, branch="main"):
@@ -143,7 +144,8 @@ def test_hint_states_follow_the_recorded_turns():
              _tool_step("s", branch="b"), chat_line("t", "other")]
     assert hint_states(lines) == ["tool_wait",  # the next request of s/main carries a tool result
                                   "done",       # then the user asks again: the turn had ended
-                                  "done", "tool_wait", "done", "done"]
+                                  "active",     # branch b forks from it: its KV goes on (collaboration wait)
+                                  "tool_wait", "done", "done"]
 
 
 async def test_recorded_body_hints_never_reach_the_server():
