@@ -175,7 +175,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         assert tree is not None and settings.cache_dir is not None  # D: the settings require --cache-dir
         tiers.append(DiskTier(tree, settings.cache_dir, settings.cache_disk * 1024 * 1024, fp, policy,
                               queue_bytes=settings.cache_disk_queue * 1024 * 1024,
-                              reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024))
+                              reserve_bytes=settings.cache_disk_reserve_mb * 1024 * 1024, streams=runtime.n_stream))
     if partial_state:  # window cells or a recurrent state: A, S (other slots), H and D with checkpoints
         files = (CheckpointFiles(settings.cache_dir / "checkpoints", fp, settings.cache_checkpoint_disk * 1024 * 1024,
                                  queue_bytes=settings.cache_disk_queue * 1024 * 1024)

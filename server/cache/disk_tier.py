@@ -114,9 +114,13 @@ class DiskTier:
     source = TIER
 
     def __init__(self, tree: RadixTree, directory: Path, budget_bytes: int, fingerprint: str,
-                 policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES, reserve_bytes: int = 0):
+                 policy: EvictionPolicy, queue_bytes: int = DEFAULT_QUEUE_BYTES, reserve_bytes: int = 0,
+                 streams: int = 1):
         """`reserve_bytes`: free space the filesystem must keep after a write; a write that
-        would go below it is declined (counted), see the module's "Free space"."""
+        would go below it is declined (counted), see the module's "Free space". `streams`: the KV
+        streams of the context restores go to (the split layout's: a state is read from the files
+        straight into one for it; the files themselves are the same in every layout)."""
+        self.streams = streams
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.budget_bytes = budget_bytes
@@ -261,7 +265,7 @@ class DiskTier:
         try:
             ranges = self._ranges(match, start)
             try:
-                kv = read_ranges(ranges, self.fingerprint)
+                kv = read_ranges(ranges, self.fingerprint, self.streams)
             except DiskSegmentError as exc:
                 bad = self._culprit(ranges, exc)
                 log.warning("disk cache: %s; dropped, the prompt is computed instead", exc)

@@ -232,12 +232,12 @@ def read_segment_file(path: Path, fingerprint: str, header_sha256: str | None = 
     return segment_from_arrays(layout, header["start"], header["n"], body)
 
 
-def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str) -> KVSegment:
+def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str, streams: int = 1) -> KVSegment:
     """The KV of consecutive path ranges, each (file, start, end) in path positions, as one
-    sequence state ready for llama.cpp. Each file is read once and checked (the header it was
-    indexed under, its size, the body checksum). A range that is a whole file goes from the
-    file straight into the state's rows (one copy; V not transposed); a part of a file is
-    read whole (to check it), then its rows are copied."""
+    sequence state ready for llama.cpp (a context of `streams` KV streams). Each file is read
+    once and checked (the header it was indexed under, its size, the body checksum). A range
+    that is a whole file goes from the file straight into the state's rows (one copy; V not
+    transposed); a part of a file is read whole (to check it), then its rows are copied."""
     blob: EmptyStateBlob | None = None
     first, total = ranges[0][1], sum(e - s for _, s, e in ranges)
     for file, a, b in ranges:
@@ -252,7 +252,7 @@ def read_ranges(ranges: list[tuple[SegmentFile, int, int]], fingerprint: str) ->
                 if (header["start"], header["n"]) != (file.start, file.n):
                     raise CorruptSegmentFile(f"{path.name}: holds other positions than indexed")
                 if blob is None:
-                    blob = EmptyStateBlob(layout, first, total)
+                    blob = EmptyStateBlob(layout, first, total, streams)
                 elif layout != blob.layout:
                     raise CorruptSegmentFile(f"{path.name}: another KV layout than the files before it")
                 f.seek(offset)
