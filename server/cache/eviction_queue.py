@@ -12,7 +12,9 @@ the new key. For LRU, whose keys only grow, the order is exact. A policy whose k
 shrink (a lifecycle class that drops) may take such a node a little later than a full
 re-ranking would. Nodes the policy refuses now (None) and locked nodes are set aside and
 looked at again at the next eviction. Stale entries (a node no longer a bottom) are skipped,
-and the heap is rebuilt when they outnumber the live ones.
+and the heap is rebuilt when they outnumber the live ones. A policy whose keys move with time
+both ways (server/cache/predictive_policy.py) names its current `epoch`: when it changed since
+the last eviction, every node is ranked again first.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class EvictionQueue:
         self._priority = priority
         self._heap: list[tuple[Hashable, int, RadixNode]] = []
         self._aside: set[RadixNode] = set()  # refused by the policy or locked: looked at again next time
+        self._epoch = getattr(policy, "epoch", None)
         for node in bottoms:
             self.push(node)
 
@@ -50,6 +53,11 @@ class EvictionQueue:
         """Nodes to evict, best first, while the caller keeps asking; `is_bottom` says whether
         a node is still one. A node yielded and not evicted must be pushed back by the caller."""
         aside, self._aside = self._aside, set()
+        epoch = getattr(self.policy, "epoch", None)
+        if epoch != self._epoch:  # the policy's keys moved: rank every node again
+            self._epoch = epoch
+            aside |= {node for _, _, node in self._heap}
+            self._heap = []
         for node in aside:
             if is_bottom(node):
                 self.push(node)
