@@ -137,3 +137,24 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path):
         assert "--spec-type draft-simple" in message and "vocab" in message
     finally:
         stop_server(running)
+
+
+@pytest.mark.parametrize("tiers", ["A,H", "A,D"])
+def test_a_drafted_answer_after_a_restore_from_a_stored_tier_is_the_same(tmp_path, tiers):
+    """One slot: the rewrite without drafting, another prompt (the slot's KV goes to the host or disk tier), then
+    the rewrite again with drafting, its prompt restored from that tier."""
+    flags = ["--parallel", "1", "--ctx-size", "2048", "--cache-tiers", tiers]
+    if "D" in tiers:
+        flags += ["--cache-dir", str(tmp_path / "kv")]
+    running = start_server(tmp_path, *flags)
+    try:
+        plain = chat(running, n_max=0)
+        other = httpx.post(running.v1 + "/chat/completions", timeout=300,
+                           json={"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 8})
+        assert other.status_code == 200
+        drafted = chat(running)
+        assert drafted["arbor"]["cache"]["source"] == tiers[-1]
+        assert drafted["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+        assert drafted["timings"]["draft_n_accepted"] > 0
+    finally:
+        stop_server(running)
