@@ -184,3 +184,19 @@ def test_a_langgraph_react_loop_over_langchain_openai_completes_a_tool_round_tri
     assert replies[0].tool_calls[0]["args"] == {"city": "Paris"}
     assert replies[-1].content == "It is 12 C."
     assert all("weather." not in str(m.content) and "<" not in str(m.content) for m in replies)
+
+
+def test_drafting_changes_nothing_in_a_familys_reply(family_server):
+    """The server drafts by default (speculative decoding): the family's forced reply is the same with drafting
+    off for the request, and what it drafted was verified under the grammar."""
+    family, server = family_server
+    drafted = _post(server, _body(family)).json()
+    plain = _post(server, _body(family, **{"speculative.n_max": 0})).json()
+
+    def reply(answer: dict) -> tuple:  # the message but for the tool calls' ids, which are drawn per answer
+        m = answer["choices"][0]["message"]
+        return m.get("content"), m.get("reasoning_content"), [c["function"] for c in m.get("tool_calls") or []]
+
+    assert reply(drafted) == reply(plain)
+    assert plain["timings"]["draft_n"] == 0
+    assert drafted["timings"]["draft_n_accepted"] <= drafted["timings"]["draft_n"]
