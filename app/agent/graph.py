@@ -60,7 +60,7 @@ from app.agent.context_state import ContextState
 from app.agent.messages import from_openai, openai_tool_calls, to_openai
 from app.agent.model_client import ModelBackendError, ModelCallResult
 from app.agent.requests import fitted_step_body
-from app.agent.result_fit import fit_step_results
+from app.agent.result_fit import fit_step_results, refit_last_results
 from app.agent.routers import route_after_model, tool_choice_for_step
 from app.agent.state import AgentState, last_model_message
 from app.agent.token_events import TokenEvents
@@ -76,9 +76,11 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
     conversation = to_openai(state["messages"])
     context = ContextState.of(state.get("context_fit"))  # the branch's level and estimate
     budgets: list[int] = []  # max_tokens of each try whose tool call was cut
+    refitted: list[ToolMessage] = []  # the last step's results, cut again to fit (they replace theirs)
     while True:
         message, body, fitted, started_at = await _model_step(ctx, config, write, model, conversation, context,
-                                                              state, step, _retry_budget(budgets, None))
+                                                              state, step, _retry_budget(budgets, None), refitted)
+        conversation = to_openai(_replaced(state["messages"], refitted))
         result = call_result(message)
         context = ctx.budget.observe(body, result.prompt_tokens, fitted.context)
         span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
@@ -96,10 +98,12 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
         budgets.append(int(body["max_tokens"]))
         larger = _retry_budget(budgets, fitted.room)
         if larger is None:
-            return _cut_turn(result, budgets, step, context)
+            ended = _cut_turn(result, budgets, step, context)
+            ended["messages"] = [*refitted, *ended["messages"]]
+            return ended
         write({"type": "retry", "step": step, "reason": "tool_call_cut", "cut_at_tokens": budgets[-1],
                "max_tokens": larger, "span_id": span_id})
-    update: dict = {"messages": [message], "steps": step, "awaiting": [], "context_fit": context.as_state()}
+    update: dict = {"messages": [*refitted, message], "steps": step, "awaiting": [], "context_fit": context.as_state()}
     for call in result.tool_calls:
         write({"type": "tool_call", "tool_call_id": call["id"], "name": call["function"]["name"],
                "arguments": call["function"]["arguments"], "step": step})
@@ -111,8 +115,9 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
         # the step required a tool call and the model answered without one: say so, never silently
         note = NO_TOOL_NOTE
         answer = f"{answer.strip()}\n\n{note}" if answer.strip() else note
-        update["messages"] = [AIMessage(content=answer, id=message.id, response_metadata=message.response_metadata,
-                                        additional_kwargs=message.additional_kwargs)]
+        update["messages"] = [*refitted, AIMessage(content=answer, id=message.id,
+                                                   response_metadata=message.response_metadata,
+                                                   additional_kwargs=message.additional_kwargs)]
         update.update(final_answer=answer, outcome="no_tool_call")
         return update
     update["final_answer"] = answer
@@ -127,15 +132,33 @@ RETRY_GROWTH = 4  # a retried step may take up to this many times the tokens of 
 
 async def _model_step(ctx: TurnContext, config: RunnableConfig, write: StreamWriter, model: str,
                       conversation: list[dict], context: ContextState, state: AgentState, step: int,
-                      max_tokens: int | None) -> tuple[AIMessage, dict, FittedRequest, datetime]:
+                      max_tokens: int | None,
+                      refitted: list[ToolMessage]) -> tuple[AIMessage, dict, FittedRequest, datetime]:
     """One model call of step `step`, fitted to the context (compacted harder and sent once more
     when the server counts more than the estimate); `max_tokens` overrides the fitted budget
-    (a retry of a cut call), within the room the context has."""
-    for attempt in (1, 2):
-        body, fitted = await fitted_step_body(
-            ctx.budget, ctx.adapter, ctx.scenario, model, conversation, ctx.history_len, context, step=step,
-            max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
-            cache_session=ctx.cache_session)
+    (a retry of a cut call), within the room the context has. When even the compacted request
+    leaves no room because the last step's results are long (their fit trusted an estimate that
+    fell short), they are cut again, once (app/agent/result_fit.py): the replacements go to
+    `refitted`, for the state."""
+    refit = True
+    server_refused = False
+    for attempt in range(1, 4):
+        try:
+            body, fitted = await fitted_step_body(
+                ctx.budget, ctx.adapter, ctx.scenario, model, conversation, ctx.history_len, context, step=step,
+                max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
+                cache_session=ctx.cache_session)
+        except ModelBackendError as exc:
+            if not (exc.kind == "context_exceeded" and refit):  # the fit's own refusal
+                raise
+            refit = False
+            choice = tool_choice_for_step(step, state["max_steps"], ctx.force_tool, ctx.tool_choice)
+            replaced = await refit_last_results(ctx, dict(state), context, choice, write)
+            if not replaced:
+                raise
+            refitted += replaced
+            conversation = to_openai(_replaced(state["messages"], replaced))
+            continue
         if max_tokens is not None:
             room = fitted.room
             body["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
@@ -158,13 +181,19 @@ async def _model_step(ctx: TurnContext, config: RunnableConfig, write: StreamWri
                                           duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc),
                                           error_type=exc.kind)
             # Our estimate fell short of the server's count: compact harder, once.
-            if attempt == 2 or not exc.context_exceeded or fitted.limit is None:
+            if server_refused or not exc.context_exceeded or fitted.limit is None:
                 raise
+            server_refused = True
             context = ctx.budget.tighten(body, str(exc), fitted.context)
             continue
         assert isinstance(message, AIMessage)  # ArborChatModel answers one
         return message, body, fitted, started_at
-    raise AssertionError("unreachable: the second attempt returns or raises")
+    raise ModelBackendError("the request does not fit the model's context", "context_exceeded")
+
+
+def _replaced(messages: list, replacements: list[ToolMessage]) -> list:
+    by_id = {m.id: m for m in replacements}
+    return [by_id.get(m.id, m) for m in messages]
 
 
 def _cut(result: ModelCallResult) -> bool:

@@ -25,6 +25,7 @@ the model sees.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,23 +75,62 @@ async def fit_step_results(ctx: TurnContext, state: dict, answers: list[ToolMess
     """`answers` (this step's tool messages, in order) with the results cut so that the next
     model step's request leaves room for a full answer; their `StepResult`s cleared."""
     try:
-        return await _fit(ctx, state, answers, write)
+        choice = tool_choice_for_step(state.get("steps", 0) + 1, state["max_steps"], ctx.force_tool, ctx.tool_choice)
+        return await _fit(ctx, state["messages"], answers, ContextState.of(state.get("context_fit")), choice, write)
     finally:
         for answer in answers:
             answer.artifact = None
 
 
-async def _fit(ctx: TurnContext, state: dict, answers: list[ToolMessage],
+async def refit_last_results(ctx: TurnContext, state: dict, context: ContextState, choice: object,
+                             write: Callable[[dict], None]) -> list[ToolMessage]:
+    """After the server refused a model step as too long for its context, although the results
+    were fitted by the estimate (a server that counts no tokens, an estimate learned too low): the
+    results the last step brought (the tool messages ending the history, of this turn) cut again,
+    from their text, against `context` (the estimate tightened by the refusal). The replacements
+    (same ids: they replace the messages in the state) of those it cut; none when there was
+    nothing to cut."""
+    messages = list(state["messages"])
+    start = len(messages)
+    while start > ctx.history_len and isinstance(messages[start - 1], ToolMessage):
+        start -= 1
+    answers = [ToolMessage(content=_text(m), tool_call_id=m.tool_call_id, name=m.name, status=m.status, id=m.id,
+                           artifact=_from_text(m)) for m in messages[start:] if isinstance(m, ToolMessage)]
+    if not answers:
+        return []
+    before = [_text(a) for a in answers]
+    try:
+        fitted = await _fit(ctx, messages[:start], answers, context, choice, write)
+    finally:
+        for answer in answers:
+            answer.artifact = None
+    return [a for a, text in zip(fitted, before) if _text(a) != text]
+
+
+def _from_text(message: ToolMessage) -> StepResult | None:
+    """What a result already in the history can be cut from: its text (an error is left alone);
+    the artifact its note names keeps the full text, if it was trimmed before."""
+    if message.status == "error":
+        return None
+    text = _text(message)
+    named = _ARTIFACT_NOTE.search(text)
+    return StepResult(raw=text.split(TRIM_NOTE, 1)[0], full_text=text, artifact_id=named.group(1) if named else None,
+                      name=message.name or "", call_id=message.tool_call_id, duration_ms=0.0, span_id=None)
+
+
+_ARTIFACT_NOTE = re.compile(r"kept as artifact (\w+)\]")
+TRIM_NOTE = "\n[trimmed by the workbench"  # how trimming's note begins (app/agent/trimming.py)
+
+
+async def _fit(ctx: TurnContext, history: list, answers: list[ToolMessage], context: ContextState, choice: object,
                write: Callable[[dict], None]) -> list[ToolMessage]:
     if not any(isinstance(a.artifact, StepResult) for a in answers):
         return answers
     model = await ctx.adapter.model_name()
     system, tools = system_message(ctx.scenario), scenario_tools(ctx.scenario)
-    choice = tool_choice_for_step(state.get("steps", 0) + 1, state["max_steps"], ctx.force_tool, ctx.tool_choice)
-    context = ContextState.of(state.get("context_fit"))
     fitted_any: dict[int, ToolMessage] = {}
     for attempt in range(ROUNDS):
-        conversation = to_openai([*state["messages"], *answers])
+        conversation = to_openai([*history, *answers])
         fitted = await ctx.budget.measure(model, system, conversation, ctx.history_len, tools, choice, context)
         if fitted.limit is None or fitted.prompt_tokens is None:
             return answers

@@ -200,3 +200,33 @@ def test_water_cap_keeps_short_results_whole_and_cuts_the_long_ones_alike():
     assert water_cap([100, 5000, 5000], 10_200) == 5000  # all fit
     assert water_cap([100, 5000, 5000], 4100) == 2000  # 100 + 2000 + 2000
     assert water_cap([100, 5000, 5000], 10, floor=300) == 300  # never below the floor
+
+
+def test_results_are_cut_again_when_the_server_refuses_what_the_estimate_let_through(tmp_path):
+    """A server that counts no tokens for the workbench (no /tokenize) and, unlike the estimate
+    learned from its usage, counts the tools' schemas out: the estimate lets the five results
+    through, the server refuses the request as too long (400), and the results are cut again
+    from their text against the tightened estimate: the turn goes on."""
+    def agent(body: dict) -> ScriptedReply:
+        if body["messages"][-1]["role"] == "user":
+            return ScriptedReply(tool_calls=[tool_call("report", {"part": p}, f"r{p}") for p in range(5)])
+        return ScriptedReply(content="Row 17 of each part has an anomaly.")
+
+    settings = make_settings(tmp_path, "http://placeholder/v1", llm_max_tokens=400, tool_result_max_chars=4000,
+                             tool_result_max_tokens=1000)
+    fake = ScriptedOpenAI(agent, n_ctx=4000)
+    with fake, workbench_client(settings.model_copy(update={"llm_base_url": fake.base_url}),
+                                ScenarioCatalog([WIDE])) as client:
+        session = new_session(client, "wide")
+        events = post_turn(client, session["id"], "Check all five parts", force_tool=True)
+        assert events[-1]["type"] == "final" and events[-1]["content"] == "Row 17 of each part has an anomaly."
+        assert {e["tool_call_id"] for e in of_type(events, "tool_result") if e.get("fitted")} == \
+            {f"r{p}" for p in range(5)}
+        answered = fake.bodies[-1]
+        assert int(len(json.dumps(answered["messages"])) / fake.chars_per_token) + answered["max_tokens"] <= 4000
+        turn = client.get(f"/api/sessions/{session['id']}").json()["turns"][0]
+        sent = [m["content"] for m in answered["messages"] if m["role"] == "tool"]
+        assert [m["content"] for m in turn["messages"] if m["role"] == "tool"] == sent, "the state has what was sent"
+        with Session(client.app.state.workbench.engine) as db:
+            artifacts = {a.id for a in db.exec(select(Artifact)).all()}
+        assert all(e["artifact_id"] in artifacts for e in of_type(events, "tool_result") if e.get("fitted"))
