@@ -16,7 +16,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, speculative, swa_memory
+from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, speculative, story_run, swa_memory
 from bench.report_format import _f, _load
 from bench.report_serving import (
     hostile_section,
@@ -401,6 +401,7 @@ READING_TOPICS = {
     paged_kernel_check.HEADING: "Idle cells and paged attention",
     DEVICE_HEADING: "Paged attention on a GPU",
     speculative.HEADING: "Speculative decoding",
+    story_run.HEADING: "The story writer's 20-prompt run",
 }
 
 
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
                                                     kv_types.report_section, api_parity.report_section,
                                                     checkpoint_agreement.report_section, swa_memory.report_section,
                                                     paged_kernel_check.report_section, speculative.report_section,
-                                                    device_section)]
+                                                    story_run.report_section, device_section)]
     for section in sections:
         lines += reading_pointer(_or_carried(section, old))
     a.out.parent.mkdir(parents=True, exist_ok=True)
