@@ -18,11 +18,12 @@ from server.cache.checkpoint_store import CheckpointStore
 from server.cache.checkpointed_slots import CheckpointedSlotReuse, SlotStates
 from server.cache.checkpoints import ModelMemory
 from server.cache.disk_tier import DiskTier
-from server.cache.eviction import LifecyclePolicy
 from server.cache.fingerprint import model_fingerprint
 from server.cache.host_tier import HostTier
 from server.cache.kv_ops import KVOps
 from server.cache.lifecycle import SessionRegistry
+from server.cache.policy_choice import choose_policy
+from server.cache.policy_events import PolicyEvents
 from server.cache.radix_tree import RadixTree
 from server.cache.router import CacheRouter
 from server.cache.shared_tier import SharedTier
@@ -158,7 +159,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
     registry = SessionRegistry(max_sessions=settings.cache_sessions, idle_seconds=settings.cache_session_idle,
                                max_pinned=settings.cache_max_pinned_sessions,
                                max_pinned_bytes=settings.cache_max_pinned_mb * 1024 * 1024)
-    policy = LifecyclePolicy(registry)
+    policy = choose_policy(settings.cache_policy, registry, settings.predict_params, settings.cache_priors)
     enabled = {source for source in Source if settings.tier_enabled(source)}
     states = None
     tree = RadixTree() if enabled & set(ON_TREE) else None  # one tree indexes S owners, H and D
@@ -191,7 +192,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
                                 queue_bytes=settings.cache_shared_queue * 1024 * 1024,
                                 max_value_bytes=settings.cache_shared_max_value_mb * 1024 * 1024,
                                 checkpoints=states is not None))
-    return CacheRouter(
+    router = CacheRouter(
         runtime=runtime, kv=KVOps(runtime, seq_ids, partial_state=states is not None), slots=slots, running=running,
         enabled=enabled, tree=tree, tiers=tiers,
         resident_cells=settings.resident_cells if Source.S in enabled and seq_ids.layout.owners else None,
@@ -200,6 +201,8 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
         states=states, split=runtime.split,
     )
+    router.events = PolicyEvents(policy, registry, router.resident)  # --cache-policy: owners too, and what it learns
+    return router
 
 
 def load(settings: ServerSettings, deliver: Deliver = deliver_inline) -> LoadedModel:

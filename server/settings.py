@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from server.cache.store_url import redact_url
 from server.cache.tiers import ON_TREE, Source
 from server.engine.kv_types import KVCacheType, is_quantized
+from server.settings_cache_policy import CachePolicySettings
 from server.settings_speculative import SpeculativeSettings
 
 CACHE_TIERS = (Source.A, Source.S, Source.H, Source.D)  # what --cache-tiers may name (R: --cache-shared)
@@ -74,7 +75,7 @@ _EVENTS: JsonDict = {"group": "KV events"}
 _LIMITS: JsonDict = {"group": "request limits"}
 
 
-class ServerSettings(SpeculativeSettings, BaseSettings):
+class ServerSettings(CachePolicySettings, SpeculativeSettings, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ARBOR_SERVER_", extra="forbid")
 
     model: Path | None = Field(None, description="GGUF model file (default: the embedded SmolLM2-135M-Instruct)",

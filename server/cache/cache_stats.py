@@ -39,6 +39,7 @@ def cache_stats(router: Any) -> dict:
         "write_back": router.parked.stats() if router.parked else {"enabled": False},
         "write_back_gate": w.gate.stats(),
         "lifecycle": router.registry.summary(),
+        "policy": router.events.stats() if router.events is not None else None,  # --cache-policy (issue 58)
         "engine_thread": {"cache_ms": round(router.clock.cache_ms, 3), "write_backs": w.write_backs,
                           "write_backs_skipped": w.write_backs_skipped,
                           "write_back_ms": round(w.write_back_ms, 3),

@@ -126,6 +126,8 @@ class SessionRegistry:
         self.pins_released = 0  # pins released by the quotas, oldest first
         self.pinned_bytes = 0  # KV bytes pinned nodes held at the last enforce_pinned_bytes
         self.n_pinned = 0  # sessions pinned now (a read without the lock: the router's fast path)
+        # told of each bare hint `apply` records (the predictive policy's lifecycle model)
+        self.on_apply: Callable[[CacheHint], None] | None = None
 
     def observe(self, hint: CacheHint, tip: RadixNode | None = None) -> None:
         """Record ``hint`` for its session; ``tip`` is the end of the radix path it used.
@@ -293,7 +295,10 @@ class SessionRegistry:
             if hint.state is None and pin is None and info is not None:
                 pin = info.pinned  # a kept "done" must not read as a release
             self._observe(CacheHint(hint.session, state, pin), None)
-            return self.status(hint.session)
+            status = self.status(hint.session)
+        if self.on_apply is not None:
+            self.on_apply(hint)
+        return status
 
     def status(self, session: str) -> SessionStatus:
         with self._lock:

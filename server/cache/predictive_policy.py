@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from server.cache.lifecycle_model import LifecycleModel
@@ -59,6 +59,16 @@ class PredictivePolicy:
         if self.registry is not None and self.registry.is_node_pinned(node):
             return None
         return (float(f"{self.node_value(node):.{KEY_DIGITS}g}"), node.last_access)
+
+    def sessions_priority(self, sessions: Iterable[str], last_used: float) -> tuple[float, float] | None:
+        """The key of something that `sessions` use and that was used last at `last_used` (a resident
+        owner); None when one of them is pinned."""
+        names = tuple(sessions)
+        if self.registry is not None and any(self.registry.is_pinned(s) for s in names):
+            return None
+        epoch = self.epoch
+        value = self.model.values_at(epoch, epoch[0] * self.resolution_s)
+        return (float(f"{sum(value(s) for s in names):.{KEY_DIGITS}g}"), last_used)
 
     # ------------------------------------------------------------ events
     def arrived(self, session: str | None, tokens: Sequence[int]) -> None:

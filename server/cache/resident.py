@@ -26,6 +26,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from server.cache.checkpoints import StateCheckpoint
 from server.cache.lifecycle import CacheHint, SessionRegistry
@@ -81,6 +82,8 @@ class ResidentOwners:
         self.hits = 0
         self.evictions = 0
         self.publishes = 0
+        # the cache policy's order of owners (server/cache/policy_choice.py); None: the lifecycle classes
+        self.rank: Callable[[Owner], Any] | None = None
 
     # ----------------------------------------------------------------- lookup
     def take(self, m: MatchResult, exclude: int | None = None) -> tuple[int, Owner | None]:
@@ -184,8 +187,11 @@ class ResidentOwners:
             owner.sessions.add(hint.session)
 
     # --------------------------------------------------------------- eviction
-    def _rank(self, owner: Owner) -> tuple[int, int] | None:
-        """Lifecycle-aware order: pinned never, finished sessions first, tool waits last."""
+    def _rank(self, owner: Owner) -> Any:
+        """The policy's order (`rank`), else lifecycle-aware: pinned never, finished sessions first,
+        tool waits last."""
+        if self.rank is not None:
+            return self.rank(owner)
         states = [self.registry.state(s) for s in owner.sessions]
         if any(self.registry.is_pinned(s) for s in owner.sessions):
             return None
@@ -202,7 +208,7 @@ class ResidentOwners:
         ranked = [(r, o) for o in self.owners if o is not protect and (r := self._rank(o)) is not None]
         if not ranked:
             return False
-        _, victim = min(ranked, key=lambda x: x[0])
+        _, victim = min(ranked, key=lambda x: x[0])  # one policy's keys compare
         if self.on_evict is not None:
             self.on_evict(victim.seq_id, victim.tokens)
         self._remove(victim)

@@ -47,6 +47,7 @@ from server.cache.kv_ops import KVOps
 from server.cache.lease import CacheLease
 from server.cache.lifecycle import SessionRegistry
 from server.cache.planner import ROUTES, Candidate, Planner, deferring_to, kept_in_slot, length_of
+from server.cache.policy_events import PolicyEvents
 from server.cache.radix_tree import RadixTree
 from server.cache.restore import Restorer
 from server.cache.tiers import ON_TREE, KVTier, Source, tier_of
@@ -60,6 +61,9 @@ __all__ = ["ROUTES", "CacheRouter", "Candidate"]
 
 
 class CacheRouter:
+    # the cache policy's events and report (--cache-policy; server/bootstrap.py sets it)
+    events: PolicyEvents | None = None
+
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  enabled: set[Source], tree: RadixTree | None, tiers: Iterable[KVTier], resident_cells: int | None,
                  registry: SessionRegistry, min_tokens: int, route: str = "cost", write_back_step_bytes: int = 0,
@@ -137,6 +141,8 @@ class CacheRouter:
     def _provide(self, adm: Admission) -> CacheReport:
         prompt = adm.seq.cache_prompt  # its cache key: a namespace's prompt matches only its own KV
         self.write.admitted(prompt)  # the write-back gate learns whether lost copies come back
+        if self.events is not None:
+            self.events.arrived(self.lease(adm.seq).hint, prompt)
         if self.parked is not None and Source.S not in self.enabled:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
         cands = self.sources.candidates(adm)
@@ -194,6 +200,8 @@ class CacheRouter:
             elif seq.slot is not None:
                 self._observe_prefill(seq, lease)
                 self.write.finished(seq, lease.hint, shared=lease.branch_point)
+            if self.events is not None and seq.slot is not None:
+                self.events.ended(lease.hint, len(seq.prompt), seq.n_cached, seq.cache_prompt, reason == "error")
         finally:
             lease.release(self.tree)
             seq.cache_lease = None
