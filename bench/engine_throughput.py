@@ -24,6 +24,9 @@ other request shares: seed 002's shape, 16K-token prompts at 8 concurrent reques
 `--arbor-unpaged` adds arbor-server with `--paged-attn off` beside its default, `--arbor-paged`
 arbor-server with `--paged-attn on` (where the default `auto` leaves it off: layers on a GPU),
 `--arbor-shared-pages` arbor-server with `--page-placement shared` (llama.cpp's placement).
+`--arbor-layouts unified,split` runs arbor-server once per KV layout named (`--kv-layout`, issue 57;
+`auto` is the default row) instead of the default row alone; `arbor_over_llama_split` then puts
+each beside llama-server's split KV.
 On Linux each level also records the server's CPU time per completion token (whole process
 and main thread), which a busy shared machine distorts far less than wall-clock tok/s.
 
@@ -168,7 +171,9 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConf
     if a.threads is not None:
         arbor += ["--threads", str(a.threads)]
         llama += ["-t", str(a.threads)]
-    out = [ServerConfig("arbor-server", "arbor", arbor)]
+    layouts = [x for x in (getattr(a, "arbor_layouts", None) or "auto").split(",") if x]
+    out = [ServerConfig("arbor-server" if layout == "auto" else f"arbor-server --kv-layout {layout}", "arbor",
+                        arbor + ([] if layout == "auto" else ["--kv-layout", layout])) for layout in layouts]
     if a.arbor_unpaged:
         out.append(ServerConfig("arbor-server --paged-attn off", "arbor", arbor + ["--paged-attn", "off"]))
     if a.arbor_paged:
@@ -214,6 +219,25 @@ def best_llama_ratio(runs: list[dict]) -> dict[str, dict[int, float]]:
     return out
 
 
+def llama_split_ratio(runs: list[dict]) -> dict[str, dict[int, dict[str, float]]]:
+    """Each arbor-server row against llama-server's split KV, per level: decode tok/s and TTFT mean as ratios."""
+    split = next((r for r in runs if r["name"] == "llama-server (split KV)"), None)
+    if split is None:
+        return {}
+    base = {x["concurrency"]: x for x in split["levels"]}
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for r in runs:
+        if r["kind"] != "arbor":
+            continue
+        out[r["name"]] = {}
+        for x in r["levels"]:
+            b = base.get(x["concurrency"])
+            if b and b["decode_tok_s"] and b["ttft_mean_s"]:
+                out[r["name"]][x["concurrency"]] = {"decode": round(x["decode_tok_s"] / b["decode_tok_s"], 3),
+                                                    "ttft": round(x["ttft_mean_s"] / b["ttft_mean_s"], 3)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the embedded model)")
@@ -228,6 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=0, help="a unique prompt of about this many tokens per "
                    "request (default: a one-line prompt)")
+    p.add_argument("--arbor-layouts", default=None, metavar="LIST",
+                   help="arbor-server once per KV layout named (auto,unified,split: --kv-layout) instead of the "
+                   "default row alone")
     p.add_argument("--arbor-unpaged", action="store_true", help="also run arbor-server with --paged-attn off")
     p.add_argument("--arbor-paged", action="store_true",
                    help="also run arbor-server with --paged-attn on (auto leaves it off with layers on a GPU)")
@@ -293,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     out = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
                        "cpus": os.cpu_count(), "python": platform.python_version()},
            "model": str(model), "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-           "max_tokens": a.max_tokens, "llama_server": binary, "runs": runs, "arbor_over_llama": best_llama_ratio(runs)}
+           "max_tokens": a.max_tokens, "llama_server": binary, "runs": runs, "arbor_over_llama": best_llama_ratio(runs),
+           "arbor_over_llama_split": llama_split_ratio(runs)}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2))
     print(f"{'server':34s}" + "".join(f"{c:>10d}" for c in streams) + "   (decode tok/s, median)")
@@ -310,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['name']:34s}" + "".join(f"{x.get('cpu_us_per_token', float('nan')):10.0f}" for x in r["levels"]))
     if out["arbor_over_llama"]:
         print("arbor / best llama-server:", json.dumps(out["arbor_over_llama"]))
+    if out["arbor_over_llama_split"]:
+        print("arbor / llama-server split (decode, TTFT):", json.dumps(out["arbor_over_llama_split"]))
     print("wrote", a.out)
 
 

@@ -47,7 +47,6 @@ from pathlib import Path
 
 import httpx
 
-from app.replay.workloads import story_writer_requests
 from harness.manifest import ManifestLine
 from harness.serving.runner import ReplaySettings, replay
 from harness.serving.servers import arbor_command, find_llama_server, free_port, llama_server_command, running
@@ -64,10 +63,18 @@ def server_settings(a: argparse.Namespace) -> tuple[list[str], list[str]]:
     return arbor, llama
 
 
-def workloads(quick: bool, large: bool = False) -> dict:
+def workloads(quick: bool, large: bool = False, only: set[str] | None = None) -> dict:
     """The workloads at one of three sizes: `quick` (half lengths, fewer turns), the default,
     or `large` (twice the sessions, groups and prompts, and a ~1,000-token system prompt:
-    the size issue 10 measured on a GPU host, where the default ones finish in under a second)."""
+    the size issue 10 measured on a GPU host, where the default ones finish in under a second).
+    `only`: the workloads wanted (None: all). The story writer's is the workbench's own (app/):
+    it is imported only when it is wanted, so the harness's workloads run where the workbench's
+    packages (LangChain) are not installed (a GPU host: bench/device_suite.sh)."""
+    story = None
+    if large and (only is None or "story_writer" in only):
+        from app.replay.workloads import story_writer_requests  # the workbench's packages: only when wanted
+
+        story = story_writer_requests(requests=8, output_len=128)
     s = 0.5 if quick else 3.0 if large else 1.0
     n = 2 if large else 1
     return {
@@ -78,13 +85,18 @@ def workloads(quick: bool, large: bool = False) -> dict:
         "agent_sessions": agent_sessions(scenario="edge_incident", sessions=4 * n, turns=3 if quick else 4,
                                          system_len=int(300 * s), user_len=24, tool_result_len=int(120 * s),
                                          output_len=16),
+        # the agent workload of issue 58: sessions x turns x branches (each session forks after two turns into two
+        # branches that go on from the trunk's KV); what bench/device_suite.sh measures on a GPU host
+        "agent_branches": agent_sessions(scenario="edge_incident", sessions=4 * n, turns=3 if quick else 4,
+                                         system_len=int(300 * s), user_len=24, tool_result_len=int(120 * s),
+                                         output_len=16, branches=2, fork_after=2 if not quick else 1),
         "branch_fanout": branch_fanout(branches=4 * n, trunk_len=int(400 * s), branch_len=32, output_len=12),
         # no sharing at all: what the cache's bookkeeping costs
         "unique": unique_prompts(count=(8 if quick else 12) * n, prompt_len=int(200 * s), output_len=12),
         # seed 002's shape with --large only: 8 story-writer prompts at once, each most of the
         # embedded model's 8K context (50K prompt tokens without a cache; give the servers the
         # cells: --only story_writer --parallel 8 --concurrency 8 --ctx-size 65536)
-        **({"story_writer": story_writer_requests(requests=8, output_len=128)} if large else {}),
+        **({"story_writer": story} if story is not None else {}),
     }
 
 
@@ -95,6 +107,11 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
         ("arbor A,S", arbor_common + ["--cache-tiers", "A,S"]),
         ("arbor A,H", arbor_common + ["--cache-tiers", "A,H"]),
         ("arbor A,S,H", arbor_common + ["--cache-tiers", "A,S,H"]),
+        # the KV layouts (--kv-layout, issue 57): the default `auto` takes unified on the CPU and split with layers on a
+        # GPU; these pin each, and split without any cache beside the --no-cache baseline (which is auto's layout)
+        ("arbor A,S,H unified", arbor_common + ["--cache-tiers", "A,S,H", "--kv-layout", "unified"]),
+        ("arbor A,S,H split", arbor_common + ["--cache-tiers", "A,S,H", "--kv-layout", "split"]),
+        ("arbor --no-cache split", arbor_common + ["--no-cache", "--kv-layout", "split"]),
         # the default drafts (speculative decoding, --spec-type auto): the same without drafting, beside it
         ("arbor A,S,H no drafting", arbor_common + ["--cache-tiers", "A,S,H", "--spec-type", "none"]),
         ("arbor A,S,H longest", arbor_common + ["--cache-tiers", "A,S,H", "--cache-route", "longest"]),
@@ -196,9 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [c for c in a.configs or [] if c not in known]
     if unknown:
         sys.exit(f"unknown configuration(s) {unknown}; choose among {known}")
-    loads = workloads(a.quick, a.large)
-    if a.only:
-        loads = {k: v for k, v in loads.items() if k in a.only.split(",")}
+    only = set(a.only.split(",")) if a.only else None
+    loads = workloads(a.quick, a.large, only)
+    if only:
+        loads = {k: v for k, v in loads.items() if k in only}
     index = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "concurrency": a.concurrency, "model": str(model),
              "command": "python -m bench.run_all " + shlex.join(sys.argv[1:] if argv is None else argv),
              "llama_server": find_llama_server(), "runs": []}

@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from tqdm import tqdm
 
 from harness.manifest import CHAT, ManifestLine
 from harness.reports.results import RequestResult, RunResult
@@ -178,7 +177,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
         info = await server_info(client, root, headers)
         default_model = first_model_id(info)
         gate = contextlib.nullcontext() if settings.schedule else asyncio.Semaphore(settings.concurrency)
-        bar = tqdm(total=len(lines), unit="req", desc="replay", disable=not settings.progress)
+        bar = _progress(len(lines), settings.progress)
         run_start = time.perf_counter()
 
         async def one(index: int) -> None:
@@ -236,3 +235,22 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
         summary["ideal"]["prompt_token_mismatches"] = sum(
             1 for r, n in zip(finished, ideal.prompt_tokens) if r.prompt_tokens is not None and r.prompt_tokens != n)
     return RunResult(metadata=metadata, summary=summary, requests=finished)
+
+
+class _NoProgress:
+    """The progress bar's stand-in when none is shown: the benchmarks replay without one, so they run where tqdm is
+    not installed (a GPU host: bench/device_suite.sh)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, shown: bool):
+    if not shown:
+        return _NoProgress()
+    from tqdm import tqdm  # only for a bar on the terminal
+
+    return tqdm(total=total, unit="req", desc="replay")
