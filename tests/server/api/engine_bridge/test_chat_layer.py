@@ -1,7 +1,7 @@
 """llama.cpp's chat layer through Arbor's C ABI (libarbor-chat), on the real templates the pinned
 llama.cpp ships: rendering, the families' reply formats, streaming deltas, the tool fallback.
-No model is loaded: templates are given as source (the vocabulary-dependent parts, trigger tokens
-and grammar prefill, are covered by the real-model tests in test_families_real.py)."""
+No model is loaded: templates are given as source (the vocabulary-dependent parts, triggers and
+grammar prefill, are covered on the real engine by tests/server/api/test_family_constraints_real.py)."""
 
 from __future__ import annotations
 
