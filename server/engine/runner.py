@@ -121,6 +121,20 @@ class LlamaRunner:
         return self.prefix.loads_ready()
 
     def forward(self, items: list[StepItem]) -> list[list[int] | None]:
+        if self.runtime.split and len(items) > 1:
+            # Split KV layout: llama.cpp cuts a batch into ubatches of consecutive, increasing sequence ids with
+            # as many tokens each (split_equal), so the step's rows go in slot order, as llama-server's do: one
+            # forward pass for every sequence's decode token, not one per sequence out of order.
+            order = sorted(range(len(items)), key=lambda i: items[i].seq.slot.seq_id)
+            if order != list(range(len(items))):
+                ordered = self._forward([items[i] for i in order])
+                out: list[list[int] | None] = [None] * len(items)
+                for k, i in enumerate(order):
+                    out[i] = ordered[k]
+                return out
+        return self._forward(items)
+
+    def _forward(self, items: list[StepItem]) -> list[list[int] | None]:
         t0 = time.perf_counter()
         if self.speculator is not None:
             self.speculator.propose(items, self.runtime.n_batch - sum(len(i.tokens) for i in items))

@@ -167,3 +167,26 @@ def test_the_split_planner_restores_whole_prefixes_and_costs_s_as_a_copy():
         s_only = [c for c in cands if c.source is not Source.H]
         _, s_plan = p.plan(s_only, len(prompt))
         assert s_plan.label == "S" and s_plan.option.copy is copies
+
+
+def test_a_split_steps_rows_go_in_slot_order_and_its_results_in_the_steps():
+    """llama.cpp cuts a split batch into ubatches of consecutive, increasing sequence ids (split_equal): rows out of
+    slot order would cost a forward pass per sequence. The runner sends them in slot order and hands each item its
+    own result back."""
+    from types import SimpleNamespace
+
+    from server.engine.runner import LlamaRunner
+    from server.engine.scheduler import StepItem
+
+    for split, want in ((True, [0, 0, 1, 2, 2]), (False, [2, 2, 0, 0, 1])):  # unified: the step's own order
+        batches: list[list[int]] = []
+
+        def decode_arrays(tokens, positions, seq_ids, logits, batches=batches):
+            batches.append(list(seq_ids))
+            return []
+
+        runtime = SimpleNamespace(split=split, n_batch=64, decode_arrays=decode_arrays)
+        items = [StepItem(SimpleNamespace(slot=SimpleNamespace(seq_id=sid), prefill_stops=()), toks, 0, sample=False)
+                 for sid, toks in ((2, [5, 6]), (0, [7, 8]), (1, [9]))]
+        assert LlamaRunner(runtime, None).forward(items) == [None, None, None]  # type: ignore[arg-type]
+        assert batches == [want]
