@@ -42,6 +42,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import statistics
 import time
 from collections.abc import Mapping
@@ -165,7 +166,7 @@ def server_configs(a: argparse.Namespace, binary: str | None) -> list[ServerConf
     # Prompt caches as each server ships: llama-server reuses a slot's common prefix by default
     # (cache_prompt), so arbor runs with its default tiers; --arbor-no-cache measures without.
     arbor = ["--parallel", str(a.parallel), "--ctx-size", str(a.ctx_size),
-             *(["--no-cache"] if a.arbor_no_cache else []),
+             *(["--no-cache"] if a.arbor_no_cache else []), *shlex.split(getattr(a, "arbor_flags", None) or ""),
              "--n-gpu-layers", str(a.n_gpu_layers), "--log-level", "warning"]
     llama = ["-np", str(a.parallel), "-c", str(a.ctx_size), "-ngl", str(a.n_gpu_layers), "--no-webui"]
     if a.threads is not None:
@@ -252,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=0, help="a unique prompt of about this many tokens per "
                    "request (default: a one-line prompt)")
+    p.add_argument("--arbor-flags", default=None, metavar="FLAGS",
+                   help="more arbor-server flags for every arbor row, e.g. '--spec-type none' (llama-server drafts "
+                   "nothing by default)")
     p.add_argument("--arbor-layouts", default=None, metavar="LIST",
                    help="arbor-server once per KV layout named (auto,unified,split: --kv-layout) instead of the "
                    "default row alone")

@@ -16,6 +16,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import bench.kv_layouts as kv_layouts
 from bench import api_parity, checkpoint_agreement, kv_types, paged_logits, speculative, story_run, swa_memory
 from bench.device_results import unpack as unpack_device_results
 from bench.report_format import _f, _load, result_path
@@ -384,6 +385,7 @@ READING_PREFIX = "Reading these figures: "
 READING_TOPICS = {
     "## Engine: decode throughput and TTFT": "Engine throughput and TTFT",
     "## Unified KV against split streams": "Unified KV against split streams",
+    kv_layouts.HEADING: kv_layouts.READING_TOPIC,
     "## What idle KV cells cost the running requests": "Idle cells and paged attention",
     "## Paged attention against unpaged and stock llama-server": "Idle cells and paged attention",
     "## Cache micro-benchmarks": "Cache micro-benchmarks",
@@ -481,7 +483,8 @@ def main(argv: list[str] | None = None) -> None:
              "another.", ""]
     old = _old_sections(a.out)
     sections = [section(a.results) for section in (engine_section, unified_section, idle_cells_section,
-                                                    paged_section, paged_logits_section, cache_micro_section)]
+                                                    paged_section, paged_logits_section, cache_micro_section,
+                                                    kv_layouts.report_section)]
     sections += [run_all_section(a.results, dirname) for dirname in RUN_ALL_DIRS]
     sections += [section(a.results) for section in (n_choices_section, soak_section, loop_latency_section,
                                                     tree_evict_section, hostile_section,
