@@ -34,9 +34,9 @@ LLAMA_STREAM_PAD = 256  # llama.cpp pads a split stream's cells to this (llama-c
 CPU_REASON = ("the KV is computed by the CPU backend, where the unified KV with paged attention (each sequence "
               "reading only its own pages) measured at or above llama.cpp's split streams at seed 002's shape, "
               "and shares prefixes without copying them")
-CUDA_REASON = ("layers run on {backend}, where llama.cpp's dense kernels over a stream per slot measured 2.7x the "
-               "decode and half the TTFT of the unified KV at seed 002's shape (an H200, docs/benchmarks.md), and "
-               "the paged kernels do not beat them there yet")
+CUDA_REASON = ("layers run on {backend}, where llama.cpp's dense kernels over a stream per slot (llama-server's "
+               "split KV) measured 2.7x the decode and 0.45x the TTFT of arbor-server's unified KV at seed 002's "
+               "shape (an H200, docs/benchmarks.md), and the paged kernels do not beat them there yet")
 NO_PAGED_KERNEL_REASON = ("layers run on {backend}, which has no paged-attention kernel: without one, every "
                           "sequence of a unified KV attends over every cell in use, and a stream per slot reads "
                           "only its own")
