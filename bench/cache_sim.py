@@ -8,10 +8,12 @@ Simulates (bench/cachesim/) the workload against Arbor's radix tree and policies
 budgets, each policy on the same admission order: `lru`, `lifecycle` (the hint classes, the
 server's policy before issue 58), `predictive` learning online only and with priors (by default
 recorded from the same generator with the next seed: yesterday's run of the same agents), and
-`belady`, the bound; beside the workload's ideal. The default workload is issue 58's: 16 agent
-sessions of 4 turns that fork into 2 branches after 2 (96 requests, 4 at a time) at a 64 MiB host
-tier. `--manifest` simulates any manifest instead (with `--results`, in the order and at the
-times a real replay of it ran: how far that run was from the bound). `--tokenizer server` counts
+`belady`, the bound; beside the workload's ideal; and the predictive policy with prefetch
+(bench/cachesim/prefetch.py: not in the server yet), which moves host restores off admission.
+The default workload is issue 58's: 16 agent sessions of 4 turns that fork into 2 branches after
+2 (96 requests, 4 at a time) at a 64 MiB host tier. `--manifest` simulates any manifest instead
+(with `--results`, in the order and at the times a real replay of it ran: how far that run was
+from the bound). `--tokenizer server` counts
 the server's tokens (a short-lived arbor-server with `--model` renders and tokenizes each body);
 `words` (the default, no model) counts word pieces. `--sweep` runs the predictive policy over a
 grid of its parameters (alpha, horizon, step, gamma): how the server's defaults were chosen.
@@ -41,7 +43,7 @@ from harness.workloads.generators import agent_sessions
 from server.cache.lifecycle_model import Counts, ModelParams
 from server.cache.lifecycle_priors import load_priors
 
-ROWS = ("lru", "lifecycle", "predictive_online", "predictive", "belady")
+ROWS = ("lru", "lifecycle", "predictive_online", "predictive", "predictive_prefetch", "belady")
 GRID = {"alpha": (0.5, 1.0, 4.0), "horizon": (8, 16, 32), "step_s": (0.25, 0.5, 1.0, 2.0), "gamma": (0.5, 0.7, 0.85)}
 
 
@@ -100,6 +102,8 @@ def compare(trace: Trace, events: Sequence, budgets: Budgets, params: ModelParam
     out["predictive_online"] = Simulator(trace, events, budgets, "predictive", params).run()
     if priors is not None:
         out["predictive"] = Simulator(trace, events, budgets, "predictive", params, priors).run()
+        out["predictive_prefetch"] = Simulator(trace, events, budgets, "predictive", params, priors,
+                                               prefetch=True).run()
     return out
 
 
@@ -121,13 +125,14 @@ def sweep(trace: Trace, events: Sequence, budgets: Budgets, priors: Counts | Non
 
 def table(results: dict[str, SimResult], ideal: int) -> list[str]:
     bound = results["belady"].computed
-    lines = [f"{'policy':<18} {'computed':>9} {'x ideal':>8} {'x bound':>8}  reused by tier",
-             f"{'ideal':<18} {ideal:>9} {1.0:>8.3f} {ideal / bound:>8.3f}"]
+    lines = [f"{'policy':<19} {'computed':>9} {'x ideal':>8} {'x bound':>8}  reused by tier (H, D: restored "
+             "when admitted)",
+             f"{'ideal':<19} {ideal:>9} {1.0:>8.3f} {ideal / bound:>8.3f}"]
     for name in ROWS:
         if name in results:
             r = results[name]
-            lines.append(f"{name:<18} {r.computed:>9} {r.computed / ideal:>8.3f} {r.computed / bound:>8.3f}  "
-                         f"{dict(r.reused_by_tier)}")
+            lines.append(f"{name:<19} {r.computed:>9} {r.computed / ideal:>8.3f} {r.computed / bound:>8.3f}  "
+                         f"{dict(r.reused_by_tier)}" + (f" prefetch {r.prefetch}" if r.prefetch else ""))
     return lines
 
 

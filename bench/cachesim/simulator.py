@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.cachesim.belady import BeladyPolicy, NextUse
+from bench.cachesim.prefetch import Prefetcher
 from bench.cachesim.schedule import ARRIVE, Event, arrival_order
 from bench.cachesim.trace import Trace
 from server.cache.budget import ByteBudget, enforce_budget
@@ -87,6 +88,7 @@ class SimResult:
     written_back_tokens: int = 0
     evicted_tokens: Counter = field(default_factory=Counter)
     per_request: list[int] = field(default_factory=list)  # computed tokens, manifest order
+    prefetch: dict[str, int] | None = None  # tokens prefetched, then used (hits) or evicted unused (misses)
     predictor: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,7 +105,9 @@ def _path(node: RadixNode) -> tuple[int, ...]:
 
 class Simulator:
     def __init__(self, trace: Trace, events: Sequence[Event], budgets: Budgets, policy: str,
-                 params: ModelParams | None = None, priors: Counts | None = None) -> None:
+                 params: ModelParams | None = None, priors: Counts | None = None, prefetch: bool = False) -> None:
+        """`prefetch` (the predictive policy only): bring waiting sessions' paths up to the device
+        before their predicted return (prefetch.py)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose among {', '.join(POLICIES)}")
         self.trace, self.events, self.budgets, self.policy_name = trace, list(events), budgets, policy
@@ -121,6 +125,7 @@ class Simulator:
         self.oracle: NextUse | None = None
         if policy == "belady":
             self.oracle = NextUse([r.tokens for r in trace.requests], arrival_order(self.events))
+        self.prefetcher = Prefetcher(self) if prefetch and self.predictive is not None else None
         self.position = -1  # arrivals seen, less one
         self.running: dict[int, RadixNode] = {}
         self.result = SimResult(policy, ideal=trace.ideal.ideal_computed_tokens)
@@ -137,8 +142,13 @@ class Simulator:
                 self.arrive(event.index)
             else:
                 self.end(event.index)
+            if self.prefetcher is not None:
+                self.prefetcher.run()
         if self.model is not None:
             self.result.predictor = self.model.summary()
+        if self.prefetcher is not None:
+            p = self.prefetcher
+            self.result.prefetch = {"prefetched": p.prefetched, "hits": p.hits, "misses": p.misses}
         return self.result
 
     def factory(self, start: int, end: int) -> SimPayload:
@@ -163,6 +173,8 @@ class Simulator:
             tier = next((t for t in TIERS if t in node.values), None)
             if tier is None:
                 break
+            if tier == DEVICE and self.prefetcher is not None:
+                self.prefetcher.used(node)
             reused += n
             by_tier[tier] += n
         usable = min(reused, len(tokens) - 1)
@@ -193,6 +205,8 @@ class Simulator:
             self.registry.observe(CacheHint(req.session, req.hint), tip)  # type: ignore[arg-type]
         if self.predictive is not None:
             self.predictive.ended(req.session, req.hint, req.tokens)
+        if self.prefetcher is not None:
+            self.prefetcher.ended(req.session, req.tokens)
 
     # ------------------------------------------------------------ budgets
     def limit(self, tier: str) -> int:
@@ -205,6 +219,9 @@ class Simulator:
         res = enforce_budget(self.tree, tier, ByteBudget(self.limit(tier)), self.policy)
         self.result.evicted_tokens[tier] += sum(v.n_tokens for _, v in res.freed)
         if tier == DEVICE and res.freed:
+            if self.prefetcher is not None:
+                for node, _ in res.freed:
+                    self.prefetcher.evicted(node)
             self.write_back([node for node, _ in res.freed])
 
     def write_back(self, nodes: list[RadixNode]) -> None:

@@ -82,7 +82,8 @@ def test_the_command_writes_every_policy_beside_the_bound(tmp_path, capsys):
     out = tmp_path / "sim.json"
     cache_sim.main(["--sessions", "4", "--turns", "3", "--host-mib", "4", "--device-cells", "256", "--out", str(out)])
     data = json.loads(out.read_text())
-    assert set(data["results"]) == {"lru", "lifecycle", "belady", "predictive_online", "predictive"}
+    assert set(data["results"]) == {"lru", "lifecycle", "belady", "predictive_online", "predictive",
+                                    "predictive_prefetch"}
     assert data["bound"] == data["results"]["belady"]["computed"] >= data["ideal"]
     assert "x bound" in capsys.readouterr().out
 
@@ -102,3 +103,16 @@ def test_priors_built_from_a_manifest_are_what_the_simulator_records(tmp_path):
     assert counts.transitions["collab_wait"]["model_call"] == 4
     assert counts.transitions["tool_wait"]["model_call"] == 4 + 8
     assert counts.transitions["done"]["done"] == 8
+
+
+def test_prefetch_moves_host_restores_off_admission_without_computing_more():
+    """Fails when prefetch is removed (the simulator's: the server does not prefetch yet)."""
+    trace = issue_workload()
+    events = concurrency_schedule(trace, 4)
+    budgets = Budgets(host_bytes=64 << 20)
+    priors = record_counts(issue_workload(seed=1), concurrency_schedule(issue_workload(seed=1), 4))
+    plain = Simulator(trace, events, budgets, "predictive", priors=priors).run()
+    ahead = Simulator(trace, events, budgets, "predictive", priors=priors, prefetch=True).run()
+    assert ahead.prefetch is not None and ahead.prefetch["hits"] > ahead.prefetch["misses"] > 0
+    assert ahead.reused_by_tier["H"] < 0.8 * plain.reused_by_tier["H"], "fewer restores when admitted"
+    assert ahead.computed <= plain.computed, "prefetch trades only copies H keeps: nothing is lost"
