@@ -105,7 +105,8 @@ fi
 # issue 33: the paged kernels against the dense ones on random data (the whole grid), timed from 4K to 128K cells
 KERNEL_BACKEND=gpu
 [ "$NGL" = 0 ] && KERNEL_BACKEND=CPU  # the CPU path of the script
-KERNEL_ARGS=(--time --cells 4096,16384,131072)
+KERNEL_CELLS=4096,16384,131072
+KERNEL_ARGS=(--time --cells "$KERNEL_CELLS")
 [ "$NGL" = 0 ] && KERNEL_ARGS=(--quick)  # the CPU path: the quick grid, untimed (the CPU kernel is checked by the tests)
 step paged_kernel_check "$PY" -m bench.paged_kernel_check --backend "$KERNEL_BACKEND" "${KERNEL_ARGS[@]}" \
   --out "$R/paged_kernel_check.json"
