@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -219,22 +219,29 @@ def summarize(rows: list[RequestRow]) -> dict:
     }
 
 
-def run(wb: Workbench, prompts: list[dict], manifest: Path | None, log=print) -> dict:
+def run(wb: Workbench, prompts: list[dict], manifest: Path | None, log=print,
+        progress: Callable[[dict], object] | None = None) -> dict:
+    """The run: its session, rows and summary; `progress` gets the same after each request (and
+    the manifest is written then too), so a run stopped half way leaves what it measured."""
     session = wb.json("POST", "/api/sessions", json={"scenario": "story_writer", "title": "bench.story_run"})
-    rows = []
+    rows: list[RequestRow] = []
+    result: dict = {}
     for i, body in enumerate(prompts):
         row = run_request(wb, session["id"], i, body)
         rows.append(row)
         log(f"[{i + 1}/{len(prompts)}] {row.outcome:<14} ttft {_s(row.ttft_s)} turn {_s(row.turn_s)} "
             f"steps {row.steps} prompt {row.prompt_tokens} cached {row.cached_tokens} approvals {row.approvals} "
             f"tools {','.join(row.tools) or '-'}{' error: ' + str(row.error)[:120] if row.error else ''}")
-    if manifest is not None:
-        response = wb.http.get(f"/api/sessions/{session['id']}/manifest")
-        response.raise_for_status()
-        manifest.parent.mkdir(parents=True, exist_ok=True)
-        manifest.write_text(response.text)
-    return {"session_id": session["id"], "rows": [{**asdict(r), "reuse": r.reuse} for r in rows],
-            "summary": summarize(rows)}
+        if manifest is not None:
+            response = wb.http.get(f"/api/sessions/{session['id']}/manifest")
+            response.raise_for_status()
+            manifest.parent.mkdir(parents=True, exist_ok=True)
+            manifest.write_text(response.text)
+        result = {"session_id": session["id"], "complete": len(rows) == len(prompts),
+                  "rows": [{**asdict(r), "reuse": r.reuse} for r in rows], "summary": summarize(rows)}
+        if progress is not None:
+            progress(result)
+    return result
 
 
 def _s(value: float | None) -> str:
@@ -242,10 +249,11 @@ def _s(value: float | None) -> str:
 
 
 @contextmanager
-def own_stack(work: Path, server_args: list[str], llm_timeout_s: float) -> Iterator[tuple[str, str, list[str]]]:
+def own_stack(work: Path, server_args: list[str], llm_timeout_s: float,
+              max_tokens: int | None = None) -> Iterator[tuple[str, str, list[str]]]:
     """arbor-server on the embedded model and `arbor serve`, as `make run` starts them (no
     incident service: the story writer does not use it; LLM_TIMEOUT_S `llm_timeout_s`, for a loaded
-    machine); yields (workbench URL, token, server command)."""
+    machine; LLM_MAX_TOKENS `max_tokens` when given); yields (workbench URL, token, server command)."""
     token = secrets.token_urlsafe(24)
     server_port, workbench_port = free_port(), free_port()
     server_cmd = [sys.executable, "-m", "server", "--port", str(server_port), "--cache-dir", str(work / "kv-cache"),
@@ -253,6 +261,8 @@ def own_stack(work: Path, server_args: list[str], llm_timeout_s: float) -> Itera
     env = {**os.environ, "LLM_BASE_URL": f"http://127.0.0.1:{server_port}/v1", "ARBOR_DATA_DIR": str(work / "var"),
            "ARBOR_WORKBENCH_TOKEN": token, "ARBOR_PORT": str(workbench_port), "LLM_TIMEOUT_S": str(llm_timeout_s)}
     env.pop("DATABASE_URL", None)
+    if max_tokens:
+        env["LLM_MAX_TOKENS"] = str(max_tokens)
     with ExitStack() as stack:
         for name, cmd, url, path in (
                 ("server", server_cmd, f"http://127.0.0.1:{server_port}", "/health"),
@@ -289,6 +299,11 @@ def report_section(res: Path) -> list[str]:
         return out + ["Not measured in this revision (bench/results/story_run.json is missing).", ""]
     data = json.loads(path.read_text())
     s = data["summary"]
+    settings = data.get("settings", {})
+    if settings.get("llm_max_tokens"):
+        out += [f"LLM_MAX_TOKENS {settings['llm_max_tokens']} (make run's is 512).", ""]
+    if not data.get("complete", True):
+        out += [f"The run stopped after {s['requests']} of its requests; the figures are theirs.", ""]
     out += [f"{s['completed']} of {s['requests']} requests ended with an answer ({_outcomes(s['outcomes'])}); "
             f"{s['approvals']} approvals, {s['tools']} tool runs, {s['steps']} model steps, {s['retries']} retried "
             f"cut tool calls, {s['fitted_results']} results fitted to the context, {s['compactions']} compactions. "
@@ -326,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[], help="an extra arbor-server argument (own stack)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one streamed request may take")
     p.add_argument("--llm-timeout", type=float, default=600.0, help="the own workbench's LLM_TIMEOUT_S")
+    p.add_argument("--max-tokens", type=int, help="the own workbench's LLM_MAX_TOKENS (default: its own, 512)")
     p.add_argument("--out", type=Path, default=Path("bench/results/story_run.json"))
     p.add_argument("--manifest", type=Path, help="default: --out with .manifest.jsonl")
     a = p.parse_args(argv)
@@ -342,15 +358,21 @@ def main(argv: list[str] | None = None) -> int:
             settings["workbench"] = url
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="story_run-")))
-            url, token, server_cmd = stack.enter_context(own_stack(work, a.server_arg, a.llm_timeout))
+            url, token, server_cmd = stack.enter_context(own_stack(work, a.server_arg, a.llm_timeout, a.max_tokens))
             settings["llm_timeout_s"] = a.llm_timeout
+            if a.max_tokens:
+                settings["llm_max_tokens"] = a.max_tokens
             settings["server_command"] = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(server_cmd))
         wb = Workbench(url, token, a.timeout)
-        result = run(wb, prompts, manifest, log=lambda line: print(line, flush=True))
-    result = {"benchmark": "story_run", "settings": settings, "started": started, "manifest": str(manifest),
-              **result}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2, ensure_ascii=False))
+
+        def save(partial: dict) -> dict:
+            whole = {"benchmark": "story_run", "settings": settings, "started": started, "manifest": str(manifest),
+                     **partial}
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(whole, indent=2, ensure_ascii=False))
+            return whole
+
+        result = save(run(wb, prompts, manifest, log=lambda line: print(line, flush=True), progress=save))
     print(json.dumps(result["summary"], indent=2))
     print("wrote", a.out, "and", manifest)
     return 0 if result["summary"]["failed"] == 0 else 1
