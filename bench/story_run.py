@@ -64,14 +64,17 @@ APPEND = {"type": "function", "function": {"name": "append_chapter"}}
 
 
 def story_prompts(count: int = 20) -> list[dict]:
-    """The run's requests (turn bodies), in order: a chapter every fourth request, which names
-    append_chapter; questions about the book, each with a forced first tool call, between them."""
+    """The run's requests (turn bodies), in order: a chapter's opening every fourth request (three
+    sentences: a small model's whole chapter does not fit its context as one call's arguments),
+    which names append_chapter; questions about the book, each with a forced first tool call,
+    between them."""
     prompts: list[dict] = []
     chapters, questions = iter(CHAPTERS), iter(QUESTIONS)
     for i in range(count):
         chapter = next(chapters, None) if i % 4 == 0 else None
         if chapter is not None:
-            prompts.append({"message": f"按照大纲写{chapter}，写好后提交给我审阅。", "tool_choice": APPEND})
+            prompts.append({"message": f"按照大纲写{chapter}的开头，只要三句话，写好后提交给我审阅。",
+                            "tool_choice": APPEND})
         else:
             question = next(questions, None) or QUESTIONS[i % len(QUESTIONS)]
             prompts.append({"message": question, "force_tool": True})
