@@ -215,7 +215,8 @@ def summarize(rows: list[RequestRow]) -> dict:
         "completion_tokens": sum(r.completion_tokens for r in rows),
         "reuse": cached / prompt if prompt else None,
         "first_step_reuse_after_first": (sum(r.first_cached_tokens or 0 for r in later)
-                                         / max(1, sum(r.first_prompt_tokens or 0 for r in later))),
+                                         / sum(r.first_prompt_tokens or 0 for r in later)
+                                         if sum(r.first_prompt_tokens or 0 for r in later) else None),
         "approvals": sum(r.approvals for r in rows), "tools": sum(len(r.tools) for r in rows),
         "retries": sum(r.retries for r in rows), "fitted_results": sum(r.fitted_results for r in rows),
         "compactions": sum(r.compactions for r in rows),
@@ -314,11 +315,15 @@ def report_section(res: Path) -> list[str]:
             f"{_f(s['turn_p50_s'])} s, p90 {_f(s['turn_p90_s'])} s ({_f(s['turn_total_s'], 0)} s in all). "
             f"Cache reuse {_pct_text(s['reuse'])} of {s['prompt_tokens']:,} prompt tokens "
             f"({_pct_text(s['first_step_reuse_after_first'])} of each later request's first step).", "",
-            "| # | request | outcome | TTFT s | turn s | steps | prompt tok | cached tok | reuse | sources | "
-            "approvals | tools |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "TTFT is the page's: from the POST to the first streamed token of the answer, which comes after the "
+            "forced tool step (and the approval, decided at once); step 1 is the model's own time to its first "
+            "token in the first step.", "",
+            "| # | request | outcome | TTFT s | step 1 TTFT s | turn s | steps | prompt tok | cached tok | reuse | "
+            "sources | approvals | tools |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
-        sources = "".join(src or "-" for src in r["cache_sources"]) or "-"
-        out.append(f"| {r['index'] + 1} | {r['message'][:18]} | {r['outcome']} | {_f(r['ttft_s'])} | "
+        sources = "/".join(src or "-" for src in r["cache_sources"]) or "-"
+        first = r["step_ttft_ms"][0] / 1000 if r["step_ttft_ms"] and r["step_ttft_ms"][0] is not None else None
+        out.append(f"| {r['index'] + 1} | {r['message'][:18]} | {r['outcome']} | {_f(r['ttft_s'])} | {_f(first)} | "
                    f"{_f(r['turn_s'], 1)} | {r['steps']} | {r['prompt_tokens']:,} | {r['cached_tokens']:,} | "
                    f"{_pct_text(r['reuse'])} | {sources} | {r['approvals']} | {len(r['tools'])} |")
     return out + [""]
