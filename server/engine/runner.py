@@ -174,7 +174,8 @@ class LlamaRunner:
                 continue
             out.append(self._verify(item, first_row[i], batch_index, best, n_rows))
             i += 1
-        if self.speculator is not None:
+        if self.speculator is not None and all(item.sample and len(item.tokens) == 1 + len(item.draft)
+                                               for item in items):  # decode steps only (see policy.py)
             self.speculator.observe_step(len(tokens), time.perf_counter() - t0)
         return out
 

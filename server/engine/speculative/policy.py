@@ -13,9 +13,11 @@ The step's tokens per second go up with a sequence's j-th draft token when what 
 (it is accepted only if every token before it was), outweighs what its row costs every decoding sequence:
 p^j * t(n) > D * (per_row + drafting), with n the step's rows and D its decoding sequences. So a sequence drafts
 k = the largest such j tokens (at most what its request and the drafter allow), fewer when the batch is wide or
-its acceptance low, none when even one token does not pay; such a sequence still tries a one-token draft every
-`probe_every` steps, so its estimate can recover. Not adaptive (`adaptive=False`): every sequence drafts the
-most it may, as llama-server does.
+its acceptance low, none when even one token does not pay; such a sequence still tries a one-token draft once
+`probe_every` steps have passed without one (at every step until the drafter has one to test), so its estimate
+can recover. The step cost is fitted from decode steps only: a prompt chunk's rows cost what compute-bound
+prefill costs, not what one more row of a memory-bound decode step does. Not adaptive (`adaptive=False`):
+every sequence drafts the most it may, as llama-server does.
 """
 
 from __future__ import annotations
@@ -128,14 +130,14 @@ class DraftPolicy:
             acc.steps_without = 0
             return k
         acc.steps_without += 1
-        if acc.steps_without >= self.probe_every:
-            acc.steps_without = 0
-            return 1
-        return 0
+        # a probe stays due until a draft is tested: the drafter may have had nothing to offer at that step
+        return 1 if acc.steps_without >= self.probe_every else 0
 
     def observe_draft(self, key: int, drafted: int, accepted: int) -> None:
         if drafted > 0:
-            self.acceptance(key).observe(drafted, accepted)
+            acc = self.acceptance(key)
+            acc.observe(drafted, accepted)
+            acc.steps_without = 0
 
     def observe_step(self, rows: int, seconds: float) -> None:
         self.cost.observe(rows, seconds)
