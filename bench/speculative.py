@@ -1,9 +1,10 @@
 """Speculative decoding: Arbor's drafters (and its adaptive default) against llama-server's, side by side.
 
 Command: `python -m bench.speculative [--llama-server PATH] [--streams 1,4,16] [--kinds edit,quote,json_args,story]`.
-Each server configuration is started once (one slot per stream of the largest level), and for each kind of prompt
+Every server configuration is started at once (one slot per stream of the largest level); for each kind of prompt
 (harness/workloads/drafting.py: an agent's file edit, a tool result quoted back, JSON arguments copying a file, and
-a story) and each stream count, that many distinct prompts are sent at once, not streamed. A request's decode rate
+a story) and each stream count, that many distinct prompts are sent at once, not streamed, to each server in turn
+(so a busy spell of a shared machine falls on all of them alike). A request's decode rate
 is its own `timings` (predicted_n / predicted_ms: decode only, prefill apart); the level's throughput is every
 request's tokens over the level's wall. Agent kinds are greedy; stories sample (temperature 0.8, a seed per
 prompt). Each Arbor configuration's texts are compared with Arbor without drafting (the same text expected).
@@ -18,7 +19,9 @@ import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -43,29 +46,19 @@ def _request(base: str, kind: str, i: int, max_tokens: int) -> dict:
             "draft_n_accepted": t.get("draft_n_accepted", 0)}
 
 
-def measure(base: str, kinds: list[str], streams: list[int], max_tokens: int) -> list[dict]:
-    rows = []
-    for kind in kinds:
-        offset = 0
-        for n in streams:
-            prompts = list(range(offset, offset + n))
-            offset += n
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=n) as pool:
-                answers = list(pool.map(_request, [base] * n, [kind] * n, prompts, [max_tokens] * n))
-            wall = time.perf_counter() - t0
-            rates = [a["predicted_n"] / (a["predicted_ms"] / 1000) for a in answers if a["predicted_ms"] > 0]
-            drafted = sum(a["draft_n"] for a in answers)
-            rows.append({"kind": kind, "streams": n, "wall_s": wall,
-                         "decode_tok_s": statistics.mean(rates) if rates else 0.0,
-                         "throughput_tok_s": sum(a["predicted_n"] for a in answers) / wall,
-                         "tokens": sum(a["predicted_n"] for a in answers), "draft_n": drafted,
-                         "draft_n_accepted": sum(a["draft_n_accepted"] for a in answers),
-                         "texts": [a["text"] for a in answers]})
-            print(f"  {kind:9} x{n:<2} decode {rows[-1]['decode_tok_s']:7.1f} tok/s/stream, "
-                  f"{rows[-1]['throughput_tok_s']:7.1f} tok/s in all, drafted {drafted}, "
-                  f"accepted {rows[-1]['draft_n_accepted']}", flush=True)
-    return rows
+def measure_level(base: str, kind: str, prompts: list[int], max_tokens: int) -> dict:
+    """`len(prompts)` requests of `kind` at once against `base`: their decode rates, throughput and drafts."""
+    n = len(prompts)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        answers = list(pool.map(_request, [base] * n, [kind] * n, prompts, [max_tokens] * n))
+    wall = time.perf_counter() - t0
+    rates = [a["predicted_n"] / (a["predicted_ms"] / 1000) for a in answers if a["predicted_ms"] > 0]
+    return {"kind": kind, "streams": n, "wall_s": wall,
+            "decode_tok_s": statistics.mean(rates) if rates else 0.0,
+            "throughput_tok_s": sum(a["predicted_n"] for a in answers) / wall,
+            "tokens": sum(a["predicted_n"] for a in answers), "draft_n": sum(a["draft_n"] for a in answers),
+            "draft_n_accepted": sum(a["draft_n_accepted"] for a in answers), "texts": [a["text"] for a in answers]}
 
 
 def _same_texts(rows: list[dict], base: list[dict]) -> tuple[int, int]:
@@ -104,25 +97,39 @@ def main(argv: list[str] | None = None) -> None:
 
         model = embedded_model_path()
     logs = a.out.parent / "speculative_logs"
-    runs: list[dict] = []
+    configs: list[tuple[str, str, list[str]]] = []
     for types in a.arbor_types.split(","):
         port = free_port()
-        cmd = arbor_command(port, model, ["--threads", str(a.threads), "--parallel", str(slots), "--ctx-size",
-                                          str(ctx), "--spec-type", types])
-        print(f"arbor-server --spec-type {types}", flush=True)
-        with running(f"arbor-{types}", cmd, port, logs) as server:
-            runs.append({"server": "arbor", "types": types, "command": " ".join(cmd),
-                         "rows": measure(server.base_url, kinds, streams, a.max_tokens)})
+        configs.append(("arbor", types, arbor_command(port, model, [
+            "--threads", str(a.threads), "--parallel", str(slots), "--ctx-size", str(ctx), "--spec-type", types])))
     binary = None if a.no_llama_server else find_llama_server()
     if binary:
         for types in a.llama_types.split(","):
             port = free_port()
-            cmd = llama_server_command(binary, port, model, ["-t", str(a.threads), "-np", str(slots), "-c", str(ctx),
-                                                             "--kv-unified", "--spec-type", types, "--no-webui"])
-            print(f"llama-server --spec-type {types}", flush=True)
-            with running(f"llama-{types}", cmd, port, logs) as server:
-                runs.append({"server": "llama-server", "types": types, "command": " ".join(cmd),
-                             "rows": measure(server.base_url, kinds, streams, a.max_tokens)})
+            configs.append(("llama-server", types, llama_server_command(binary, port, model, [
+                "-t", str(a.threads), "-np", str(slots), "-c", str(ctx), "--kv-unified", "--spec-type", types,
+                "--no-webui"])))
+    runs: list[dict[str, Any]] = [{"server": server, "types": types, "command": " ".join(cmd), "rows": []}
+                                  for server, types, cmd in configs]
+    # Every server is up at once and each level goes to all of them in turn, so a busy spell of a shared machine
+    # falls on every configuration alike (ratios within a level compare like with like).
+    with ExitStack() as stack:
+        bases = []
+        for server, types, cmd in configs:
+            port = int(cmd[cmd.index("--port") + 1])
+            print(f"starting {server} --spec-type {types}", flush=True)
+            bases.append(stack.enter_context(running(f"{server}-{types}", cmd, port, logs)).base_url)
+        for kind in kinds:
+            offset = 0
+            for n in streams:
+                prompts = list(range(offset, offset + n))
+                offset += n
+                for run, base in zip(runs, bases):
+                    row = measure_level(base, kind, prompts, a.max_tokens)
+                    run["rows"].append(row)
+                    print(f"  {run['server']:12} {run['types']:13} {kind:9} x{n:<2} decode "
+                          f"{row['decode_tok_s']:7.1f} tok/s/stream, {row['throughput_tok_s']:7.1f} tok/s in all, "
+                          f"accepted {row['draft_n_accepted']}/{row['draft_n']}", flush=True)
     base = next((r for r in runs if r["server"] == "arbor" and r["types"] == "none"), None)
     for run in runs:
         if base is not None and run["server"] == "arbor":

@@ -26,14 +26,9 @@ _TOPICS = ("a lighthouse keeper who finds a map", "a robot learning to paint", "
 
 
 def _python_file(i: int, n_functions: int = 12) -> str:
-    """A file of small functions, their constants varied by `i` (the shape of issue 56's measurement: a
-    12-function file written back with one rename, about 400 tokens)."""
-    rng = random.Random(i)
-    out = []
-    for k in range(n_functions):
-        a, b = rng.randint(2, 9), rng.randint(1, 99)
-        out.append(f"def func_{k}(x):\n    return x * {a} + {b}\n")
-    return "\n".join(out)
+    """A file of small functions whose constants follow their index, shifted by `i` (the shape of issue 56's
+    measurement: a 12-function file written back with one rename, about 400 tokens)."""
+    return "\n".join(f"def func_{k}(x):\n    return x * {k + i} + {(k + i) ** 2}\n" for k in range(n_functions))
 
 
 def _tool_result(i: int, n_entries: int = 14) -> str:
