@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.agent.graph import NO_TOOL_NOTE
 from app.services.recovery import INTERRUPTED, PAUSE_LOST
 from tests.app.support import parse_sse
 from tests.fakes.scripted_openai import ScriptedReply, free_port, scripted_server, tool_call
@@ -238,5 +239,8 @@ def test_an_approval_whose_checkpoint_is_lost_is_expired_and_the_turn_retried(tm
             assert decided.status_code == 409
             r = wb.post(f"/api/turns/{request['turn_id']}/retry", json={"stream": False})
             assert r.status_code == 200, r.text
-            assert r.json()["turn"]["final_answer"] == "Looked again: nothing to restart."
+            # the retry forces its first step's tool call as the lost turn did; the script answers without one,
+            # which the turn's answer says (app/agent/graph.py)
+            assert fake.bodies[1]["tool_choice"] == fake.bodies[0]["tool_choice"] not in (None, "auto", "none")
+            assert r.json()["turn"]["final_answer"] == f"Looked again: nothing to restart.\n\n{NO_TOOL_NOTE}"
             assert "paused turn" in (tmp_path / "wb.log").read_text()

@@ -61,8 +61,11 @@ def test_one_trace_per_turn_with_its_model_and_tool_spans(tmp_path, otel_env):
             second = post_turn(client, session["id"], "And again?")
             client.get("/api/health")
             trace_id = f"{otlp.turn_trace_id(turn_id):032x}"
+            other = f"{otlp.turn_trace_id(second[0]['turn_id']):032x}"
 
-            spans = collector.wait_for(lambda s: sum(x["trace_id"] == trace_id for x in s) >= 6)
+            # both turns' spans (the exporter may send them in separate batches)
+            spans = collector.wait_for(lambda s: sum(x["trace_id"] == trace_id for x in s) >= 6
+                                       and any(x["trace_id"] == other for x in s))
             health = client.get("/api/health").json()["otlp"]
         turn = [s for s in spans if s["trace_id"] == trace_id]
         names = sorted(s["name"] for s in turn)
@@ -86,7 +89,6 @@ def test_one_trace_per_turn_with_its_model_and_tool_spans(tmp_path, otel_env):
         assert [otlp.parse_traceparent(t) for t in sent] == [
             (int(trace_id, 16), int(c["span_id"], 16)) for c in chats]
         # the next turn is a trace of its own
-        other = f"{otlp.turn_trace_id(second[0]['turn_id']):032x}"
         assert other != trace_id and any(s["trace_id"] == other for s in spans)
         assert health["dropped"] == 0 and health["exported"] >= 6
 
