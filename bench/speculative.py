@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     streams = [int(s) for s in a.streams.split(",")]
     kinds = a.kinds.split(",")
     slots = max(streams)
-    ctx = slots * 1024
+    ctx = slots * 2048  # a unified KV of llama-server holds every slot's prompt and answer (a quote is ~900 tokens)
     model = a.model
     if model is None:
         from server.model_file import embedded_model_path
