@@ -1,0 +1,70 @@
+"""docs/benchmarks.md's section on the eviction policies (issue 58): the simulator's bound
+(bench/cache_sim.py, cache_sim.json) and the real server's runs beside it (bench/cache_policy.py,
+cache_policy.json). bench/report.py calls `report_section`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.report_format import _f, _load
+
+HEADING = "## Eviction policies against the bound"
+READING_TOPIC = "Eviction policies and the bound"
+
+SIM_ROWS = (("ideal", "the workload's ideal"), ("lru", "lru"), ("lifecycle", "lifecycle (the hints' classes)"),
+            ("predictive_online", "predictive, online only"), ("predictive", "predictive, with priors"),
+            ("predictive_prefetch", "predictive, with priors and prefetch (simulator only)"),
+            ("belady", "Bélády's rule (the bound)"))
+
+
+def sim_table(data: dict) -> list[str]:
+    t, b = data["trace"], data["budgets"]
+    ideal, bound = data["ideal"], data["bound"]
+    out = [f"Simulator (`{data['command']}`): {t['requests']} requests of {t['sessions']} cache sessions, "
+           f"{t['prompt_tokens']} prompt {t['unit']}, {data['schedule']}; device {b['device_cells']} cells kept "
+           f"beyond running requests, host {b['host_bytes'] >> 20} MiB at {b['bytes_per_token']} bytes per token; "
+           f"priors: {data.get('priors') or 'none'}.", "",
+           "| policy | computed | x ideal | x bound | restored from H when admitted | prefetched (used / unused) |",
+           "|---|---|---|---|---|---|"]
+    for key, name in SIM_ROWS:
+        r = data["results"].get(key, {})
+        value = ideal if key == "ideal" else r.get("computed")
+        if value is not None:
+            pf = r.get("prefetch")
+            prefetched = f"{pf['prefetched']} ({pf['hits']} / {pf['misses']})" if pf else "-"
+            restored = r.get("reused_by_tier", {}).get("H", 0) if key != "ideal" else "-"
+            out.append(f"| {name} | {value} | {_f(value / ideal)} | {_f(value / bound)} | {restored} | "
+                       f"{prefetched} |")
+    return out + [""]
+
+
+def real_table(data: dict) -> list[str]:
+    w = data["workload"]
+    out = [f"Real server (`python -m bench.cache_policy`): {w['requests']} requests ({w['sessions']} sessions, "
+           f"{w['turns']} turns, {w['branches']} branches after {w['fork_after']}), concurrency "
+           f"{data['concurrency']}, `--cache-ram {data['cache_ram_mib']}`, a fresh server per policy, one run each "
+           "on a shared, noisy machine; `bound` and `simulated` are the simulator's on the server's tokens in the "
+           "order that run admitted its requests.", "",
+           "| policy | computed | ideal | bound | real / bound | simulated | wall s | TTFT p50 s | "
+           "TTFT p50 after a tool wait s | longest cache step ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        sim = r.get("sim") or {}
+        bound = sim.get("bound")
+        out.append(f"| {r['policy']} | {r['computed']} | {r['ideal']} | {bound} | "
+                   f"{_f(r['computed'] / bound) if bound else '-'} | {sim.get('simulated')} | {_f(r['wall_s'], 1)} | "
+                   f"{_f(r['ttft_p50_s'], 3)} | {_f(r['ttft_p50_after_tool_wait_s'], 3)} | "
+                   f"{_f(r['max_step_cache_ms'], 1)} |")
+    return out + [""]
+
+
+def report_section(res: Path) -> list[str]:
+    out = [HEADING, ""]
+    sim, real = _load(res / "cache_sim.json"), _load(res / "cache_policy.json")
+    if sim is None and real is None:
+        return out + ["Not measured in this revision (bench/results/cache_sim.json and cache_policy.json are "
+                      "missing).", ""]
+    if sim is not None:
+        out += sim_table(sim)
+    if real is not None:
+        out += real_table(real)
+    return out
