@@ -32,7 +32,8 @@ from server.engine import kv_layout
 from server.engine.embedder import Embedder, EmbeddingsUnavailable
 from server.engine.engine import Deliver, Engine, deliver_inline
 from server.engine.kv_layout import KVLayoutChoice
-from server.engine.llama_runtime import LlamaRuntime, ModelInfo, RuntimeConfig
+from server.engine.llama_runtime import LlamaRuntime, RuntimeConfig
+from server.engine.model_info import ModelInfo
 from server.engine.offload import OffloadReport
 from server.engine.runner import LlamaRunner, PrefixProvider, SlotReuseOnly
 from server.engine.scheduler import Scheduler

@@ -36,6 +36,7 @@ import numpy as np
 from server.engine import backend_devices, kv_layout, kv_types, offload, paged_attention
 from server.engine.kv_full import KVCacheFull
 from server.engine.llama_backend import init_once as _init_backend_once
+from server.engine.model_info import ModelInfo, read_model_info
 from server.engine.model_weights import matmul_weights, read_tensor_types
 
 # the SWA cells or recurrent state of a sequence, without its full-attention KV
@@ -93,28 +94,6 @@ class RuntimeConfig:
     # own, native/src/llama-kv-pages.cpp). The server passes its --page-placement (default owned, measured faster at the
     # seed's shape: docs/paged-attention.md); direct users of the runtime (tests, benches) keep llama.cpp's placement
     page_placement: Literal["owned", "shared"] = "shared"
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Facts about the loaded model, for /props, /v1/models and the cache's fingerprint."""
-
-    path: str
-    description: str
-    architecture: str
-    n_params: int
-    size_bytes: int
-    n_ctx_train: int
-    n_vocab: int
-    n_layer: int
-    n_embd: int
-    n_swa: int
-    is_recurrent: bool
-    is_hybrid: bool
-    chat_template: str | None
-    bos_token: str
-    eos_token: str
-    add_bos: bool
 
 
 @dataclass
@@ -190,7 +169,7 @@ class LlamaRuntime:
         self._pieces: dict[int, bytes] = {}  # token -> piece (special=False), filled as tokens come out
         self._eog: dict[int, bool] = {}
         self._control: dict[int, bool] = {}
-        self.info = self._read_info()
+        self.info = read_model_info(self.model, self.vocab, str(self.config.model_path), self.piece)
         try:
             if shape is not None:
                 config = self.config = shape(self.info, self.offload)
@@ -266,43 +245,6 @@ class LlamaRuntime:
         if config.paged_attn == "on":
             raise paged_attention.PagedAttentionUnavailable(f"--paged-attn on: {note}")
         return paged_attention.PagedAttentionStatus(paged_attention.compiled_in(), 0, note)
-
-    # ----------------------------------------------------------------- metadata
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
-
-    def _read_info(self) -> ModelInfo:
-        desc = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self.model, desc, len(desc))
-        template_ptr = llama_cpp.llama_model_chat_template(self.model, None)
-        template = template_ptr.decode("utf-8") if template_ptr else None
-        bos = llama_cpp.llama_vocab_bos(self.vocab)
-        eos = llama_cpp.llama_vocab_eos(self.vocab)
-        return ModelInfo(
-            path=str(self.config.model_path),
-            description=desc.value.decode(errors="replace"),
-            architecture=self._meta("general.architecture") or "unknown",
-            n_params=int(llama_cpp.llama_model_n_params(self.model)),
-            size_bytes=int(llama_cpp.llama_model_size(self.model)),
-            n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(self.model)),
-            n_vocab=self.n_vocab,
-            n_layer=int(llama_cpp.llama_model_n_layer(self.model)),
-            n_embd=int(llama_cpp.llama_model_n_embd(self.model)),
-            n_swa=int(llama_cpp.llama_model_n_swa(self.model)),
-            is_recurrent=bool(llama_cpp.llama_model_is_recurrent(self.model)),
-            is_hybrid=bool(llama_cpp.llama_model_is_hybrid(self.model)),
-            chat_template=template,
-            bos_token=self.piece(bos, special=True).decode(errors="replace") if bos >= 0 else "",
-            eos_token=self.piece(eos, special=True).decode(errors="replace") if eos >= 0 else "",
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self.vocab)),
-        )
 
     # ---------------------------------------------------------------- tokenizer
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
