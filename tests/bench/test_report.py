@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from bench.report import idle_cells_section, run_all_section
+from bench.report import idle_cells_section
+from bench.report_run_all import run_all_section
 
 
 def test_idle_cells_section_renders_the_measured_slowdown(tmp_path):
