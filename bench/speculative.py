@@ -144,14 +144,20 @@ def main(argv: list[str] | None = None) -> None:
 def report_section(res: Path) -> list[str]:
     """docs/benchmarks.md's table: decode tok/s per stream (timings, prefill apart) by server, drafter, kind and
     streams, each beside its server's own 'none' (the ratio), and the acceptance."""
-    out = [HEADING, "",
-           "Command: `python -m bench.speculative --llama-server PATH` (bench/speculative.py says what it sends). "
-           "Decode tok/s is each request's own `timings` (prefill apart), averaged over the level's streams; "
-           "x none: the same server without drafting; accepted: drafted tokens the target kept.", ""]
     path = res / RESULTS
-    if not path.exists():
+    data = json.loads(path.read_text()) if path.exists() else None
+    settings = (data or {}).get("settings", {})
+    shown = [key for key in ("streams", "threads", "max_tokens") if key in settings]
+    command = "python -m bench.speculative --llama-server PATH" + "".join(
+        f" --{key.replace('_', '-')} {settings[key]}" for key in shown)
+    out = [HEADING, "",
+           f"Command: `{command}` (bench/speculative.py says what it sends; model "
+           f"`{Path(settings.get('model', 'the embedded model')).name}`). "
+           "Decode tok/s is each request's own `timings` (prefill apart), averaged over the level's streams; "
+           "x none: the same server without drafting; accepted: drafted tokens the target kept; same text: of the "
+           "run's answers, those equal to Arbor's without drafting (greedy but stories).", ""]
+    if data is None:
         return out + ["Not measured in this revision.", ""]
-    data = json.loads(path.read_text())
     runs = data["runs"]
     baseline = {(r["server"]): {(x["kind"], x["streams"]): x for x in r["rows"]} for r in runs if r["types"] == "none"}
     out += ["| server | --spec-type | kind | streams | decode tok/s | x none | throughput tok/s | accepted | "
