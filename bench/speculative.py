@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--streams", default="1,4,16")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--arbor-types", default=",".join(ARBOR_TYPES))
-    p.add_argument("--llama-types", default=",".join(LLAMA_TYPES))
+    p.add_argument("--arbor-types", default=",".join(ARBOR_TYPES),
+                   help="configurations, comma separated; a configuration's drafters, tried in turn, joined by + "
+                   "(ngram-mod+ngram-map-k)")
+    p.add_argument("--llama-types", default=",".join(LLAMA_TYPES), help="as --arbor-types, for llama-server")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model", type=Path, help="GGUF (default: the embedded model)")
     p.add_argument("--out", type=Path, default=Path("bench/results") / RESULTS)
@@ -101,14 +103,15 @@ def main(argv: list[str] | None = None) -> None:
     for types in a.arbor_types.split(","):
         port = free_port()
         configs.append(("arbor", types, arbor_command(port, model, [
-            "--threads", str(a.threads), "--parallel", str(slots), "--ctx-size", str(ctx), "--spec-type", types])))
+            "--threads", str(a.threads), "--parallel", str(slots), "--ctx-size", str(ctx),
+            "--spec-type", types.replace("+", ",")])))
     binary = None if a.no_llama_server else find_llama_server()
     if binary:
         for types in a.llama_types.split(","):
             port = free_port()
             configs.append(("llama-server", types, llama_server_command(binary, port, model, [
-                "-t", str(a.threads), "-np", str(slots), "-c", str(ctx), "--kv-unified", "--spec-type", types,
-                "--no-webui"])))
+                "-t", str(a.threads), "-np", str(slots), "-c", str(ctx), "--kv-unified",
+                "--spec-type", types.replace("+", ","), "--no-webui"])))
     runs: list[dict[str, Any]] = [{"server": server, "types": types, "command": " ".join(cmd), "rows": []}
                                   for server, types, cmd in configs]
     # Every server is up at once and each level goes to all of them in turn, so a busy spell of a shared machine
