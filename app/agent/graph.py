@@ -14,6 +14,9 @@ A small model rambles; the loop does not break when it does (issue 59, item 4):
   and a note saying what was cut and why nothing ran (outcome ``tool_call_cut``);
 - a step that required a tool call (``tool_choice`` "required" or a named function: the forced
   first step) and got an answer without one ends the turn saying so (outcome ``no_tool_call``);
+- a step whose tools ran but whose next model call cannot fit the context even with the history
+  compacted and the results cut ends the turn saying what ran and why the model cannot go on
+  (outcome ``context_full``), never a failed turn;
 - a call whose arguments are no JSON object (not cut) is answered with its error and sent back
   with ``{}`` as its arguments (app/agent/messages.py), which every server accepts;
 - the tools node fits one step's results together to the context that remains
@@ -78,8 +81,14 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
     budgets: list[int] = []  # max_tokens of each try whose tool call was cut
     refitted: list[ToolMessage] = []  # the last step's results, cut again to fit (they replace theirs)
     while True:
-        message, body, fitted, started_at = await _model_step(ctx, config, write, model, conversation, context,
-                                                              state, step, _retry_budget(budgets, None), refitted)
+        try:
+            message, body, fitted, started_at = await _model_step(
+                ctx, config, write, model, conversation, context, state, step, _retry_budget(budgets, None),
+                refitted)
+        except ModelBackendError as exc:
+            if exc.kind != "context_exceeded" or not _tools_ran(state, ctx.history_len):
+                raise
+            return _full_turn(state, ctx.history_len, refitted, context, str(exc))
         conversation = to_openai(_replaced(state["messages"], refitted))
         result = call_result(message)
         context = ctx.budget.observe(body, result.prompt_tokens, fitted.context)
@@ -225,6 +234,27 @@ def _cut_turn(result: ModelCallResult, budgets: list[int], step: int, context: C
     answer = f"{result.content.strip()}\n\n{note}" if result.content.strip() else note
     return {"messages": [AIMessage(content=answer)], "steps": step, "awaiting": [],
             "context_fit": context.as_state(), "final_answer": answer, "outcome": "tool_call_cut"}
+
+
+def _tools_ran(state: AgentState, history_len: int) -> bool:
+    """This turn's tools answered already (its messages past the history hold a tool result)."""
+    return any(isinstance(m, ToolMessage) for m in state["messages"][history_len:])
+
+
+def _full_turn(state: AgentState, history_len: int, refitted: list[ToolMessage], context: ContextState,
+               reason: str) -> dict:
+    """End the turn when the next model step cannot fit the context after this turn's tools ran,
+    even with the history compacted and the results cut (a small context whose system prompt and
+    tools take most of it, and calls whose own arguments are long): what ran and why the model
+    cannot go on, as the turn's answer, not a failed turn. The results stay in the trace, the
+    long ones whole as artifacts."""
+    ran = [m.name for m in state["messages"][history_len:] if isinstance(m, ToolMessage) and m.name]
+    names = ", ".join(dict.fromkeys(ran))
+    answer = (f"[Stopped after the tools ran ({names}): the model has no room left to answer with their results. "
+              f"{reason[:1].upper()}{reason[1:]}. The results are in this turn's trace; a narrower request, or "
+              "fewer tools at once, fits.]")
+    return {"messages": [*refitted, AIMessage(content=answer)], "steps": state.get("steps", 0), "awaiting": [],
+            "context_fit": context.as_state(), "final_answer": answer, "outcome": "context_full"}
 
 
 def _forced(choice: object) -> bool:

@@ -25,7 +25,7 @@ class AgentState(TypedDict, total=False):
     awaiting: list[str]  # tool-call ids of the last model message that need the operator
     decisions: Annotated[dict[str, dict], merge_decisions]  # tool-call id -> {"approved", "comment"}
     final_answer: str | None
-    outcome: str | None  # answered | budget_exhausted | tool_call_cut | no_tool_call (app/agent/graph.py)
+    outcome: str | None  # answered, budget_exhausted, tool_call_cut, no_tool_call, context_full (graph.py)
     # the branch's compaction level (forward only) and token estimate: app/agent/context_state.py
     context_fit: Annotated[dict, advance]
 

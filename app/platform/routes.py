@@ -150,7 +150,8 @@ STATE_SCHEMA = {"title": "AgentState", "type": "object", "properties": {
                  "description": "tool-call ids of the last model message that need the operator"},
     "decisions": {"type": "object", "description": "tool-call id -> {approved, comment}"},
     "final_answer": {"type": ["string", "null"]},
-    "outcome": {"type": ["string", "null"], "enum": ["answered", "budget_exhausted", None]},
+    "outcome": {"type": ["string", "null"],
+                "enum": ["answered", "budget_exhausted", "tool_call_cut", "no_tool_call", "context_full", None]},
     "context_fit": {"type": "object", "description": "the branch's compaction level and token estimate"}}}
 CONTEXT_SCHEMA = {"title": "ArborRunOptions", "type": "object", "properties": {
     "force_tool": {"type": "boolean", "default": False,

@@ -230,3 +230,26 @@ def test_results_are_cut_again_when_the_server_refuses_what_the_estimate_let_thr
         with Session(client.app.state.workbench.engine) as db:
             artifacts = {a.id for a in db.exec(select(Artifact)).all()}
         assert all(e["artifact_id"] in artifacts for e in of_type(events, "tool_result") if e.get("fitted"))
+
+
+def test_a_step_whose_next_call_cannot_fit_even_cut_ends_the_turn_saying_what_ran(tmp_path):
+    """The story writer's case (bench.story_run, 2026-12-06): a system prompt that takes most of a
+    small context, and a step whose calls' own arguments are long. Cutting the results cannot make
+    the next request fit: the turn ends with an answer saying what ran and why the model cannot
+    go on (outcome context_full), not a failed turn, and the next turn goes on."""
+    long_text = "word " * 3000  # 15,000 characters of arguments, which no fit may cut
+    replies = [ScriptedReply(tool_calls=[tool_call("echo", {"text": long_text}, "c1")]),
+               ScriptedReply(content="A new question, answered.")]
+    fake = ScriptedOpenAI(replies, n_ctx=4000)
+    with fake, workbench_client(make_settings(tmp_path, fake.base_url, llm_max_tokens=400)) as client:
+        session = new_session(client)["id"]
+        events = post_turn(client, session, "Echo this long text", force_tool=True)
+        final = events[-1]
+        assert final["type"] == "final" and final["outcome"] == "context_full", final
+        assert final["content"].startswith("[Stopped after the tools ran (echo)") and "context holds 4000" in \
+            final["content"]
+        assert [e["name"] for e in of_type(events, "tool_result")][:1] == ["echo"]  # the tool did run
+        # the fake refused the one request the workbench's estimate let through (400: it counts its own tokens)
+        assert all(b["messages"][-1]["role"] == "tool" for b in fake.bodies[1:])
+        again = post_turn(client, session, "Something short")
+        assert again[-1]["type"] == "final" and again[-1]["content"] == "A new question, answered."
