@@ -7,7 +7,8 @@ policy keeps two measurements:
   the steps' rows and seconds, the verification's sampling included) to what this machine and model really
   cost: on a CPU rows are not free, and under load the batch is already wide;
 - per sequence, the chance p that a drafted token is accepted when the one before it was, from the tokens its
-  own drafts had tested (old ones fading, so a sequence that starts copying text is seen within a few tokens).
+  own drafts had tested (old ones fading, so a sequence that starts copying text is seen within a few tokens),
+  starting from the same chance over every sequence's recent drafts.
 
 The step's tokens per second go up with a sequence's j-th draft token when what it is expected to bring, p^j
 (it is accepted only if every token before it was), outweighs what its row costs every decoding sequence:
@@ -98,11 +99,14 @@ class DraftPolicy:
         self.cost = StepCost()
         self.draft_seconds_per_token = 0.0  # the drafter's own time (a draft model's decodes), averaged
         self._seqs: dict[int, Acceptance] = {}
+        # every sequence's tested tokens, with a longer memory: a new sequence starts from what drafting has been
+        # earning lately, not from an even chance (short agent answers would spend their first steps learning)
+        self.overall = Acceptance(decay=0.9)
 
     def acceptance(self, key: int) -> Acceptance:
         got = self._seqs.get(key)
         if got is None:
-            got = self._seqs[key] = Acceptance()
+            got = self._seqs[key] = Acceptance(p=self.overall.p)
         return got
 
     def forget(self, key: int) -> None:
@@ -138,6 +142,7 @@ class DraftPolicy:
             acc = self.acceptance(key)
             acc.observe(drafted, accepted)
             acc.steps_without = 0
+            self.overall.observe(drafted, accepted)
 
     def observe_step(self, rows: int, seconds: float) -> None:
         self.cost.observe(rows, seconds)

@@ -105,6 +105,22 @@ def test_always_drafts_the_most_allowed():
 def test_a_finished_sequence_is_forgotten():
     policy = policy_with(0.05)
     policy.observe_draft(7, drafted=8, accepted=0)
-    assert policy.acceptance(7).p < 0.5
+    forgotten = policy.acceptance(7).p
+    assert forgotten < 0.5
     policy.forget(7)
-    assert policy.acceptance(7).p == 0.5
+    assert policy.acceptance(7).p == policy.overall.p > forgotten  # begun again, from the server-wide chance
+
+
+def test_a_new_sequence_starts_from_what_drafting_has_been_earning():
+    """Short answers that copy nothing (an agent's tool calls) teach the policy; the next sequence starts from
+    that, not from an even chance, and one that copies is trusted again within a few drafts."""
+    policy = policy_with(0.05)
+    assert policy.length(1, n_max=48, rows=4, n_decoding=4) >= 1  # nothing learnt yet: the prior drafts
+    for key in range(2, 22):
+        policy.observe_draft(key, drafted=2, accepted=0)
+        policy.forget(key)
+    assert policy.acceptance(30).p < 0.1
+    assert policy.length(21, n_max=48, rows=4, n_decoding=4) == 0
+    for _ in range(6):
+        policy.observe_draft(22, drafted=4, accepted=4)
+    assert policy.length(22, n_max=48, rows=1, n_decoding=1) >= 4
