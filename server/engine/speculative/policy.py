@@ -8,7 +8,9 @@ policy keeps two measurements:
   cost: on a CPU rows are not free, and under load the batch is already wide;
 - per sequence, the chance p that a drafted token is accepted when the one before it was, from the tokens its
   own drafts had tested (old ones fading, so a sequence that starts copying text is seen within a few tokens),
-  starting from the same chance over every sequence's recent drafts.
+  starting from the same chance over every sequence's recent drafts. A sequence the drafter had nothing for
+  several steps in a row (free text: no n-gram repeats) is asked only when it is probed, since every ask costs a
+  lookup.
 
 The step's tokens per second go up with a sequence's j-th draft token when what it is expected to bring, p^j
 (it is accepted only if every token before it was), outweighs what its row costs every decoding sequence:
@@ -84,6 +86,7 @@ class Acceptance:
     p: float = 0.5  # the prior: nothing seen yet
     decay: float = 0.85  # per tested token
     steps_without: int = 0  # steps in a row the policy let it draft nothing
+    empty_asks: int = 0  # drafts asked for in a row that the drafter had nothing for
 
     def observe(self, drafted: int, accepted: int) -> None:
         keep = self.decay ** accepted
@@ -93,9 +96,12 @@ class Acceptance:
 
 
 class DraftPolicy:
-    def __init__(self, *, adaptive: bool = True, probe_every: int = 16):
+    def __init__(self, *, adaptive: bool = True, probe_every: int = 16, empty_limit: int = 4):
         self.adaptive = adaptive
         self.probe_every = probe_every
+        # asking the drafter costs a lookup every step even when it has nothing (free text): after this many
+        # empty asks in a row a sequence is asked only as often as it is probed
+        self.empty_limit = empty_limit
         self.cost = StepCost()
         self.draft_seconds_per_token = 0.0  # the drafter's own time (a draft model's decodes), averaged
         self._seqs: dict[int, Acceptance] = {}
@@ -130,7 +136,7 @@ class DraftPolicy:
         if 0 < threshold < 1 and p > threshold:
             k = int(math.floor(math.log(threshold) / math.log(p))) if p < 1 else n_max
         k = min(k, n_max)
-        if k >= 1:
+        if k >= 1 and acc.empty_asks < self.empty_limit:
             acc.steps_without = 0
             return k
         acc.steps_without += 1
@@ -142,7 +148,15 @@ class DraftPolicy:
             acc = self.acceptance(key)
             acc.observe(drafted, accepted)
             acc.steps_without = 0
+            acc.empty_asks = 0
             self.overall.observe(drafted, accepted)
+
+    def observe_empty(self, key: int) -> None:
+        """The drafter had no draft for sequence `key` this step."""
+        acc = self.acceptance(key)
+        acc.empty_asks += 1
+        if acc.empty_asks >= self.empty_limit:
+            acc.steps_without = 0  # the probe was spent on nothing: the next one waits its turn
 
     def observe_step(self, rows: int, seconds: float) -> None:
         self.cost.observe(rows, seconds)

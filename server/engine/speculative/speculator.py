@@ -78,6 +78,9 @@ class Speculator:
         n_tokens = sum(len(d) for d in drafts)
         self.policy.observe_drafting(n_tokens, time.perf_counter() - t0)
         for (item, _), draft in zip(wanted, drafts):
+            if not draft:
+                self.policy.observe_empty(item.seq.id)
+                continue
             n_min = item.seq.request.speculative_n_min or 0
             if draft and len(draft) >= n_min:
                 item.draft = draft

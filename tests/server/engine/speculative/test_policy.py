@@ -124,3 +124,20 @@ def test_a_new_sequence_starts_from_what_drafting_has_been_earning():
     for _ in range(6):
         policy.observe_draft(22, drafted=4, accepted=4)
     assert policy.length(22, n_max=48, rows=1, n_decoding=1) >= 4
+
+
+def test_a_sequence_the_drafter_has_nothing_for_is_asked_only_when_probed():
+    """Free text: every ask is a lookup that finds nothing; after a few the sequence is asked as seldom as a
+    probe, and one draft found brings it back."""
+    policy = DraftPolicy(probe_every=4, empty_limit=3)
+    for rows in (1, 9, 1, 17):
+        policy.observe_step(rows, 0.02 * (1 + 0.05 * rows))
+    asked = []
+    for _ in range(11):
+        k = policy.length(1, n_max=8, rows=1, n_decoding=1)
+        asked.append(k > 0)
+        if k:
+            policy.observe_empty(1)
+    assert asked == [True, True, True, False, False, False, True, False, False, False, True]
+    policy.observe_draft(1, drafted=1, accepted=1)
+    assert policy.length(1, n_max=8, rows=1, n_decoding=1) >= 1
