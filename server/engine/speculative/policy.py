@@ -9,7 +9,7 @@ policy keeps two measurements:
 - per sequence, the chance p that a drafted token is accepted when the one before it was, from the tokens its
   own drafts had tested (old ones fading, so a sequence that starts copying text is seen within a few tokens),
   starting from the same chance over every sequence's recent drafts. A sequence the drafter had nothing for
-  several steps in a row (free text: no n-gram repeats) is asked only when it is probed, since every ask costs a
+  several steps in a row (free text: no n-gram repeats) is asked every few steps only, since every ask costs a
   lookup.
 
 The step's tokens per second go up with a sequence's j-th draft token when what it is expected to bring, p^j
@@ -96,12 +96,14 @@ class Acceptance:
 
 
 class DraftPolicy:
-    def __init__(self, *, adaptive: bool = True, probe_every: int = 16, empty_limit: int = 4):
+    def __init__(self, *, adaptive: bool = True, probe_every: int = 16, empty_limit: int = 4, empty_every: int = 4):
         self.adaptive = adaptive
         self.probe_every = probe_every
-        # asking the drafter costs a lookup every step even when it has nothing (free text): after this many
-        # empty asks in a row a sequence is asked only as often as it is probed
+        # asking the drafter costs a lookup every step even when it has nothing (free text): after `empty_limit`
+        # empty asks in a row a sequence is asked every `empty_every` steps only (a copy that begins is still
+        # seen within a few tokens)
         self.empty_limit = empty_limit
+        self.empty_every = empty_every
         self.cost = StepCost()
         self.draft_seconds_per_token = 0.0  # the drafter's own time (a draft model's decodes), averaged
         self._seqs: dict[int, Acceptance] = {}
@@ -136,7 +138,7 @@ class DraftPolicy:
         if 0 < threshold < 1 and p > threshold:
             k = int(math.floor(math.log(threshold) / math.log(p))) if p < 1 else n_max
         k = min(k, n_max)
-        if k >= 1 and acc.empty_asks < self.empty_limit:
+        if k >= 1 and (acc.empty_asks < self.empty_limit or acc.steps_without + 1 >= self.empty_every):
             acc.steps_without = 0
             return k
         acc.steps_without += 1
@@ -156,7 +158,7 @@ class DraftPolicy:
         acc = self.acceptance(key)
         acc.empty_asks += 1
         if acc.empty_asks >= self.empty_limit:
-            acc.steps_without = 0  # the probe was spent on nothing: the next one waits its turn
+            acc.steps_without = 0  # the ask was spent on nothing: the next one waits its turn
 
     def observe_step(self, rows: int, seconds: float) -> None:
         self.cost.observe(rows, seconds)

@@ -126,10 +126,10 @@ def test_a_new_sequence_starts_from_what_drafting_has_been_earning():
     assert policy.length(22, n_max=48, rows=1, n_decoding=1) >= 4
 
 
-def test_a_sequence_the_drafter_has_nothing_for_is_asked_only_when_probed():
-    """Free text: every ask is a lookup that finds nothing; after a few the sequence is asked as seldom as a
-    probe, and one draft found brings it back."""
-    policy = DraftPolicy(probe_every=4, empty_limit=3)
+def test_a_sequence_the_drafter_has_nothing_for_is_asked_every_few_steps():
+    """Free text: every ask is a lookup that finds nothing; after a few the sequence is asked every few steps
+    only, and one draft found brings it back."""
+    policy = DraftPolicy(probe_every=16, empty_limit=3, empty_every=4)
     for rows in (1, 9, 1, 17):
         policy.observe_step(rows, 0.02 * (1 + 0.05 * rows))
     asked = []
