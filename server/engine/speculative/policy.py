@@ -96,12 +96,12 @@ class Acceptance:
 
 
 class DraftPolicy:
-    def __init__(self, *, adaptive: bool = True, probe_every: int = 16, empty_limit: int = 4, empty_every: int = 4):
+    def __init__(self, *, adaptive: bool = True, probe_every: int = 16, empty_limit: int = 16, empty_every: int = 4):
         self.adaptive = adaptive
         self.probe_every = probe_every
         # asking the drafter costs a lookup every step even when it has nothing (free text): after `empty_limit`
         # empty asks in a row a sequence is asked every `empty_every` steps only (a copy that begins is still
-        # seen within a few tokens)
+        # seen within a few tokens); an edit's gaps between copy runs (an n-gram key's length) stay below it
         self.empty_limit = empty_limit
         self.empty_every = empty_every
         self.cost = StepCost()
