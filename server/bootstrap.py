@@ -24,6 +24,7 @@ from server.cache.kv_ops import KVOps
 from server.cache.lifecycle import SessionRegistry
 from server.cache.policy_choice import choose_policy
 from server.cache.policy_events import PolicyEvents
+from server.cache.predictive_policy import PredictivePolicy
 from server.cache.radix_tree import RadixTree
 from server.cache.router import CacheRouter
 from server.cache.shared_tier import SharedTier
@@ -200,9 +201,18 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         registry=registry,
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
+        restore_step_bytes=settings.cache_restore_step * 1024,
         states=states, split=runtime.split,
     )
     router.events = PolicyEvents(policy, registry, router.resident)  # --cache-policy: owners too, and what it learns
+    if settings.cache_prefetch == "off":
+        router.prefetch_off = "--cache-prefetch off"
+    elif isinstance(policy, PredictivePolicy):
+        why = router.enable_prefetch(policy, seq_ids, min_value=settings.cache_prefetch_min_value,
+                                     min_tokens=settings.cache_min_tokens,
+                                     step_bytes=settings.cache_prefetch_step * 1024)
+        if why is not None:
+            log.info("cache prefetch off: %s", why)
     return router
 
 

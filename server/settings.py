@@ -209,6 +209,10 @@ class ServerSettings(CachePolicySettings, SpeculativeSettings, BaseSettings):
     cache_write_back_step: int = Field(4096, ge=0, description="KiB of a parked slot's KV written back to host per "
                                        "engine step; 0: write a slot back at once when it is reused (stalls "
                                        "decoding for the whole copy)", json_schema_extra=_CACHE)
+    cache_restore_step: int = Field(8192, ge=0, description="KiB of host, disk or shared-store KV restored into a "
+                                    "request's slot per engine step while other requests compute (the request waits "
+                                    "for its own restore only); 0: each restore whole at admission (stalls decoding "
+                                    "for the whole copy)", json_schema_extra=_CACHE)
     cache_idle_cells: int | None = Field(
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "

@@ -45,6 +45,17 @@ class CachePolicySettings(BaseSettings):
                                        "nothing before the lifecycle model counts it gone quiet",
                                        json_schema_extra=_CACHE)
 
+    cache_prefetch: Literal["on", "off"] = Field(
+        "on", description="bring a waiting session's KV back from host or disk to a resident owner before the "
+        "lifecycle model expects its next call (the predictive policy only; docs/cache-policies.md)",
+        json_schema_extra=_CACHE)
+    cache_prefetch_min_value: float = Field(
+        0.25, gt=0, description="the predicted value (discounted chance of a call within the horizon) a waiting "
+        "session needs to be prefetched", json_schema_extra=_CACHE)
+    cache_prefetch_step: int = Field(
+        4096, ge=1, description="KiB a prefetch restores per engine step while requests run (all at once when "
+        "idle): the longest stall it adds", json_schema_extra=_CACHE)
+
     @field_validator("cache_priors")
     @classmethod
     def _priors_readable(cls, path: Path | None) -> Path | None:

@@ -23,6 +23,7 @@ def cache_stats(router: Any) -> dict:
         "requests_by_source": dict(r.by_source),
         "reused_tokens_by_source": dict(r.reused_tokens),
         "fallbacks": r.fallbacks,
+        "restores_in_pieces": {"restores": r.piecewise_restores, "pieces": r.pieces, "step_bytes": r.step_bytes},
         "deferrals": router.deferrals,
         "tiers": {
             Source.A: {"enabled": Source.A in router.enabled, "slots": len(router.slots.slots),
@@ -40,8 +41,12 @@ def cache_stats(router: Any) -> dict:
         "write_back_gate": w.gate.stats(),
         "lifecycle": router.registry.summary(),
         "policy": router.events.stats() if router.events is not None else None,  # --cache-policy (issue 58)
+        "prefetch": router.prefetch.stats() if router.prefetch is not None
+        else {"enabled": False, "why": router.prefetch_off},  # --cache-prefetch (issue 58)
         "engine_thread": {"cache_ms": round(router.clock.cache_ms, 3), "write_backs": w.write_backs,
                           "write_backs_skipped": w.write_backs_skipped,
                           "write_back_ms": round(w.write_back_ms, 3),
-                          "max_step_cache_ms": round(router.clock.max_step_ms, 3)},
+                          "max_step_cache_ms": round(router.clock.max_step_ms, 3),
+                          "max_step_cache_ms_by_kind": {k: round(v, 3)
+                                                        for k, v in router.clock.max_step_ms_by_kind.items()}},
     }

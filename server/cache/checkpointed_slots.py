@@ -210,6 +210,9 @@ class CheckpointedSlotReuse:
     def background(self, idle: bool) -> None:
         pass
 
+    def idle_work(self) -> float | None:
+        return None
+
     def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
         return []
 

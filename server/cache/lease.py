@@ -24,6 +24,7 @@ a request: what dies with the request dies with its lease.
 
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,12 +37,19 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class PendingLoad:
-    """A plan's disk (D) or shared-store (R) part being read on an I/O thread."""
+    """A plan's disk (D) or shared-store (R) part being read on an I/O thread, or its host (H) part
+    waiting to be restored in pieces (server/cache/restore.py), and how far its restore got."""
 
     cand: Any  # the planner's Candidate (server/cache/planner.py: source, length, the tier's match)
     slot_seq: int  # the llama.cpp sequence the read KV is restored into
-    future: Future
+    future: Future  # (segments, read seconds, state checkpoint or None)
     started: float  # perf_counter() when the read was queued
+    rest: deque | None = None  # the segments not restored yet (None: not taken from `future` yet)
+    done: int = 0  # the slot's sequence holds positions [0, done)
+    read_s: float = 0.0
+    restore_s: float = 0.0
+    nbytes: int = 0
+    n_tokens: int = 0
 
 
 @dataclass(eq=False)

@@ -48,6 +48,7 @@ class Owner:
     last_used: int = field(default_factory=lambda: next(_stamps))
     sessions: set[str] = field(default_factory=set)
     attaches: int = 0
+    prefetched: int = 0  # tokens a prefetch restored into it that no request has attached yet
 
 
 def union_positions(prefixes: list[list[int]]) -> int:
@@ -82,6 +83,7 @@ class ResidentOwners:
         self.hits = 0
         self.evictions = 0
         self.publishes = 0
+        self.prefetch_hits = self.prefetch_misses = 0  # prefetched tokens then attached / evicted unused
         # the cache policy's order of owners (server/cache/policy_choice.py); None: the lifecycle classes
         self.rank: Callable[[Owner], Any] | None = None
 
@@ -113,6 +115,8 @@ class ResidentOwners:
         owner.attaches += 1
         owner.last_used = next(_stamps)
         self.hits += 1
+        self.prefetch_hits += owner.prefetched
+        owner.prefetched = 0
 
     def cells(self) -> int:
         """The cells the owners hold: the union of their prefixes (unified: they share cells), or the sum of
@@ -167,6 +171,13 @@ class ResidentOwners:
             self.runtime.seq_rm(sid, -1, -1)
             self.seq_ids.give("owner", sid)
             return None
+        owner = self._register(tokens, sid)
+        self._tag(owner, hint)
+        self.publishes += 1
+        return owner
+
+    def _register(self, tokens: list[int], sid: int) -> Owner:
+        """Make `sid`, which holds tokens[0:n], an owner on the tree; owners it extends go (redundant)."""
         with self.tree.mutex:
             tip = self.tree.insert(tokens).last_node  # a node ends exactly at n
             self.tree.add_holder(tip, sid)
@@ -174,12 +185,42 @@ class ResidentOwners:
             redundant = [self._by_seq[h] for node in tip.iter_up() for h in node.holders
                          if h != sid and self._by_seq[h].tip is node]
         owner = Owner(sid, list(tokens), tip)
-        self._tag(owner, hint)
         for old in redundant:
+            owner.prefetched += old.prefetched  # its unused prefetched tokens are the new one's now
             self._remove(old)
         self.owners.append(owner)
         self._by_seq[sid] = owner
-        self.publishes += 1
+        return owner
+
+    # ---------------------------------------------------------------- prefetch (server/cache/prefetch.py)
+    def owner_of(self, seq_id: int) -> Owner | None:
+        return self._by_seq.get(seq_id)
+
+    def make_room(self, cells: int, *, below: float, protect: Owner | None = None) -> bool:
+        """Room for `cells` more cells and one more owner id, evicting only owners whose rank's value
+        is below `below` (the policy's keys: (value, last used)); False when that is not enough."""
+        if cells > self.budget_cells:
+            return False
+        while self.cells() + cells > self.budget_cells or self.seq_ids.in_use("owner") >= self.seq_ids.layout.owners:
+            ranked = [(r, o) for o in self.owners if o is not protect and (r := self._rank(o)) is not None
+                      and isinstance(r, tuple) and r[0] < below]
+            if not ranked:
+                return False
+            self._evict(min(ranked, key=lambda x: x[0])[1])
+        return True
+
+    def adopt(self, tokens: list[int], sid: int, session: str, brought_up: int) -> Owner | None:
+        """Make `sid` (built by a prefetch: it holds tokens[0:n], `brought_up` of them restored) an owner
+        of `session`; None when its cells are not exactly that (the caller clears and gives back `sid`)."""
+        n = len(tokens)
+        if self.runtime.seq_pos_max(sid) != n - 1 or self.runtime.seq_pos_min(sid) != 0:
+            log.warning("prefetch built an incomplete owner; dropped")
+            return None
+        owner = self._register(tokens, sid)
+        owner.sessions.add(session)
+        owner.prefetched += brought_up
+        while self.cells() > self.budget_cells and self.evict_one(protect=owner):
+            pass  # others published meanwhile: back within the budget
         return owner
 
     def _tag(self, owner: Owner, hint: CacheHint | None) -> None:
@@ -209,11 +250,15 @@ class ResidentOwners:
         if not ranked:
             return False
         _, victim = min(ranked, key=lambda x: x[0])  # one policy's keys compare
+        self._evict(victim)
+        return True
+
+    def _evict(self, victim: Owner) -> None:
         if self.on_evict is not None:
             self.on_evict(victim.seq_id, victim.tokens)
+        self.prefetch_misses += victim.prefetched  # brought up, never used
         self._remove(victim)
         self.evictions += 1
-        return True
 
     def _remove(self, owner: Owner) -> None:
         self.runtime.seq_rm(owner.seq_id, -1, -1)

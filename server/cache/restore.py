@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from server.cache.checkpointed_slots import SlotStates
@@ -44,6 +45,7 @@ from server.cache.lease import CacheLease, PendingLoad
 from server.cache.planner import Candidate, length_of
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
+from server.cache.restore_pieces import next_piece
 from server.cache.shared_tier import SharedTier
 from server.cache.tiers import READ_AHEAD, KVTier, Source, tier_of
 from server.engine.llama_runtime import LlamaRuntime
@@ -58,8 +60,10 @@ READ_THREADS = {Source.D: "arbor-disk-read", Source.R: "arbor-shared-read"}  # n
 class Restorer:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, running: Callable[[], list[Sequence]],
                  tree: RadixTree | None, tiers: Iterable[KVTier], resident: ResidentOwners | None,
-                 costs: CostModel, clock: EngineTime, states: SlotStates | None = None, copies: bool = False):
-        """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED; `copies`: the split KV layout."""
+                 costs: CostModel, clock: EngineTime, states: SlotStates | None = None, copies: bool = False,
+                 step_bytes: int = 0):
+        """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED; `copies`: the split KV layout;
+        `step_bytes`: restore at most this much per engine step while other requests compute (0: whole)."""
         self.runtime, self.kv, self.running = runtime, kv, running
         self.copies = copies
         # a model with sliding-window or recurrent layers: the slots' states and checkpoints
@@ -72,9 +76,17 @@ class Restorer:
         self.by_source: dict[str, int] = {**{s.value: 0 for s in Source}, "none": 0}
         self.reused_tokens: dict[str, int] = {s.value: 0 for s in Source}
         self.fallbacks = 0
+        # Restores in pieces between decode steps (unified layout, full-attention models: a piece may start
+        # at any position there); the longest piece's time is in the engine clock's "restore" kind.
+        self.step_bytes = step_bytes if states is None and not copies else 0
+        self.pieces = self.piecewise_restores = 0
         # Reads ahead of compute: one thread per tier read ahead (see the module docstring).
         self._readers = {source: ThreadPoolExecutor(max_workers=1, thread_name_prefix=READ_THREADS[source])
                          for source in self.tiers if source in READ_AHEAD}
+
+    def reader(self, source: Source) -> ThreadPoolExecutor | None:
+        """The read thread of a tier read ahead (the prefetch reads D on it too: one read at a time)."""
+        return self._readers.get(source)
 
     def execute(self, adm: Admission, best: Candidate | None, plan: Plan, cands: list[Candidate],
                 lease: CacheLease) -> CacheReport:
@@ -94,6 +106,8 @@ class Restorer:
             if best.source in READ_AHEAD and report.source == best.source:
                 self._read_ahead(lease, best, report.reused_tokens, slot_seq)
                 return replace(report, loading=True, plan=plan.label, est_ms=plan.est_ms)
+            if report.loading:  # restored in pieces between the next steps (advance_loads)
+                return replace(report, plan=plan.label, est_ms=plan.est_ms)
         except (RestoreError, DiskSegmentError, ExtractError) as exc:
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", best.source,
                         adm.seq.id, exc)
@@ -135,6 +149,8 @@ class Restorer:
             keep = 0
         if c.source in READ_AHEAD:  # read on an I/O thread; the restore follows in advance_loads
             return CacheReport(c.source.value, keep)
+        if self.step_bytes and self._others_computing(slot_seq):
+            return self._restore_later(c, keep, slot_seq, lease)
         t0 = time.perf_counter()
         result = self._restore_now(c, keep, slot_seq, lease)
         seconds = time.perf_counter() - t0
@@ -209,6 +225,25 @@ class Restorer:
             with self.tree.mutex:
                 lease.unlock(self.tree)
 
+    def _others_computing(self, slot_seq: int | None = None) -> bool:
+        """Whether a request other than the one in `slot_seq` computes in the next steps (a restore then
+        goes in pieces: whole, it would stall them)."""
+        return any(s.slot is not None and s.slot.seq_id != slot_seq and s.status is not SeqStatus.LOADING
+                   and s.status is not SeqStatus.FINISHED for s in self.running())
+
+    def _restore_later(self, c: Candidate, keep: int, slot_seq: int, lease: CacheLease) -> CacheReport:
+        """A host (H) restore made in pieces by advance_loads, the request waiting (LOADING) for its own
+        only; the lease holds a lock reference on the path until it is done."""
+        assert self.tree is not None  # a tier not read ahead is on the tree
+        with self.tree.mutex:
+            lease.lock(self.tree, c.match.tip)
+        done: Future = Future()
+        done.set_result((self.tiers[c.source].load(c.match, keep), 0.0, None))
+        lease.kept = keep
+        lease.load = PendingLoad(c, slot_seq, done, time.perf_counter())
+        self.piecewise_restores += 1
+        return CacheReport(c.source.value, keep, loading=True)
+
     # -------------------------------------------------------- read ahead (D, R)
     def _read_ahead(self, lease: CacheLease, c: Candidate, keep: int, slot_seq: int) -> None:
         """Start reading the disk (or shared-store) part of a plan on an I/O thread; the slot
@@ -237,39 +272,78 @@ class Restorer:
         return bool(self._loads_done())
 
     def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
-        """Restore the reads ahead that finished (engine thread); a failed read or restore
-        falls back to computing the prompt. A request that ended meanwhile is skipped."""
+        """Restore what the reads ahead (and the host restores made in pieces) hold, on the engine thread:
+        while other requests compute at most `step_bytes` in all this step (whole pieces of tokens), else
+        everything. Each request finished gets its report; a failed read or restore falls back to
+        computing the prompt. A request that ended meanwhile is skipped."""
         out = []
-        for seq in self._loads_done():
-            lease = seq.cache_lease
-            ld, lease.load = lease.load, None
-            if seq.status is SeqStatus.FINISHED:
-                continue
-            t0 = time.perf_counter()
-            try:
-                out.append((seq, self._restore_read(seq, ld, lease.plan)))
-            finally:
-                self.clock.add((time.perf_counter() - t0) * 1000.0)
-                # the wait for the read is not the request's compute either (cost model)
-                lease.overhead_s += time.perf_counter() - ld.started
+        budget = self.step_bytes if self.step_bytes and self._others_computing() else None
+        t0 = time.perf_counter()
+        try:
+            for seq in self._loads_done():
+                lease = seq.cache_lease
+                ld = lease.load
+                if seq.status is SeqStatus.FINISHED:
+                    lease.load = None
+                    continue
+                report, budget = self._advance(seq, ld, lease.plan, budget)
+                if report is not None:
+                    self._loaded(lease)
+                    # the wait for the read is not the request's compute either (cost model)
+                    lease.overhead_s += time.perf_counter() - ld.started
+                    out.append((seq, report))
+                if budget is not None and budget <= 0:
+                    break
+        finally:
+            self.clock.add((time.perf_counter() - t0) * 1000.0, kind="restore")
         return out
 
-    def _restore_read(self, seq: Sequence, ld: PendingLoad, plan: Plan) -> CacheReport:
+    def _loaded(self, lease: CacheLease) -> None:
+        lease.load = None
+        if self.tree is not None and lease.tip is not None:  # a host restore's lock on its path
+            with self.tree.mutex:
+                lease.unlock(self.tree)
+
+    def _advance(self, seq: Sequence, ld: PendingLoad, plan: Plan,
+                 budget: int | None) -> tuple[CacheReport | None, int | None]:
+        """The next pieces of one pending restore: (its report when done, else None; the budget left)."""
         try:
-            segments, read_s, state = ld.future.result()
-            t0 = time.perf_counter()
-            result = self.kv.restore(segments, ld.slot_seq, state or ld.cand.checkpoint)
+            if ld.rest is None:
+                segments, ld.read_s, state = ld.future.result()
+                state = state or ld.cand.checkpoint
+                if state is not None or not self.step_bytes:  # a state restores whole, with its KV
+                    t0 = time.perf_counter()
+                    result = self.kv.restore(segments, ld.slot_seq, state)
+                    ld.restore_s, ld.nbytes, ld.n_tokens = time.perf_counter() - t0, result.nbytes, result.n_tokens
+                    return self._restored(ld, plan), budget
+                ld.rest = deque(segments)
+                ld.done = segments[0].pos0 if segments else 0
+            while budget is None or budget > 0:
+                piece = next_piece(ld.rest, ld.done, budget)
+                if piece is None:
+                    return self._restored(ld, plan), budget
+                t0 = time.perf_counter()
+                result = self.kv.restore([piece], ld.slot_seq)
+                ld.restore_s += time.perf_counter() - t0
+                ld.nbytes += result.nbytes
+                ld.n_tokens += result.n_tokens
+                ld.done = piece.pos0 + piece.n_tokens
+                self.pieces += 1
+                if budget is not None:
+                    budget -= piece.nbytes
+            return (self._restored(ld, plan) if not ld.rest else None), budget
         except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
                         seq.id, exc)
-            return self._fall_back(ld.slot_seq, plan)
-        seconds = read_s + time.perf_counter() - t0
+            return self._fall_back(ld.slot_seq, plan), budget
+
+    def _restored(self, ld: PendingLoad, plan: Plan) -> CacheReport:
+        seconds = ld.read_s + ld.restore_s
         src = ld.cand.source.value
-        self.costs.observe_restore(src, result.nbytes, seconds, result.n_tokens)
+        self.costs.observe_restore(src, ld.nbytes, seconds, ld.n_tokens)
         self.by_source[src] += 1
         self.reused_tokens[src] += ld.cand.length
-        return CacheReport(src, ld.cand.length, result.nbytes, seconds * 1000.0, plan=plan.label,
-                           est_ms=plan.est_ms)
+        return CacheReport(src, ld.cand.length, ld.nbytes, seconds * 1000.0, plan=plan.label, est_ms=plan.est_ms)
 
     def close(self) -> None:
         """After the engine stopped: finish the reads ahead."""

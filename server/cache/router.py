@@ -48,12 +48,15 @@ from server.cache.lease import CacheLease
 from server.cache.lifecycle import SessionRegistry
 from server.cache.planner import ROUTES, Candidate, Planner, deferring_to, kept_in_slot, length_of
 from server.cache.policy_events import PolicyEvents
+from server.cache.predictive_policy import PredictivePolicy
+from server.cache.prefetch import Prefetcher
 from server.cache.radix_tree import RadixTree
 from server.cache.restore import Restorer
-from server.cache.tiers import ON_TREE, KVTier, Source, tier_of
+from server.cache.tiers import ON_TREE, STORED_ON_TREE, KVTier, Source, tier_of
 from server.cache.write_back_policy import WriteBackPolicy
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.scheduler import Admission
+from server.engine.seq_ids import SequenceIdPool
 from server.engine.sequence import CacheReport, Sequence
 from server.engine.slots import SlotPool
 
@@ -67,7 +70,8 @@ class CacheRouter:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  enabled: set[Source], tree: RadixTree | None, tiers: Iterable[KVTier], resident_cells: int | None,
                  registry: SessionRegistry, min_tokens: int, route: str = "cost", write_back_step_bytes: int = 0,
-                 idle_cells: int | None = None, states: SlotStates | None = None, split: bool = False):
+                 idle_cells: int | None = None, states: SlotStates | None = None, split: bool = False,
+                 restore_step_bytes: int = 0):
         """`enabled`: the sources in use (A and S among them); `tiers`: the stored tiers, ordered
         as server.cache.tiers.STORED (R is not on the tree: its store changes under every replica);
         `split`: the split KV layout (server/engine/kv_layout.py), where S copies between streams."""
@@ -98,14 +102,16 @@ class CacheRouter:
         self.costs = self.planner.costs
         self.restorer = Restorer(runtime=runtime, kv=kv, running=running, tree=tree, tiers=self.tiers,
                                  resident=self.resident, costs=self.costs, clock=self.clock, states=states,
-                                 copies=split)
+                                 copies=split, step_bytes=restore_step_bytes)
         self.sources = CandidateSources(slots=slots, running=running, enabled=enabled, tree=tree,
                                         planner=self.planner, parked=self.parked, states=states)
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
         # what tests, benchmarks and the engine call here, done by the parts
         self.drop_idle_slot = self.write.drop_idle_slot
         self.drop_device_copies = self.write.drop_device_copies
-        self.background = self.write.background
+        # --cache-prefetch (server/cache/prefetch.py; server/bootstrap.py sets it with the predictive policy)
+        self.prefetch: Prefetcher | None = None
+        self.prefetch_off: str | None = "the cache policy is not predictive (prefetch follows its predictions)"
         self.loads_ready = self.restorer.loads_ready
         self.advance_loads = self.restorer.advance_loads
 
@@ -128,6 +134,42 @@ class CacheRouter:
     shorter_than_longest = property(lambda self: self.planner.shorter_than_longest)
     max_step_cache_ms = property(lambda self: self.clock.max_step_ms)
 
+    def enable_prefetch(self, policy: PredictivePolicy, seq_ids: SequenceIdPool, **settings) -> str | None:
+        """Bring waiting sessions' KV up to a resident owner before their predicted call
+        (server/cache/prefetch.py); the reason it cannot, or None."""
+        if self.split:
+            self.prefetch_off = "the split KV layout (resident owners are whole streams there)"
+        elif self.states is not None:
+            self.prefetch_off = "a model with sliding-window or recurrent layers (resident owners are off there)"
+        elif self.resident is None or self.tree is None:
+            self.prefetch_off = "no resident owners (tier S) to bring KV up to"
+        elif not any(t.source in STORED_ON_TREE for t in self.tiers):
+            self.prefetch_off = "no host or disk tier to bring KV up from"
+        else:
+            self.prefetch_off = None
+            self.prefetch = Prefetcher(policy=policy, runtime=self.runtime, kv=self.kv, seq_ids=seq_ids,
+                                       tree=self.tree, tiers=self.tiers, resident=self.resident, slots=self.slots,
+                                       running=self.running, disk_reader=self.restorer.reader(Source.D), **settings)
+        return self.prefetch_off
+
+    def background(self, idle: bool) -> None:
+        """Once per engine step: the write-back's bounded work, then the prefetch's next piece."""
+        self.write.background(idle)
+        if self.prefetch is not None:
+            t0 = time.perf_counter()
+            try:
+                self.prefetch.step(idle)
+            finally:
+                self.clock.add((time.perf_counter() - t0) * 1000.0, step=not idle, kind="prefetch")
+
+    def idle_work(self) -> float | None:
+        """The engine is idle: a due prefetch runs whole; while waiting sessions are known, call again
+        within a fraction of the lifecycle model's step (their values change with time)."""
+        if self.prefetch is None:
+            return None
+        self.background(idle=True)
+        return self.prefetch.tick_s if self.prefetch.last else None
+
     # ------------------------------------------------------------- admission
     def provide(self, adm: Admission) -> CacheReport:
         t0 = time.perf_counter()
@@ -141,8 +183,11 @@ class CacheRouter:
     def _provide(self, adm: Admission) -> CacheReport:
         prompt = adm.seq.cache_prompt  # its cache key: a namespace's prompt matches only its own KV
         self.write.admitted(prompt)  # the write-back gate learns whether lost copies come back
+        hint = self.lease(adm.seq).hint
         if self.events is not None:
-            self.events.arrived(self.lease(adm.seq).hint, prompt)
+            self.events.arrived(hint, prompt)
+        if self.prefetch is not None:  # its session's prefetch, if one runs, ends before the plan
+            self.prefetch.arrived(hint.session if hint is not None else None)
         if self.parked is not None and Source.S not in self.enabled:
             self.parked.finish_matching(prompt[:len(prompt) - 1], self.min_tokens)  # H must hold what it needs
         cands = self.sources.candidates(adm)
@@ -202,6 +247,8 @@ class CacheRouter:
                 self.write.finished(seq, lease.hint, shared=lease.branch_point)
             if self.events is not None and seq.slot is not None:
                 self.events.ended(lease.hint, len(seq.prompt), seq.n_cached, seq.cache_prompt, reason == "error")
+            if self.prefetch is not None and seq.slot is not None and reason != "error" and lease.hint is not None:
+                self.prefetch.ended(lease.hint.session, seq.cache_prompt)
         finally:
             lease.release(self.tree)
             seq.cache_lease = None
@@ -232,6 +279,8 @@ class CacheRouter:
     def close(self) -> None:
         """After the engine stopped: finish the reads ahead, the stored tiers' (disk, shared-store)
         and checkpoint writes."""
+        if self.prefetch is not None:
+            self.prefetch.close()
         self.restorer.close()
         for tier in self.tiers:
             tier.close()

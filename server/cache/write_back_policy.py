@@ -414,7 +414,7 @@ class WriteBackPolicy:
             self.parked.drain() if idle else self.parked.advance(self.parked.step_bytes - stored_at_once)
         finally:
             ms = (time.perf_counter() - t0) * 1000.0
-            self.clock.add(ms, step=not idle)
+            self.clock.add(ms, step=not idle, kind="write_back")
             self.write_back_ms += ms
 
     def enforce_pin_quota(self) -> None:
@@ -455,7 +455,7 @@ class WriteBackPolicy:
                 self.slot_hints.pop(slot.index, None)
                 self.idle_offloads += 1
         finally:
-            self.clock.add((time.perf_counter() - t0) * 1000.0)
+            self.clock.add((time.perf_counter() - t0) * 1000.0, kind="write_back")
 
 
 def pin_signature(registry: SessionRegistry, tree: RadixTree) -> tuple:

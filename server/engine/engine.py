@@ -66,6 +66,10 @@ class ModelRunner(Protocol):
     def background(self, idle: bool) -> None:
         """Bounded cache work once per step after the decode (all of it when `idle`)."""
 
+    def idle_work(self) -> float | None:
+        """The engine has nothing to compute: cache work ahead of requests (a prefetch). Returns the
+        seconds until it wants to be called again while nothing comes, None: not until new work."""
+
     def advance_loads(self) -> None:
         """Sequences whose cached prefix was read ahead (LOADING) become ready to prefill."""
 
@@ -169,12 +173,21 @@ class Engine:
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
+        ahead: float | None = 0.0  # seconds until the runner's work ahead of requests is due (None: not)
         while True:
             with self._wake:
-                while not self._stop and not self._has_work():
-                    self._wake.wait(timeout=LOAD_POLL_S if self.scheduler.running else 1.0)
+                if not self._stop and not self._has_work():
+                    idle_wait = 1.0 if ahead is None else min(1.0, ahead)
+                    self._wake.wait(timeout=LOAD_POLL_S if self.scheduler.running else idle_wait)
                 if self._stop:
                     break
+                nothing = not self._has_work()
+                alone = not self.scheduler.running
+            if nothing:  # a wake-up with nothing to compute: at most the runner's work ahead
+                if alone:
+                    ahead = self._work_ahead()
+                continue
+            ahead = 0.0  # after requests: ask the runner again once idle
             try:
                 worked = self.step()
             except Exception:  # keep serving: a bug in one step must not kill the server
@@ -185,6 +198,14 @@ class Engine:
                     self._wake.wait(timeout=LOAD_POLL_S)
         self._fail_all("server shutting down")
         self._flush()
+
+    def _work_ahead(self) -> float | None:
+        """The runner's idle work (a prefetch); seconds until it wants to run again, None: not before new work."""
+        try:
+            return self.runner.idle_work()
+        except Exception:  # keep serving: work ahead of requests must never stop them
+            log.exception("engine idle work failed")
+            return None
 
     def _loading(self) -> bool:
         return any(s.status is SeqStatus.LOADING for s in self.scheduler.running)

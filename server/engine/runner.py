@@ -46,6 +46,10 @@ class PrefixProvider(Protocol):
     def background(self, idle: bool) -> None:
         """Once per engine step, after the decode: bounded cache work (all of it when `idle`)."""
 
+    def idle_work(self) -> float | None:
+        """Nothing to compute: cache work ahead of requests (a prefetch); seconds until it wants to run
+        again, None: not before new work (ModelRunner.idle_work)."""
+
     def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
         """Finish the preparations whose read ahead is done (restore what was read, or fall
         back to computing): each sequence with its final report. Engine thread."""
@@ -82,6 +86,9 @@ class SlotReuseOnly:
 
     def background(self, idle: bool) -> None:
         pass
+
+    def idle_work(self) -> float | None:
+        return None
 
     def advance_loads(self) -> list[tuple[Sequence, CacheReport]]:
         return []
@@ -266,6 +273,9 @@ class LlamaRunner:
         self.prefix.background(idle)
         if idle:
             self.runtime.defragment_pages()
+
+    def idle_work(self) -> float | None:
+        return self.prefix.idle_work()
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         return self.runtime.piece(token, special=special)

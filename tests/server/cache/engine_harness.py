@@ -22,7 +22,8 @@ class Result:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-def generate(model, tokens: list[int], max_tokens: int = 8, hint=None, top_k: int = TOP_K) -> Result:
+def generate(model, tokens: list[int], max_tokens: int = 8, hint=None, top_k: int = TOP_K,
+             ignore_eos: bool = False) -> Result:
     """Greedy generation, with each generated token's log-probability and the `top_k` most likely."""
     done = threading.Event()
     parts: list[str] = []
@@ -38,7 +39,7 @@ def generate(model, tokens: list[int], max_tokens: int = 8, hint=None, top_k: in
             done.set()
 
     req = GenerationRequest(prompt_tokens=tokens, sampling=SamplingParams(temperature=0), max_tokens=max_tokens,
-                            cache_hint=hint, logprobs=top_k)
+                            cache_hint=hint, logprobs=top_k, ignore_eos=ignore_eos)
     model.engine.submit(req, sink)
     assert done.wait(300), "request did not finish"
     return Result("".join(parts), box["final"], [lp.token for lp in logprobs], logprobs)

@@ -57,6 +57,9 @@ class SimRunner:
     def background(self, idle: bool) -> None:
         pass
 
+    def idle_work(self) -> float | None:
+        return None
+
     def advance_loads(self) -> None:
         pass
 
