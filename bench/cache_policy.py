@@ -42,6 +42,17 @@ from harness.workloads.generators import agent_sessions
 from server.cache.lifecycle_priors import save_priors
 
 POLICIES = ("lru", "lifecycle", "predictive", "predictive+priors")
+NO_PREFETCH = "-noprefetch"  # a policy name's suffix: the same policy with --cache-prefetch off
+
+
+def server_args(policy: str) -> list[str]:
+    """arbor-server's flags for a policy name: `lru`, `lifecycle`, `predictive`, `predictive+priors`
+    (the priors file is added by the caller), any of them ending in -noprefetch."""
+    name = policy.split("+")[0]
+    args = ["--cache-policy", name.removesuffix(NO_PREFETCH)]
+    if name.endswith(NO_PREFETCH):
+        args += ["--cache-prefetch", "off"]
+    return args
 
 
 def after_tool_wait(lines: list[ManifestLine], run: RunResult) -> list[float]:
@@ -58,11 +69,18 @@ def after_tool_wait(lines: list[ManifestLine], run: RunResult) -> list[float]:
     return out
 
 
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def bound_of(trace: Trace, run: RunResult, budgets: Budgets, policy: str) -> dict[str, int]:
     """The simulator's bound and policy on this run's own admission order (`trace`: the server's tokens)."""
     records = sorted(run.requests, key=lambda r: r.index)
     events = recorded_schedule([r.start_s or 0.0 for r in records], [r.latency_s or 0.0 for r in records])
-    sim_policy = "predictive" if policy.startswith("predictive") else policy
+    sim_policy = "predictive" if policy.startswith("predictive") else policy.removesuffix(NO_PREFETCH)
     return {"bound": Simulator(trace, events, budgets, "belady").run().computed,
             "simulated": Simulator(trace, events, budgets, sim_policy).run().computed,
             "ideal": trace.ideal.ideal_computed_tokens}
@@ -72,7 +90,7 @@ def run_one(a: argparse.Namespace, lines: list[ManifestLine], policy: str, prior
             trace: Trace | None) -> tuple[RunResult, dict[str, Any], list[str], Trace]:
     """One policy on a fresh server; the trace on the server's tokens (tokenized by it after the run, once)."""
     port = free_port()
-    args = ["--cache-ram", str(a.cache_ram), "--cache-policy", policy.split("+")[0], *a.server_args]
+    args = ["--cache-ram", str(a.cache_ram), *server_args(policy), *a.server_args]
     if priors is not None:
         args += ["--cache-priors", str(priors)]
     cmd = arbor_command(port, a.model, args)
@@ -97,17 +115,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--cache-ram", type=int, default=64, help="MiB of the host tier")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--tool-wait", default=None, metavar="LO,HI",
+                   help="seconds each tool call takes (a typical latency per tool in [LO, HI], each call around "
+                   "it): the request after a tool call is sent that long after its predecessor ended")
     p.add_argument("--model", type=Path)
     p.add_argument("--server-arg", dest="server_args", action="append", default=[],
                    help="one more arbor-server argument (repeat)")
     p.add_argument("--out", type=Path, default=Path("bench/results/cache_policy.json"))
     a = p.parse_args(argv)
     policies = [x for x in a.policies.split(",") if x]
+    tool_wait = None
+    if a.tool_wait:
+        lo, hi = (float(x) for x in a.tool_wait.split(","))
+        tool_wait = (lo, hi)
     lines = agent_sessions(sessions=a.sessions, turns=a.turns, branches=a.branches, fork_after=a.fork_after,
-                           seed=a.seed).lines
+                           seed=a.seed, tool_wait_s=tool_wait).lines
     budgets = Budgets(host_bytes=a.cache_ram << 20, bytes_per_token=EMBEDDED_BYTES_PER_TOKEN)
     out: dict[str, Any] = {"bench": "cache_policy", "workload": {"sessions": a.sessions, "turns": a.turns,
-                           "branches": a.branches, "fork_after": a.fork_after, "requests": len(lines)},
+                           "branches": a.branches, "fork_after": a.fork_after, "requests": len(lines),
+                                        "tool_wait_s": list(tool_wait) if tool_wait else None,
+                                        "server_args": a.server_args},
                            "concurrency": a.concurrency, "cache_ram_mib": a.cache_ram, "runs": [],
                            "note": "one run per policy on a shared 2-core machine: wall and TTFT are noisy"}
     trace: Trace | None = None
@@ -116,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, RunResult] = {}
         for policy in policies:
             priors = None
-            if policy == "predictive+priors":
+            if policy.startswith("predictive+priors"):
                 if "lru" not in runs:
                     raise SystemExit("predictive+priors records its priors from the lru run: list lru first")
                 records = sorted(runs["lru"].requests, key=lambda r: r.index)
@@ -136,11 +163,15 @@ def main(argv: list[str] | None = None) -> None:
                    "ideal": s.get("ideal", {}).get("ideal_computed_tokens"),
                    "max_step_cache_ms": stats.get("engine_thread", {}).get("max_step_cache_ms"),
                    "host": {k: stats["tiers"]["H"].get(k) for k in ("tokens", "held_bytes", "evictions")},
+                   "ttft_p90_after_tool_wait_s": quantile(after, 0.9),
+                   "reused_by_source": stats.get("reused_tokens_by_source"),
+                   "prefetch": stats.get("prefetch"),
                    "policy_stats": stats.get("policy"), "sim": bound_of(trace, result, budgets, policy)}
             out["runs"].append(row)
             print(f"{policy:18s} computed={row['computed']} ideal={row['ideal']} bound={row['sim']['bound']} "
                   f"simulated={row['sim']['simulated']} wall={row['wall_s']}s ttft_p50={row['ttft_p50_s']} "
-                  f"after_tool={row['ttft_p50_after_tool_wait_s']}", flush=True)
+                  f"after_tool={row['ttft_p50_after_tool_wait_s']} max_step_cache_ms={row['max_step_cache_ms']} "
+                  f"prefetch={row['prefetch']}", flush=True)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(out, indent=1) + "\n")  # after every run: a partial run counts
     print(f"wrote {a.out}")

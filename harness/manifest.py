@@ -52,10 +52,15 @@ class ManifestLine:
     body: dict[str, Any]
     expected_output_tokens: int | None = None
     api: str = CHAT
+    # seconds between the end of the request this one waits for and its sending (its branch's tools
+    # running, an approval): the replay waits that long; None: at once (or at `t` with --schedule)
+    after_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.api not in API_PATHS:
             raise ManifestError(f"api must be one of {', '.join(API_PATHS)}, got {self.api!r}")
+        if self.after_s is not None and not self.after_s >= 0:
+            raise ManifestError(f"after_s must be a non-negative number of seconds, got {self.after_s!r}")
 
     @property
     def path(self) -> str:
@@ -73,6 +78,8 @@ class ManifestLine:
         data = asdict(self)
         if self.api == CHAT:  # a chat line is written as before the field existed
             del data["api"]
+        if self.after_s is None:  # likewise a line without a wait
+            del data["after_s"]
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
@@ -86,6 +93,7 @@ class ManifestLine:
             raise ManifestError(f"api must be one of {', '.join(API_PATHS)}, got {api!r}")
         _check_body(api, data["body"])
         expected = data.get("expected_output_tokens")
+        after = data.get("after_s")
         return cls(
             t=float(data["t"]),
             session_id=str(data["session_id"]),
@@ -93,6 +101,7 @@ class ManifestLine:
             body=data["body"],
             expected_output_tokens=None if expected is None else int(expected),
             api=api,
+            after_s=None if after is None else float(after),
         )
 
 

@@ -1,8 +1,8 @@
-"""Prefetch in the simulator (issue 58, item 3, not yet in the server): a waiting session whose
-predicted value is high has the part of its path that only H or D holds brought up to the
-device before it calls again, as far as the device's budget allows: into free cells, or in place
-of device copies of KV that H or D also keeps and that are worth less than the session (so
-nothing is lost, only moved down a tier).
+"""Prefetch in the simulator (issue 58, item 3; the server's, by the same rule, is
+server/cache/prefetch.py): a waiting session whose predicted value is high has the part of its
+path that only H or D holds brought up to the device before it calls again, as far as the
+device's budget allows: into free cells, or in place of device copies of KV that H or D also
+keeps and that are worth less than the session (so nothing is lost, only moved down a tier).
 
 It changes what is restored when a request is admitted (on the critical path) more than what is
 computed: a prefix in H is reused either way, but restored before the call it costs the request

@@ -188,6 +188,8 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
                 wait = waits[index]
                 if wait is not None:
                     await done[wait].wait()
+                if line.after_s:  # its branch's tools run (recorded or generated), outside the gate
+                    await asyncio.sleep(line.after_s)
                 if settings.schedule:
                     delay = line.t - (time.perf_counter() - run_start)
                     if delay > 0:

@@ -23,6 +23,8 @@ template-free rendering (``request_text.py``).
 from __future__ import annotations
 
 import json
+import math
+import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,6 +196,7 @@ def agent_sessions(
     think_time_s: float = 0.0,
     branches: int = 1,
     fork_after: int = 2,
+    tool_wait_s: tuple[float, float] | None = None,
     seed: int = 0,
     model: str | None = DEFAULT_MODEL,
     tokenize: BodyTokenizer | None = None,
@@ -212,6 +215,11 @@ def agent_sessions(
     where the trunk stopped and goes on to ``turns`` requests, so a session sends
     ``fork_after + branches * (turns - fork_after)`` requests (issue 58's workload: 16 sessions, 4
     turns, 2 branches after 2: 96 requests). The runner starts a branch when the trunk is done.
+
+    ``tool_wait_s`` = (lo, hi): each tool call takes time, so the request after it waits that long
+    after its predecessor ends (``after_s``): each tool has a typical latency, log-uniform in [lo, hi],
+    and each call varies around it (log-normal, sigma 0.5, clipped to [lo, hi]); drawn from a random
+    stream of their own, so the texts are those of the same seed without waits.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
@@ -223,12 +231,16 @@ def agent_sessions(
         raise ValueError(f"fork_after must be between 1 and turns - 1 ({turns - 1}), got {fork_after}")
     role_line, tools = SCENARIOS[scenario]
     text = SyntheticText(seed)
+    latency = ToolLatency(tool_wait_s, seed) if tool_wait_s is not None else None
     system = text.paragraph(max(1, system_len - len(role_line.split())), lead=role_line)
     lines: list[ManifestLine] = []
+
+    waits: dict[int, float | None] = {}  # id of a messages list -> how long its last tool took
 
     def tool_step(messages: list[dict], s: int, k: int, tag: str = "") -> None:
         """Append the assistant's (recorded) tool call and the tool's result."""
         tool = tools[text.rng.randrange(len(tools))]["function"]
+        waits[id(messages)] = latency.draw(tool["name"]) if latency is not None else None
         arguments = {name: text.words(2) for name in tool["parameters"]["properties"]}
         call_id = f"call_{s}_{k}{tag}"
         messages.append({"role": "assistant", "content": None, "tool_calls": [
@@ -243,7 +255,8 @@ def agent_sessions(
             expected = output_len if last else tool_call_len
             lines.append(ManifestLine(
                 t=round(start + k * think_time_s, 6), session_id=f"{scenario}-{s}", branch_id=branch,
-                body=chat_body(model, [dict(m) for m in messages], expected, tools), expected_output_tokens=expected))
+                body=chat_body(model, [dict(m) for m in messages], expected, tools), expected_output_tokens=expected,
+                after_s=waits.pop(id(messages), None)))
             if last or (branching and k == ks.stop - 1 and branch == MAIN_BRANCH):
                 break  # the end, or the fork: each branch makes its own call where the trunk stopped
             tool_step(messages, s, k, tag)
@@ -263,7 +276,30 @@ def agent_sessions(
                   session_interval_s=session_interval_s, think_time_s=think_time_s, seed=seed)
     if branching:
         params.update(branches=branches, fork_after=fork_after)
+    if tool_wait_s is not None:
+        params.update(tool_wait_s=list(tool_wait_s))
     return generated("agent-sessions", params, lines, tokenize)
+
+
+class ToolLatency:
+    """How long each tool call takes (agent_sessions' ``tool_wait_s``): a typical latency per tool,
+    log-uniform in [lo, hi], each call log-normal around it (sigma 0.5), clipped to [lo, hi]."""
+
+    SIGMA = 0.5
+
+    def __init__(self, bounds: tuple[float, float], seed: int) -> None:
+        lo, hi = bounds
+        if not 0 < lo <= hi:
+            raise ValueError(f"tool_wait_s must be 0 < lo <= hi, got {bounds}")
+        self.lo, self.hi = lo, hi
+        self.rng = random.Random(f"tool-latency-{seed}")
+        self.typical: dict[str, float] = {}
+
+    def draw(self, tool: str) -> float:
+        if tool not in self.typical:
+            self.typical[tool] = math.exp(self.rng.uniform(math.log(self.lo), math.log(self.hi)))
+        value = self.typical[tool] * math.exp(self.rng.gauss(0.0, self.SIGMA))
+        return round(min(self.hi, max(self.lo, value)), 3)
 
 
 # -- branch fan-out ------------------------------------------------------------------------
