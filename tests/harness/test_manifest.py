@@ -32,3 +32,8 @@ def test_manifest_rejects_bad_lines(text, fragment):
 def test_a_lines_cache_session_is_the_workbenchs_hint_key():
     line = ManifestLine(0.0, "session-1", "branch-2", {"messages": []})
     assert line.cache_session == hint_key("session-1", "branch-2") == "session-1/branch-2"
+
+
+def test_a_negative_wait_is_refused():
+    with pytest.raises(ManifestError, match="after_s"):
+        ManifestLine(t=0.0, session_id="s", branch_id="main", body={"messages": []}, after_s=-1.0)

@@ -228,3 +228,18 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
     write_manifest([chat_line("s", "hello")], manifest)
     assert replay_main([str(manifest), "--base-url", "ftp://x"]) == 2
     assert "http://" in capsys.readouterr().err
+
+
+async def test_a_line_waits_after_its_predecessor_for_its_tools():
+    """`after_s`: the next turn is sent that long after the previous one ended, outside the concurrency gate."""
+    first = chat_line("s", "turn 0")
+    second = ManifestLine(t=0.0, session_id="s", branch_id="main", expected_output_tokens=4, after_s=0.3,
+                          body={"messages": [{"role": "user", "content": "turn 1"}]})
+    other = chat_line("o", "another session")
+    with ScriptedOpenAI(lambda body: ScriptedReply(content="x", delay_s=0.05)) as fake:
+        result = await replay([first, second, other], ReplaySettings(base_url=fake.base_url, concurrency=1,
+                                                                      progress=False, ideal="off"))
+    a, b, c = result.requests
+    assert all(r.ok for r in result.requests)
+    assert b.start_s >= a.start_s + a.latency_s + 0.3
+    assert c.start_s < b.start_s, "another session went ahead while the tool ran (the gate was free)"

@@ -40,3 +40,29 @@ def test_the_fork_point_says_active_and_the_branches_wait_for_it():
     # the trunk's first request continues with a tool result; its last is where both branches go on;
     # each branch's first continues with a tool result, its last ends the turn
     assert hint_states(lines) == ["tool_wait", "active", "tool_wait", "done", "tool_wait", "done"]
+
+
+def test_tool_waits_follow_each_tool_call_and_leave_the_texts_alone():
+    plain = agent_sessions(sessions=4, turns=4, branches=2, fork_after=2)
+    waited = agent_sessions(sessions=4, turns=4, branches=2, fork_after=2, tool_wait_s=(0.2, 3.0))
+    assert [line.body for line in waited.lines] == [line.body for line in plain.lines]
+    firsts = {(line.session_id, "main") for line in waited.lines}
+    for line in waited.lines:
+        if line.branch_id == "main" and (line.session_id, "main") in firsts:
+            firsts.discard((line.session_id, "main"))
+            assert line.after_s is None, "a session's first request follows no tool"
+        else:
+            assert 0.2 <= line.after_s <= 3.0
+    assert len({line.after_s for line in waited.lines}) > 8, "the waits vary"
+    again = agent_sessions(sessions=4, turns=4, branches=2, fork_after=2, tool_wait_s=(0.2, 3.0))
+    assert [line.after_s for line in again.lines] == [line.after_s for line in waited.lines]
+    text = dumps_manifest(waited.lines)
+    assert '"after_s"' in text and '"after_s"' not in dumps_manifest(plain.lines)
+
+
+def test_a_waiting_line_reads_back_as_written():
+    from harness.manifest import parse_manifest
+
+    lines = agent_sessions(sessions=2, turns=3, tool_wait_s=(0.5, 1.0)).lines
+    back = list(parse_manifest(dumps_manifest(lines)))
+    assert [line.after_s for line in back] == [line.after_s for line in lines]
