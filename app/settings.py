@@ -4,8 +4,8 @@ Environment names: LLM_BASE_URL, LLM_MODEL, LLM_API_KEY, LLM_TIMEOUT_S, LLM_MAX_
 LLM_TEMPERATURE, LLM_CONTEXT_TOKENS, INCIDENT_BASE_URL, INCIDENT_TIMEOUT_S, ARBOR_DATA_DIR, DATABASE_URL,
 ARBOR_HOST, ARBOR_PORT, ARBOR_WORKBENCH_TOKEN, ARBOR_ALLOWED_HOSTS, ARBOR_IDENTITY_HEADER,
 ARBOR_SESSION_HOURS, ARBOR_STEP_BUDGET, ARBOR_TOOL_RESULT_MAX_CHARS,
-ARBOR_TOOL_RESULT_MAX_TOKENS, ARBOR_MAX_MESSAGE_CHARS, ARBOR_RETAIN_TRACES_DAYS, ARBOR_RETAIN_TURN_EVENTS_DAYS,
-ARBOR_RETAIN_CHECKPOINTS_DAYS, ARBOR_PRUNE_INTERVAL_S.
+ARBOR_TOOL_RESULT_MAX_TOKENS, ARBOR_COMPACT_TOOL_SCHEMAS, ARBOR_MAX_MESSAGE_CHARS, ARBOR_RETAIN_TRACES_DAYS,
+ARBOR_RETAIN_TURN_EVENTS_DAYS, ARBOR_RETAIN_CHECKPOINTS_DAYS, ARBOR_PRUNE_INTERVAL_S.
 
 Bad values fail at start-up with pydantic's readable validation message, never later.
 """
@@ -89,6 +89,11 @@ class WorkbenchSettings(BaseSettings):
     tool_result_max_chars: int = Field(4000, ge=200, le=1_000_000, validation_alias="ARBOR_TOOL_RESULT_MAX_CHARS")
     tool_result_max_tokens: int = Field(1000, ge=50, le=250_000, validation_alias="ARBOR_TOOL_RESULT_MAX_TOKENS",
                                         description="estimated at 4 characters per token")
+    compact_tool_schemas: bool = Field(
+        True, validation_alias="ARBOR_COMPACT_TOOL_SCHEMAS",
+        description="send the tools' schemas without what the model does not read (titles, additionalProperties "
+                    "false beside properties, runs of whitespace: app/agent/tool_schemas.py); arguments are still "
+                    "checked against the full schemas. Off for a template that reads the dropped keywords")
     max_message_chars: int = Field(8000, ge=1, le=1_000_000, validation_alias="ARBOR_MAX_MESSAGE_CHARS")
 
     # -- retention (app/services/retention.py: `arbor prune` and the workbench's periodic prune) --

@@ -69,7 +69,11 @@ def model_span_attributes(body: dict, result: ModelCallResult | None, base_url: 
 
 def tool_span_attributes(name: str, call_id: str, *, branch_id: str, error_type: str | None,
                          trimmed: bool, full_chars: int | None, context_chars: int | None,
-                         artifact_id: str | None, requires_approval: bool, decision: str | None) -> dict:
+                         artifact_id: str | None, requires_approval: bool, decision: str | None,
+                         ranking: dict | None = None) -> dict:
+    """GenAI attributes of a tool call, and what its trimming did: with `ranking` (a trimmed
+    result whose lists were cut: TrimmedResult.ranking_report) the question they were ranked by
+    and how many items were kept, and why (`arbor.tool.ranking.*`; the lists in the span's response)."""
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": name,
@@ -85,7 +89,28 @@ def tool_span_attributes(name: str, call_id: str, *, branch_id: str, error_type:
     }
     if error_type:
         attrs["error.type"] = error_type
+    attrs.update(ranking_attributes(ranking))
     return {k: v for k, v in attrs.items() if v is not None}
+
+
+def ranking_attributes(ranking: dict | None) -> dict:
+    """`arbor.tool.ranking.*` of a cut result (flat, OTLP takes no nested values); {} when none."""
+    if not ranking:
+        return {}
+    attrs = {f"arbor.tool.ranking.{key}": ranking[key]
+             for key in ("question", "lists_cut", "items", "kept_count", "relevant", "flagged", "leading",
+                         "dropped_relevant", "dropped_flagged")}
+    attrs["arbor.tool.ranking.terms"] = list(ranking.get("terms") or [])
+    return attrs
+
+
+def tool_schema_attributes(sizes: dict | None) -> dict:
+    """`arbor.tools.*` of a model call: whether its tool schemas were compacted and their sizes,
+    JSON characters as sent and in full (app/agent/tool_schemas.py)."""
+    if not sizes:
+        return {}
+    return {"arbor.tools.count": sizes["count"], "arbor.tools.compacted": sizes["compacted"],
+            "arbor.tools.schema_chars": sizes["chars"], "arbor.tools.full_schema_chars": sizes["full_chars"]}
 
 
 def compaction_span_attributes(fitted: FittedRequest, *, branch_id: str, step: int, retry: bool) -> dict:
@@ -142,8 +167,9 @@ class TraceRecorder:
 
     async def model_call(self, *, step: int, body: dict, started_at: datetime, duration_ms: float,
                    result: ModelCallResult | None = None, error: str | None = None,
-                   error_type: str | None = None) -> str:
-        """Record a chat call; `body` is the exact request body. Returns the span id."""
+                   error_type: str | None = None, tool_schemas: dict | None = None) -> str:
+        """Record a chat call; `body` is the exact request body; `tool_schemas` the sizes of its
+        tools as sent and in full (app/agent/tool_schemas.py: `schema_sizes`). Returns the span id."""
         response = None
         if result is not None:
             response = {
@@ -159,8 +185,9 @@ class TraceRecorder:
             run_id=self.run_id, kind="model", name=f"chat {body.get('model')}",
             status="error" if error else "ok", error=error, started_at=started_at, duration_ms=duration_ms,
             ttft_ms=result.ttft_ms if result else None,
-            attributes=model_span_attributes(body, result, self.base_url, session_id=self.session_id,
-                                             branch_id=self.branch_id, step=step, error_type=error_type),
+            attributes={**model_span_attributes(body, result, self.base_url, session_id=self.session_id,
+                                                branch_id=self.branch_id, step=step, error_type=error_type),
+                        **tool_schema_attributes(tool_schemas)},
             request=body, response=response,
         )
         return await self._save(span, result.traceparent if result is not None else None)
@@ -184,7 +211,7 @@ class TraceRecorder:
     async def tool_call(self, *, name: str, call_id: str, arguments: Any, started_at: datetime, duration_ms: float,
                   context_text: str, error: str | None, error_type: str | None, trimmed: bool,
                   full_chars: int | None, artifact_id: str | None, requires_approval: bool,
-                  decision: str | None) -> str:
+                  decision: str | None, ranking: dict | None = None) -> str:
         span = Span(
             id=new_id(), session_id=self.session_id, branch_id=self.branch_id, turn_id=self.turn_id,
             run_id=self.run_id, kind="tool", name=f"execute_tool {name}",
@@ -192,12 +219,40 @@ class TraceRecorder:
             attributes=tool_span_attributes(name, call_id, branch_id=self.branch_id, error_type=error_type,
                                             trimmed=trimmed, full_chars=full_chars,
                                             context_chars=len(context_text), artifact_id=artifact_id,
-                                            requires_approval=requires_approval, decision=decision),
+                                            requires_approval=requires_approval, decision=decision,
+                                            ranking=ranking),
             request={"arguments": arguments},
-            response={"content": context_text, "trimmed": trimmed, "full_chars": full_chars},
+            response={"content": context_text, "trimmed": trimmed, "full_chars": full_chars, "ranking": ranking},
             artifact_id=artifact_id,
         )
         return await self._save(span)
+
+    async def tool_fitted(self, *, span_id: str, context_text: str, full_chars: int, artifact_id: str | None,
+                          ranking: dict | None) -> None:
+        """A result cut again when the step's results were fitted together (app/agent/result_fit.py):
+        its span now says what the model sees (the text, its artifact, what the cut kept, and
+        `arbor.tool.fitted`). Only the database's span changes: one exported over OTLP already
+        went out as first recorded."""
+        await asyncio.to_thread(self._update_tool, span_id, context_text, full_chars, artifact_id, ranking)
+
+    def _update_tool(self, span_id: str, context_text: str, full_chars: int, artifact_id: str | None,
+                     ranking: dict | None) -> None:
+        with Session(self.engine) as db:
+            span = db.get(Span, span_id)
+            if span is None:
+                return
+            attrs = {k: v for k, v in (span.attributes or {}).items() if not k.startswith("arbor.tool.ranking.")}
+            attrs.update({"arbor.tool.trimmed": True, "arbor.tool.fitted": True, "arbor.tool.full_chars": full_chars,
+                          "arbor.tool.context_chars": len(context_text), **ranking_attributes(ranking)})
+            if artifact_id is not None:
+                attrs["arbor.artifact.id"] = artifact_id
+            # new dicts, not changed ones: the JSON columns see a new value and write it
+            span.attributes = attrs
+            span.response = {**(span.response or {}), "content": context_text, "trimmed": True,
+                             "full_chars": full_chars, "ranking": ranking, "fitted": True}
+            span.artifact_id = artifact_id or span.artifact_id
+            db.add(span)
+            db.commit()
 
     async def artifact(self, *, artifact_id: str, tool_name: str, call_id: str, content: str,
                        context_chars: int) -> None:

@@ -34,6 +34,7 @@ class TurnContext:
     force_tool: bool = False
     tool_choice: str | dict | None = None
     history_len: int = 0  # messages of the conversation that belong to earlier turns
+    compact_tool_schemas: bool = True  # ARBOR_COMPACT_TOOL_SCHEMAS (app/agent/tool_schemas.py)
 
     @cached_property
     def chat_model(self) -> ArborChatModel:

@@ -62,12 +62,13 @@ from app.agent.context_budget import FittedRequest
 from app.agent.context_state import ContextState
 from app.agent.messages import from_openai, openai_tool_calls, to_openai
 from app.agent.model_client import ModelBackendError, ModelCallResult
-from app.agent.requests import fitted_step_body
+from app.agent.requests import fitted_step_body, scenario_tools
 from app.agent.result_fit import fit_step_results, refit_last_results
 from app.agent.routers import route_after_model, tool_choice_for_step
 from app.agent.state import AgentState, last_model_message
 from app.agent.token_events import TokenEvents
 from app.agent.tool_calls import TOOL_NODE, approval_needed, refuse_invalid_call
+from app.agent.tool_schemas import schema_sizes
 from app.db.models import utcnow
 
 
@@ -93,7 +94,8 @@ async def call_model(state: AgentState, config: RunnableConfig, runtime: Runtime
         result = call_result(message)
         context = ctx.budget.observe(body, result.prompt_tokens, fitted.context)
         span_id = await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
-                                                duration_ms=result.duration_ms, result=result)
+                                                duration_ms=result.duration_ms, result=result,
+                                                tool_schemas=_tool_sizes(ctx, body))
         timings = result.timings or {}  # llama-server's: draft_n, draft_n_accepted when the server drafts
         write({"type": "model_call", "step": step, "span_id": span_id, "prompt_tokens": result.prompt_tokens,
                "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens,
@@ -156,7 +158,7 @@ async def _model_step(ctx: TurnContext, config: RunnableConfig, write: StreamWri
             body, fitted = await fitted_step_body(
                 ctx.budget, ctx.adapter, ctx.scenario, model, conversation, ctx.history_len, context, step=step,
                 max_steps=state["max_steps"], force_tool=ctx.force_tool, tool_choice=ctx.tool_choice,
-                cache_session=ctx.cache_session)
+                cache_session=ctx.cache_session, compact_tools=ctx.compact_tool_schemas)
         except ModelBackendError as exc:
             if not (exc.kind == "context_exceeded" and refit):  # the fit's own refusal
                 raise
@@ -188,7 +190,7 @@ async def _model_step(ctx: TurnContext, config: RunnableConfig, write: StreamWri
         except ModelBackendError as exc:
             await ctx.recorder.model_call(step=step, body=body, started_at=started_at,
                                           duration_ms=(time.perf_counter() - t0) * 1000, error=str(exc),
-                                          error_type=exc.kind)
+                                          error_type=exc.kind, tool_schemas=_tool_sizes(ctx, body))
             # Our estimate fell short of the server's count: compact harder, once.
             if server_refused or not exc.context_exceeded or fitted.limit is None:
                 raise
@@ -198,6 +200,14 @@ async def _model_step(ctx: TurnContext, config: RunnableConfig, write: StreamWri
         assert isinstance(message, AIMessage)  # ArborChatModel answers one
         return message, body, fitted, started_at
     raise ModelBackendError("the request does not fit the model's context", "context_exceeded")
+
+
+def _tool_sizes(ctx: TurnContext, body: dict) -> dict | None:
+    """The size of the tools `body` sends beside their full schemas' (the model span records both)."""
+    sent = body.get("tools")
+    if not sent:
+        return None
+    return schema_sizes(scenario_tools(ctx.scenario, compact=False), sent, ctx.compact_tool_schemas)
 
 
 def _replaced(messages: list, replacements: list[ToolMessage]) -> list:

@@ -12,9 +12,11 @@ count where it gives one, the history compacted as that step will compact it:
 `ContextBudget.measure`) and, when it leaves less than a full answer's room
 (`ContextBudget.reserve`), cuts this step's results further: the largest first, down to a
 common cap that fits (water filling), each by the same trimming (the shape of the data kept,
-anomalies first) with the note naming the artifact that keeps the full text, which the model
-can read a page at a time (`read_artifact`, where the scenario offers it). Each result cut here
-is sent to the client again as a `tool_result` event with ``"fitted": true``. A few rounds
+a long list keeping the items most relevant to the turn's question, anomalies first when none
+match: app/agent/relevance.py) with the note naming the artifact that keeps the full text, which
+the model can read a page at a time (`read_artifact`, where the scenario offers it). Each result
+cut here is sent to the client again as a `tool_result` event with ``"fitted": true`` and its
+``ranking``, and its tool span is updated to what the model now sees. A few rounds
 at most (the token count of a cut result is measured, not assumed); a request that cannot
 fit even so is left to the model call, which reports it.
 
@@ -30,13 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
 
 from app.agent.context import TurnContext
 from app.agent.context_state import ContextState
 from app.agent.messages import to_openai
+from app.agent.relevance import RelevanceQuery
 from app.agent.requests import scenario_tools, system_message
 from app.agent.routers import tool_choice_for_step
+from app.agent.state import turn_question
 from app.agent.token_estimate import request_chars
 from app.agent.trimming import trim_tool_result
 from app.db.models import new_id
@@ -56,6 +60,8 @@ class StepResult:
     call_id: str
     duration_ms: float
     span_id: str | None
+    query: RelevanceQuery | None = None  # what a cut ranks a long list against (app/agent/relevance.py)
+    ranking: dict | None = None  # what the last cut kept (TrimmedResult.ranking_report)
 
 
 def water_cap(lengths: list[int], budget: int, floor: int = MIN_RESULT_CHARS) -> int:
@@ -94,8 +100,11 @@ async def refit_last_results(ctx: TurnContext, state: dict, context: ContextStat
     start = len(messages)
     while start > ctx.history_len and isinstance(messages[start - 1], ToolMessage):
         start -= 1
+    question = turn_question(messages)
+    arguments = {c["id"]: c["args"] for m in messages[:start] if isinstance(m, AIMessage) for c in m.tool_calls}
     answers = [ToolMessage(content=_text(m), tool_call_id=m.tool_call_id, name=m.name, status=m.status, id=m.id,
-                           artifact=_from_text(m)) for m in messages[start:] if isinstance(m, ToolMessage)]
+                           artifact=_from_text(m, RelevanceQuery(question, arguments.get(m.tool_call_id))))
+               for m in messages[start:] if isinstance(m, ToolMessage)]
     if not answers:
         return []
     before = [_text(a) for a in answers]
@@ -107,7 +116,7 @@ async def refit_last_results(ctx: TurnContext, state: dict, context: ContextStat
     return [a for a, text in zip(fitted, before) if _text(a) != text]
 
 
-def _from_text(message: ToolMessage) -> StepResult | None:
+def _from_text(message: ToolMessage, query: RelevanceQuery) -> StepResult | None:
     """What a result already in the history can be cut from: its text (an error is left alone);
     the artifact its note names keeps the full text, if it was trimmed before."""
     if message.status == "error":
@@ -115,7 +124,8 @@ def _from_text(message: ToolMessage) -> StepResult | None:
     text = _text(message)
     named = _ARTIFACT_NOTE.search(text)
     return StepResult(raw=text.split(TRIM_NOTE, 1)[0], full_text=text, artifact_id=named.group(1) if named else None,
-                      name=message.name or "", call_id=message.tool_call_id, duration_ms=0.0, span_id=None)
+                      name=message.name or "", call_id=message.tool_call_id, duration_ms=0.0, span_id=None,
+                      query=query)
 
 
 _ARTIFACT_NOTE = re.compile(r"kept as artifact (\w+)\]")
@@ -127,7 +137,7 @@ async def _fit(ctx: TurnContext, history: list, answers: list[ToolMessage], cont
     if not any(isinstance(a.artifact, StepResult) for a in answers):
         return answers
     model = await ctx.adapter.model_name()
-    system, tools = system_message(ctx.scenario), scenario_tools(ctx.scenario)
+    system, tools = system_message(ctx.scenario), scenario_tools(ctx.scenario, ctx.compact_tool_schemas)
     fitted_any: dict[int, ToolMessage] = {}
     for attempt in range(ROUNDS):
         conversation = to_openai([*history, *answers])
@@ -153,6 +163,7 @@ async def _fit(ctx: TurnContext, history: list, answers: list[ToolMessage], cont
         if not changed:
             break  # nothing more to cut: the model call says the request does not fit
     for i in sorted(fitted_any):
+        await _record(ctx, fitted_any[i])
         _announce(write, fitted_any[i])
     return answers
 
@@ -163,9 +174,10 @@ async def _cut(ctx: TurnContext, answer: ToolMessage, cap: int) -> ToolMessage |
     result = answer.artifact
     assert isinstance(result, StepResult)
     artifact_id = result.artifact_id or new_id()
-    shaped = trim_tool_result(result.raw, cap, artifact_id)
+    shaped = trim_tool_result(result.raw, cap, artifact_id, result.query)
     if not shaped.trimmed or len(shaped.context_text) >= len(_text(answer)):
         return None
+    result.ranking = shaped.ranking_report()
     if result.artifact_id is None:
         await ctx.recorder.artifact(artifact_id=artifact_id, tool_name=result.name, call_id=result.call_id,
                                     content=shaped.full_text, context_chars=len(shaped.context_text))
@@ -174,12 +186,23 @@ async def _cut(ctx: TurnContext, answer: ToolMessage, cap: int) -> ToolMessage |
                        status=answer.status, id=answer.id, artifact=result)
 
 
+async def _record(ctx: TurnContext, answer: ToolMessage) -> None:
+    """The tool span says what the model sees now: the fitted text, its artifact, what the cut kept."""
+    result = answer.artifact
+    assert isinstance(result, StepResult)
+    if result.span_id is not None:
+        await ctx.recorder.tool_fitted(span_id=result.span_id, context_text=_text(answer),
+                                       full_chars=len(result.full_text), artifact_id=result.artifact_id,
+                                       ranking=result.ranking)
+
+
 def _announce(write: Callable[[dict], None], answer: ToolMessage) -> None:
     result = answer.artifact
     assert isinstance(result, StepResult)
     write({"type": "tool_result", "tool_call_id": result.call_id, "name": result.name, "content": _text(answer),
            "error": None, "trimmed": True, "full_chars": len(result.full_text), "artifact_id": result.artifact_id,
-           "duration_ms": round(result.duration_ms, 3), "span_id": result.span_id, "fitted": True})
+           "duration_ms": round(result.duration_ms, 3), "span_id": result.span_id, "fitted": True,
+           "ranking": result.ranking})
 
 
 def _text(answer: ToolMessage) -> str:

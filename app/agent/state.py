@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, TypedDict, cast
 
-from langchain_core.messages import AIMessage, AnyMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph.message import add_messages
 
 from app.agent.context_state import advance
@@ -34,3 +34,17 @@ def last_model_message(state: AgentState) -> AIMessage:
     """The last message of the history, where the graph reads it: the model's (the nodes and the
     router after the model node)."""
     return cast(AIMessage, state["messages"][-1])
+
+
+def turn_question(messages: list) -> str:
+    """The current turn's question: the text of the last user message of the history (a turn
+    has one, its input; the tool loop adds none). Empty when there is none (a continued turn
+    whose message was compacted away cannot happen: compaction never touches the current turn)."""
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            content = message.content
+            if isinstance(content, str):
+                return content
+            # a list of content parts (text and others): its text parts
+            return " ".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return ""

@@ -14,9 +14,12 @@ that execution the wrapper keeps the workbench's contract:
   ``decisions``, becomes the result, and a rejected call is answered without running
   anything; a tool marked `apply_on_approval` (appending a story chapter) runs only after an
   approval;
-- results are trimmed to the context budget (the full text kept as an artifact), recorded
-  as a span, and sent to the client as a ``tool_result`` event; the step's results together
-  are then fitted to the context that remains (app/agent/result_fit.py).
+- results are trimmed to the context budget (the full text kept as an artifact), a long list
+  keeping the items most relevant to the turn's question and the call's arguments
+  (app/agent/relevance.py; the question is the state's last user message), recorded as a span,
+  and sent to the client as a ``tool_result`` event, both saying what the cut kept
+  (``ranking``); the step's results together are then fitted to the context that remains
+  (app/agent/result_fit.py).
 
 Calls whose arguments are not a JSON object are ``invalid_tool_calls`` of the AI message;
 ToolNode does not see them, `refuse_invalid_call` answers them with the same error the
@@ -37,8 +40,10 @@ from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from app.agent.context import TurnContext
+from app.agent.relevance import RelevanceQuery
 from app.agent.result_fit import StepResult
 from app.agent.scenario_tools import langchain_tool, requires_approval
+from app.agent.state import turn_question
 from app.agent.trimming import trim_tool_result
 from app.db.models import new_id, utcnow
 from tools.argument_validation import ArgumentProblems, validate_arguments
@@ -89,8 +94,21 @@ async def run_tool_call(request: ToolCallRequest, execute: Execute) -> ToolMessa
     decision_name = None
     if proposal and decision is not None:
         decision_name = "approved" if decision.get("approved") else "rejected"
+    # What a long result is ranked against when it must be cut: the turn's question, from the
+    # graph's state (ToolNode hands the node's state to each call), and this call's arguments.
+    query = RelevanceQuery(turn_question(_messages(request.state)), call["args"])
     return await _answer(ctx, request.runtime.stream_writer, call["name"], call["id"] or "", call["args"], started_at,
-                         (time.perf_counter() - t0) * 1000, result, error, error_type, proposal, decision_name)
+                         (time.perf_counter() - t0) * 1000, result, error, error_type, proposal, decision_name,
+                         query)
+
+
+def _messages(state: Any) -> list:
+    """The messages of the state ToolNode was given (the graph's dict; a list or a model elsewhere)."""
+    if isinstance(state, dict):
+        return list(state.get("messages") or [])
+    if isinstance(state, list):
+        return state
+    return list(getattr(state, "messages", None) or [])
 
 
 async def refuse_invalid_call(ctx: TurnContext, write: Callable[[dict], None], call: InvalidToolCall) -> ToolMessage:
@@ -140,17 +158,19 @@ async def _approval_result(tool: Any, arguments: dict, decision: dict | None,
 
 async def _answer(ctx: TurnContext, write: Callable[[dict], None], name: str, call_id: str, arguments: Any,
                   started_at: datetime, duration_ms: float, result: Any, error: str | None, error_type: str | None,
-                  requires_approval: bool, decision: str | None) -> ToolMessage:
+                  requires_approval: bool, decision: str | None, query: RelevanceQuery | None = None) -> ToolMessage:
     """Shape the outcome for the context, record its span (and artifact), send the event."""
     artifact_id = None
     trimmed = False
     full_chars = None
+    ranking = None
     if error is not None:
         content = f"Error from tool {name}: {error}"
     else:
         candidate_id = new_id()
-        shaped = trim_tool_result(result, ctx.tool_budget_chars, candidate_id)
+        shaped = trim_tool_result(result, ctx.tool_budget_chars, candidate_id, query)
         content, trimmed, full_chars = shaped.context_text, shaped.trimmed, shaped.full_chars
+        ranking = shaped.ranking_report()
         if trimmed:
             artifact_id = candidate_id
             await ctx.recorder.artifact(artifact_id=artifact_id, tool_name=name, call_id=call_id,
@@ -158,15 +178,15 @@ async def _answer(ctx: TurnContext, write: Callable[[dict], None], name: str, ca
     span_id = await ctx.recorder.tool_call(
         name=name, call_id=call_id, arguments=arguments, started_at=started_at, duration_ms=duration_ms,
         context_text=content, error=error, error_type=error_type, trimmed=trimmed, full_chars=full_chars,
-        artifact_id=artifact_id, requires_approval=requires_approval, decision=decision)
+        artifact_id=artifact_id, requires_approval=requires_approval, decision=decision, ranking=ranking)
     write({"type": "tool_result", "tool_call_id": call_id, "name": name, "content": content,
            "error": error, "trimmed": trimmed, "full_chars": full_chars, "artifact_id": artifact_id,
-           "duration_ms": round(duration_ms, 3), "span_id": span_id})
+           "duration_ms": round(duration_ms, 3), "span_id": span_id, "ranking": ranking})
     # The full result is kept as an artifact row when trimmed; the state keeps only what the
     # model sees, so checkpoints do not carry every large result twice. Until the step's results
     # are fitted together (app/agent/result_fit.py, which then clears it) the raw result rides along.
     step_result = None if error is not None else StepResult(
         raw=result, full_text=shaped.full_text, artifact_id=artifact_id, name=name, call_id=call_id,
-        duration_ms=duration_ms, span_id=span_id)
+        duration_ms=duration_ms, span_id=span_id, query=query, ranking=ranking)
     return ToolMessage(content=content, tool_call_id=call_id, name=name,
                        status="error" if error is not None else "success", artifact=step_result)

@@ -304,7 +304,8 @@ class TurnService:
                                result_budget_chars=self.settings.tool_result_budget_chars),
                            tool_budget_chars=self.settings.tool_result_budget_chars, hints=self.hints,
                            force_tool=options.force_tool, tool_choice=options.tool_choice,
-                           history_len=options.history_len or 0)
+                           history_len=options.history_len or 0,
+                           compact_tool_schemas=self.settings.compact_tool_schemas)
 
     def _launch(self, handle: TurnHandle, graph_input: Any, context: TurnContext, config: dict) -> None:
         task = asyncio.get_running_loop().create_task(self._drive(handle, graph_input, context, config))

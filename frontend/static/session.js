@@ -135,7 +135,7 @@ function cardFor(call, contextResult, awaiting) {
       error: span && span.status === "error" ? (span.error || "the tool failed") : null,
       duration_ms: span?.duration_ms, trimmed: attr(span, "arbor.tool.trimmed"),
       full_chars: attr(span, "arbor.tool.full_chars"), artifact_id: span?.artifact_id,
-      decision: attr(span, "arbor.approval.decision"),
+      decision: attr(span, "arbor.approval.decision"), ranking: span?.response?.ranking,
     });
   } else if (awaiting) {
     // Tools of a paused step run together, once the operator has decided on the proposal.

@@ -8,7 +8,9 @@ const LONG_RESULT_LINES = 14;
 
 /**
  * toolCard({id, name, arguments}) -> {el, setResult(result), setWaiting(text)}.
- * result: {content, error, duration_ms, trimmed, full_chars, artifact_id, decision}.
+ * result: {content, error, duration_ms, trimmed, full_chars, artifact_id, decision, ranking}.
+ * ranking (a trimmed result whose lists were cut: app/agent/trimming.py ranking_report):
+ * {question, items, kept_count, relevant, flagged, leading, lists_cut, ...}.
  */
 export function toolCard(call) {
   const status = h("span", { class: "tool-status" }, badge("running", "running"));
@@ -47,6 +49,7 @@ export function toolCard(call) {
       const note = [`The model saw a trimmed result${result.full_chars ? ` (full: ${fmtInt(result.full_chars)} characters)` : ""}.`];
       if (result.artifact_id) note.push(" ", h("a", { href: `/api/artifacts/${encodeURIComponent(result.artifact_id)}`, target: "_blank", rel: "noopener" }, "Full result"));
       body.push(h("p", { class: "muted small" }, h("span", { "aria-hidden": "true" }, "✂ "), ...note));
+      if (result.ranking) body.push(h("p", { class: "muted small tool-ranking" }, rankingNote(result.ranking)));
     }
     replace(resultBox, body);
   }
@@ -57,4 +60,15 @@ export function toolCard(call) {
   }
 
   return { el, setResult, setWaiting };
+}
+
+/** What a cut kept, and why: items matching the turn's question, faults, the first ones. */
+function rankingNote(r) {
+  const why = [];
+  if (r.relevant) why.push(`${fmtInt(r.relevant)} matching the question`);
+  if (r.flagged) why.push(`${fmtInt(r.flagged)} mentioning faults`);
+  if (r.leading) why.push(`${fmtInt(r.leading)} first in order`);
+  const lists = r.lists_cut > 1 ? ` of ${fmtInt(r.lists_cut)} lists` : "";
+  return `Kept ${fmtInt(r.kept_count)} of ${fmtInt(r.items)} items${lists}` + (why.length ? ` (${why.join(", ")})` : "") +
+    (r.question ? `, ranked by “${r.question}”.` : ".");
 }

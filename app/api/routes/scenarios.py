@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from app.agent.relevance import RelevanceQuery
 from app.agent.scenario_tools import parameters, requires_approval, run_outside_turn
 from app.agent.trimming import trim_tool_result
 from app.api.deps import CatalogDep, SettingsDep, TurnServiceDep
@@ -65,6 +66,9 @@ async def run_scenario_tool(name: str, tool_name: str, request: ToolRunRequest, 
         raise WorkbenchError(str(exc), "tool_error", 422) from None
     except Exception as exc:  # noqa: BLE001 - any failure of the tool becomes the API's error
         raise WorkbenchError(f"tool {tool_name} raised {type(exc).__name__}: {exc}", "tool_failed", 500) from None
-    shaped = trim_tool_result(result, settings.tool_result_budget_chars, "(not stored)")
+    # no turn, no question: a long list is ranked by the arguments alone (and its faults)
+    shaped = trim_tool_result(result, settings.tool_result_budget_chars, "(not stored)",
+                              RelevanceQuery("", request.arguments))
     return {"tool": tool_name, "result": result, "context_text": shaped.context_text, "trimmed": shaped.trimmed,
-            "full_chars": shaped.full_chars, "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}
+            "full_chars": shaped.full_chars, "ranking": shaped.ranking_report(),
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}

@@ -164,7 +164,8 @@ async def preview_request(request: PreviewRequest, session: AgentSessionDep, db:
         body, fitted = await fitted_step_body(
             workbench.budget, workbench.adapter, scenario, model, [*past, {"role": "user", "content": message}],
             len(past), context, step=1, max_steps=workbench.settings.step_budget, force_tool=request.force_tool,
-            tool_choice=request.tool_choice, cache_session=hint_key(session.id, branch.id))
+            tool_choice=request.tool_choice, cache_session=hint_key(session.id, branch.id),
+            compact_tools=workbench.settings.compact_tool_schemas)
     except ModelBackendError as exc:  # the message alone does not fit the context
         raise WorkbenchError(str(exc), "context_exceeded", 422) from None
     if fitted.compacted:
