@@ -204,7 +204,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         restore_step_bytes=settings.cache_restore_step * 1024,
         states=states, split=runtime.split,
     )
-    router.events = PolicyEvents(policy, registry, router.resident)  # --cache-policy: owners too, and what it learns
+    router.events = PolicyEvents(policy, registry, router.resident, router.write)  # --cache-policy: owners too
     if settings.cache_prefetch == "off":
         router.prefetch_off = "--cache-prefetch off"
     elif isinstance(policy, PredictivePolicy):

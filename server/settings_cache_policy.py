@@ -26,7 +26,7 @@ CachePolicy = Literal["lru", "lifecycle", "predictive"]
 
 class CachePolicySettings(BaseSettings):
     cache_policy: CachePolicy = Field(
-        "lifecycle", description="the order every tier (resident, host, disk) evicts in: lru (least recently "
+        "predictive", description="the order every tier (resident, host, disk) evicts in: lru (least recently "
         "used; seed 003's LRU), lifecycle (the hints' classes: finished sessions first, tool waits last, LRU "
         "within; seed 003's QUEUE_WINDOW), predictive (the lifecycle model's expected reuse of each block, from "
         "the hints, arrivals, forks and learnt wait times; seed 003's BAYES_LIFECYCLE)", json_schema_extra=_CACHE)

@@ -307,6 +307,11 @@ class LifecycleModel:
         info = self._sessions.get(session)
         return None if info is None else info.state
 
+    def forked(self, session: str) -> bool:
+        """Whether a branch forked from the session in its present wait (its KV came back through the branch)."""
+        info = self._sessions.get(session)
+        return info is not None and info.forked
+
     def summary(self) -> dict[str, Any]:
         """For /cache/stats: sessions per state, online transitions, P(model_call | state)."""
         with self._lock:

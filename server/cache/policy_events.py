@@ -17,10 +17,16 @@ from server.cache.lifecycle import CacheHint, SessionRegistry
 from server.cache.policy_choice import owner_rank
 from server.cache.predictive_policy import PredictivePolicy
 from server.cache.resident import ResidentOwners
+from server.cache.write_back_policy import WriteBackPolicy
 
 
 class PolicyEvents:
-    def __init__(self, policy: EvictionPolicy, registry: SessionRegistry, resident: ResidentOwners | None) -> None:
+    def __init__(self, policy: EvictionPolicy, registry: SessionRegistry, resident: ResidentOwners | None,
+                 write: WriteBackPolicy | None = None) -> None:
+        """`write`: told to keep a tool wait's whole path resident when the policy reads the hints (not LRU:
+        recency alone would keep it no better than any other prefix)."""
+        if write is not None:
+            write.keep_tool_waits = policy.name != "lru"
         self.policy = policy
         self.predictive = policy if isinstance(policy, PredictivePolicy) else None
         rank = owner_rank(policy)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -79,18 +80,22 @@ class Prefetcher:
         self.disk_reader = disk_reader if self.disk is not None else None
         self.min_value, self.min_tokens, self.step_bytes = min_value, min_tokens, step_bytes
         self.tick_s = policy.resolution_s  # how often values may change: the engine's idle wake-ups
-        self.last: OrderedDict[str, list[int]] = OrderedDict()  # waiting session -> its last path
+        self.last: OrderedDict[str, array] = OrderedDict()  # waiting session -> its last path
         self.job: _Job | None = None
         self._checked_at: tuple[int, int] | None = None  # the policy epoch the sessions were last ranked at
         self.jobs = self.prefetched = self.late = self.failed = self.pieces = 0
         self.max_piece_ms = 0.0
 
     # ------------------------------------------------------------ events
-    def ended(self, session: str | None, tokens: list[int]) -> None:
-        """A request of `session` ended; `tokens`: the path its KV holds (its cache prompt)."""
-        if session is None or len(tokens) < self.min_tokens:
+    def ended(self, session: str | None, state: str | None, tokens: list[int]) -> None:
+        """A request of `session` ended with its hint's `state`; `tokens`: the path its KV holds (its cache
+        prompt). A finished session (`done`) is not waited for: it is forgotten."""
+        if session is None:
             return
-        self.last[session] = list(tokens)
+        if state == "done" or len(tokens) < self.min_tokens:
+            self.last.pop(session, None)
+            return
+        self.last[session] = array("i", tokens)  # 4 bytes a token: MAX_SESSIONS long paths stay small
         self.last.move_to_end(session)
         while len(self.last) > MAX_SESSIONS:
             self.last.popitem(last=False)
@@ -127,7 +132,8 @@ class Prefetcher:
             return None
         self._checked_at = epoch
         value = self.model.values_at(epoch, epoch[0] * self.policy.resolution_s)
-        waiting = [(value(s), s) for s in self.last if self.model.state(s) in WAITING]
+        # a wait a branch forked from came back through the branch: what the session left is the branch's now
+        waiting = [(value(s), s) for s in self.last if self.model.state(s) in WAITING and not self.model.forked(s)]
         for v, session in sorted(waiting, key=lambda x: (-x[0], x[1])):
             if v < self.min_value:
                 break
@@ -149,7 +155,7 @@ class Prefetcher:
         return n, holder, owned
 
     def _plan(self, session: str, value: float) -> _Job | None:
-        tokens = self.last[session]
+        tokens = self.last[session].tolist()
         with self.tree.mutex:
             walk = self.tree.match_prefix(tokens, touch=False)
             n_dev, holder, owned = self._device_holder(tokens, walk)
@@ -179,6 +185,8 @@ class Prefetcher:
             self._fail(job, exc)
             return None
         self.jobs += 1
+        log.debug("prefetch %s (value %.3f): [%d, %d) of %d tokens, H to %d, D to %d", session, value, n_dev, end,
+                  len(tokens), h_len, d_len)
         return job
 
     def _advance(self, job: _Job, budget: int | None) -> None:

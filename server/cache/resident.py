@@ -26,7 +26,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from server.cache.checkpoints import StateCheckpoint
 from server.cache.lifecycle import CacheHint, SessionRegistry
@@ -115,8 +115,11 @@ class ResidentOwners:
         owner.attaches += 1
         owner.last_used = next(_stamps)
         self.hits += 1
-        self.prefetch_hits += owner.prefetched
-        owner.prefetched = 0
+        if owner.prefetched:
+            log.debug("resident owner of %s attached: %d prefetched tokens used", sorted(owner.sessions),
+                      owner.prefetched)
+            self.prefetch_hits += owner.prefetched
+            owner.prefetched = 0
 
     def cells(self) -> int:
         """The cells the owners hold: the union of their prefixes (unified: they share cells), or the sum of
@@ -144,9 +147,13 @@ class ResidentOwners:
             return base
         if self._new_cells(n, base_n) > self.budget_cells:
             return None
+        # only owners that rank below the newcomer make room for it (LRU: every one; a value policy: those
+        # its sessions' expected reuse outweighs), else it is not kept: the device keeps what is worth most
+        newcomer = self._rank(Owner(-1, [], cast(RadixNode, None), sessions={hint.session} if hint and hint.session
+                                    else set()))
         while self.cells() + self._new_cells(n, base_n) > self.budget_cells or self.seq_ids.in_use("owner") >= \
                 self.seq_ids.layout.owners:
-            if not self.evict_one(protect=None if self.copies else base):
+            if not self.evict_one(protect=None if self.copies else base, why="publish", below=newcomer):
                 return None
             base_n, base = self.best(tokens)
         try:
@@ -198,15 +205,17 @@ class ResidentOwners:
 
     def make_room(self, cells: int, *, below: float, protect: Owner | None = None) -> bool:
         """Room for `cells` more cells and one more owner id, evicting only owners whose rank's value
-        is below `below` (the policy's keys: (value, last used)); False when that is not enough."""
+        is below `below` (the policy's keys: (value, last used)) and that hold no prefetched tokens yet
+        unused (prefetches do not displace each other: near values would make them take turns); False
+        when that is not enough."""
         if cells > self.budget_cells:
             return False
         while self.cells() + cells > self.budget_cells or self.seq_ids.in_use("owner") >= self.seq_ids.layout.owners:
-            ranked = [(r, o) for o in self.owners if o is not protect and (r := self._rank(o)) is not None
-                      and isinstance(r, tuple) and r[0] < below]
+            ranked = [(r, o) for o in self.owners if o is not protect and not o.prefetched
+                      and (r := self._rank(o)) is not None and isinstance(r, tuple) and r[0] < below]
             if not ranked:
                 return False
-            self._evict(min(ranked, key=lambda x: x[0])[1])
+            self._evict(min(ranked, key=lambda x: x[0])[1], "prefetch")
         return True
 
     def adopt(self, tokens: list[int], sid: int, session: str, brought_up: int) -> Owner | None:
@@ -219,7 +228,7 @@ class ResidentOwners:
         owner = self._register(tokens, sid)
         owner.sessions.add(session)
         owner.prefetched += brought_up
-        while self.cells() > self.budget_cells and self.evict_one(protect=owner):
+        while self.cells() > self.budget_cells and self.evict_one(protect=owner, why="adopt"):
             pass  # others published meanwhile: back within the budget
         return owner
 
@@ -244,19 +253,24 @@ class ResidentOwners:
             cls = 1
         return cls, owner.last_used
 
-    def evict_one(self, protect: Owner | None = None) -> bool:
-        """Drop the owner that matters least (see _rank); False when none may go."""
-        ranked = [(r, o) for o in self.owners if o is not protect and (r := self._rank(o)) is not None]
+    def evict_one(self, protect: Owner | None = None, why: str = "room", below: Any = None) -> bool:
+        """Drop the owner that matters least (see _rank); with `below` (a rank key), only one ranked below it;
+        False when none may go."""
+        ranked = [(r, o) for o in self.owners if o is not protect and (r := self._rank(o)) is not None
+                  and (below is None or r < below)]
         if not ranked:
             return False
         _, victim = min(ranked, key=lambda x: x[0])  # one policy's keys compare
-        self._evict(victim)
+        self._evict(victim, why)
         return True
 
-    def _evict(self, victim: Owner) -> None:
+    def _evict(self, victim: Owner, why: str) -> None:
         if self.on_evict is not None:
             self.on_evict(victim.seq_id, victim.tokens)
-        self.prefetch_misses += victim.prefetched  # brought up, never used
+        if victim.prefetched:  # brought up, never used
+            log.debug("resident owner of %s evicted (%s) with %d prefetched tokens unused (rank %s)",
+                      sorted(victim.sessions), why, victim.prefetched, self._rank(victim))
+            self.prefetch_misses += victim.prefetched
         self._remove(victim)
         self.evictions += 1
 

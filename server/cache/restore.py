@@ -149,7 +149,7 @@ class Restorer:
             keep = 0
         if c.source in READ_AHEAD:  # read on an I/O thread; the restore follows in advance_loads
             return CacheReport(c.source.value, keep)
-        if self.step_bytes and self._others_computing(slot_seq):
+        if self.step_bytes and self.others_computing(slot_seq):
             return self._restore_later(c, keep, slot_seq, lease)
         t0 = time.perf_counter()
         result = self._restore_now(c, keep, slot_seq, lease)
@@ -225,7 +225,7 @@ class Restorer:
             with self.tree.mutex:
                 lease.unlock(self.tree)
 
-    def _others_computing(self, slot_seq: int | None = None) -> bool:
+    def others_computing(self, slot_seq: int | None = None) -> bool:
         """Whether a request other than the one in `slot_seq` computes in the next steps (a restore then
         goes in pieces: whole, it would stall them)."""
         return any(s.slot is not None and s.slot.seq_id != slot_seq and s.status is not SeqStatus.LOADING
@@ -277,7 +277,7 @@ class Restorer:
         everything. Each request finished gets its report; a failed read or restore falls back to
         computing the prompt. A request that ended meanwhile is skipped."""
         out = []
-        budget = self.step_bytes if self.step_bytes and self._others_computing() else None
+        budget = self.step_bytes if self.step_bytes and self.others_computing() else None
         t0 = time.perf_counter()
         try:
             for seq in self._loads_done():

@@ -178,7 +178,8 @@ class CacheRouter:
         finally:
             dt = time.perf_counter() - t0
             self.lease(adm.seq).overhead_s += dt
-            self.clock.add(dt * 1000.0)
+            # a stall only where another request computes (alone, the admission delays no one)
+            self.clock.add(dt * 1000.0, step=self.restorer.others_computing(adm.slot.seq_id))
 
     def _provide(self, adm: Admission) -> CacheReport:
         prompt = adm.seq.cache_prompt  # its cache key: a namespace's prompt matches only its own KV
@@ -244,11 +245,14 @@ class CacheRouter:
                     self.states.of(seq.slot).clear()
             elif seq.slot is not None:
                 self._observe_prefill(seq, lease)
-                self.write.finished(seq, lease.hint, shared=lease.branch_point)
+            # the policy learns the session's new state first, so what the request leaves resident is
+            # ranked by it (a tool wait's expected return, not a running request's certain use)
             if self.events is not None and seq.slot is not None:
                 self.events.ended(lease.hint, len(seq.prompt), seq.n_cached, seq.cache_prompt, reason == "error")
+            if seq.slot is not None and reason != "error":
+                self.write.finished(seq, lease.hint, shared=lease.branch_point)
             if self.prefetch is not None and seq.slot is not None and reason != "error" and lease.hint is not None:
-                self.prefetch.ended(lease.hint.session, seq.cache_prompt)
+                self.prefetch.ended(lease.hint.session, lease.hint.state, seq.cache_prompt)
         finally:
             lease.release(self.tree)
             seq.cache_lease = None
@@ -270,7 +274,7 @@ class CacheRouter:
             return True
         if slots.drop_oldest_idle(self.drop_idle_slot):
             return True
-        return self.resident is not None and self.resident.evict_one()
+        return self.resident is not None and self.resident.evict_one(why="KV full")
 
     def stats(self) -> dict:
         """Everything the cache reports (server/cache/cache_stats.py)."""

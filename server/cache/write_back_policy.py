@@ -368,6 +368,9 @@ class WriteBackPolicy:
             self._observe_hint(hint, tokens)
             self.slot_hints[seq.slot.index] = hint
 
+    # A tool wait's whole path is kept resident (set with a policy that reads the hints: server/cache/policy_events.py)
+    keep_tool_waits = False
+
     def _publish(self, seq: Sequence, tokens: list[int], hint, shared: int = 0) -> None:
         """Keep the request's common prefix resident: the part it shared with earlier work
         (what it reused, what another slot still holds, its branch point), or all of it when pinned."""
@@ -380,6 +383,10 @@ class WriteBackPolicy:
         if hint is not None and (hint.pin or (hint.pin is None and hint.session is not None
                                               and self.registry.is_pinned(hint.session))):
             common = len(tokens)  # pinned by this request or by an earlier hint (POST /cache/hint)
+        elif self.keep_tool_waits and hint is not None and hint.state == "tool_wait" and hint.session is not None:
+            # the session comes back after its tools: its whole path stays on the device (a seq_cp, no copy),
+            # where the policy ranks it among the owners by its expected return
+            common = len(tokens)
         checkpoint = None
         if self.state_of is not None and common > 0:
             # a model with sliding-window or recurrent layers: the owner needs the state after

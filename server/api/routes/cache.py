@@ -42,7 +42,9 @@ def _stats(model, measure: bool) -> dict:
                  # streams that a state read or write had llama.cpp make before the next decode
                  "layout": rt.kv_layout, "streams": rt.n_stream, "stream_cells": rt.n_ctx_seq if rt.split else None,
                  "copies_made_early": rt.copies_made_early}
-    out["engine_thread"]["decode_ms"] = round(model.engine.stats().busy_seconds * 1000.0, 3)
+    engine = model.engine.stats()
+    out["engine_thread"]["decode_ms"] = round(engine.busy_seconds * 1000.0, 3)
+    out["engine_thread"]["decode_calls"] = engine.n_decode_calls  # decode_ms / decode_calls: a step's mean
     if measure:
         from server.cache.resident import union_positions
 

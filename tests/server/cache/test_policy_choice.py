@@ -51,7 +51,9 @@ def test_settings_name_the_policy_and_the_predictors_parameters():
     s = ServerSettings(cache_policy="lru", cache_predict_step=1.5, cache_predict_horizon=4)
     assert s.cache_policy == "lru"
     assert (s.predict_params.step_s, s.predict_params.horizon) == (1.5, 4)
-    assert ServerSettings().cache_policy == "lifecycle", "today's order until the benchmarks say otherwise"
+    default = ServerSettings()
+    assert default.cache_policy == "predictive" and default.cache_prefetch == "on", \
+        "the benchmarks' choice (docs/cache-policies.md, the default)"
 
 
 def test_resident_owners_go_in_the_policys_order():
