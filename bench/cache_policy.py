@@ -69,6 +69,11 @@ def after_tool_wait(lines: list[ManifestLine], run: RunResult) -> list[float]:
     return out
 
 
+def mean_step_ms(engine_thread: dict) -> float | None:
+    calls = engine_thread.get("decode_calls")
+    return round(engine_thread["decode_ms"] / calls, 3) if calls else None
+
+
 def quantile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -162,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
                    "ttft_p50_after_tool_wait_s": statistics.median(after) if after else None,
                    "ideal": s.get("ideal", {}).get("ideal_computed_tokens"),
                    "max_step_cache_ms": stats.get("engine_thread", {}).get("max_step_cache_ms"),
+                   "max_step_cache_ms_by_kind": stats.get("engine_thread", {}).get("max_step_cache_ms_by_kind"),
+                   "restores_in_pieces": stats.get("restores_in_pieces"),
+                   "decode_step_ms_mean": mean_step_ms(stats.get("engine_thread", {})),
                    "host": {k: stats["tiers"]["H"].get(k) for k in ("tokens", "held_bytes", "evictions")},
                    "ttft_p90_after_tool_wait_s": quantile(after, 0.9),
                    "reused_by_source": stats.get("reused_tokens_by_source"),

@@ -40,31 +40,43 @@ def sim_table(data: dict) -> list[str]:
 
 def real_table(data: dict) -> list[str]:
     w = data["workload"]
-    out = [f"Real server (`python -m bench.cache_policy`): {w['requests']} requests ({w['sessions']} sessions, "
-           f"{w['turns']} turns, {w['branches']} branches after {w['fork_after']}), concurrency "
-           f"{data['concurrency']}, `--cache-ram {data['cache_ram_mib']}`, a fresh server per policy, one run each "
-           "on a shared, noisy machine; `bound` and `simulated` are the simulator's on the server's tokens in the "
-           "order that run admitted its requests.", "",
+    waits = w.get("tool_wait_s")
+    args = " ".join(w.get("server_args") or [])
+    flag = f" --tool-wait {waits[0]},{waits[1]}" if waits else ""
+    taking = f", each tool call taking {waits[0]}-{waits[1]} s" if waits else ""
+    out = [f"Real server (`python -m bench.cache_policy{flag}`): {w['requests']} requests ({w['sessions']} sessions, "
+           f"{w['turns']} turns, {w['branches']} branches after {w['fork_after']}{taking}), concurrency "
+           f"{data['concurrency']}, `--cache-ram {data['cache_ram_mib']}{' ' + args if args else ''}`, "
+           "a fresh server per policy, one run each on a shared, noisy machine; `bound` and `simulated` are the "
+           "simulator's on the server's tokens in the order that run admitted its requests; the restore stall is the "
+           "engine's longest step of restore pieces beside decoding requests, next to the mean decode step.", "",
            "| policy | computed | ideal | bound | real / bound | simulated | wall s | TTFT p50 s | "
-           "TTFT p50 after a tool wait s | longest cache step ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "TTFT p50 after a tool wait s | prefetched (used / unused) | restore stall ms | decode step ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
         sim = r.get("sim") or {}
         bound = sim.get("bound")
+        pf = r.get("prefetch") or {}
+        prefetched = f"{pf['prefetched_tokens']} ({pf['hit_tokens']} / {pf['miss_tokens']})" if pf.get("enabled") \
+            else "-"
+        stall = (r.get("max_step_cache_ms_by_kind") or {}).get("restore")
         out.append(f"| {r['policy']} | {r['computed']} | {r['ideal']} | {bound} | "
                    f"{_f(r['computed'] / bound) if bound else '-'} | {sim.get('simulated')} | {_f(r['wall_s'], 1)} | "
-                   f"{_f(r['ttft_p50_s'], 3)} | {_f(r['ttft_p50_after_tool_wait_s'], 3)} | "
-                   f"{_f(r['max_step_cache_ms'], 1)} |")
+                   f"{_f(r['ttft_p50_s'], 3)} | {_f(r['ttft_p50_after_tool_wait_s'], 3)} | {prefetched} | "
+                   f"{_f(stall, 1) if stall is not None else '-'} | {_f(r.get('decode_step_ms_mean'), 1)} |")
     return out + [""]
 
 
 def report_section(res: Path) -> list[str]:
     out = [HEADING, ""]
     sim, real = _load(res / "cache_sim.json"), _load(res / "cache_policy.json")
-    if sim is None and real is None:
-        return out + ["Not measured in this revision (bench/results/cache_sim.json and cache_policy.json are "
-                      "missing).", ""]
+    waits = _load(res / "cache_policy_tool_waits.json")
+    if sim is None and real is None and waits is None:
+        return out + ["Not measured in this revision (bench/results/cache_sim.json, cache_policy.json and "
+                      "cache_policy_tool_waits.json are missing).", ""]
     if sim is not None:
         out += sim_table(sim)
-    if real is not None:
-        out += real_table(real)
+    for data in (real, waits):
+        if data is not None:
+            out += real_table(data)
     return out

@@ -115,6 +115,11 @@ def configs(cache_dir: Path, arbor_common: list[str], llama_common: list[str]) -
         # the default drafts (speculative decoding, --spec-type auto): the same without drafting, beside it
         ("arbor A,S,H no drafting", arbor_common + ["--cache-tiers", "A,S,H", "--spec-type", "none"]),
         ("arbor A,S,H longest", arbor_common + ["--cache-tiers", "A,S,H", "--cache-route", "longest"]),
+        # the eviction policies (--cache-policy, issue 58; docs/cache-policies.md): the default beside LRU and the
+        # lifecycle model's (which prefetches), so none may do worse than LRU on any workload
+        ("arbor A,S,H lru", arbor_common + ["--cache-tiers", "A,S,H", "--cache-policy", "lru"]),
+        ("arbor A,S,H lifecycle", arbor_common + ["--cache-tiers", "A,S,H", "--cache-policy", "lifecycle"]),
+        ("arbor A,S,H predictive", arbor_common + ["--cache-tiers", "A,S,H", "--cache-policy", "predictive"]),
         # write-back in one go when a slot is taken, instead of a bounded piece per step
         ("arbor A,S,H write-back at once", arbor_common + ["--cache-tiers", "A,S,H", "--cache-write-back-step", "0"]),
         ("arbor A,S,H,D", arbor_common + ["--cache-tiers", "A,S,H,D", "--cache-dir", str(cache_dir)]),
