@@ -13,7 +13,7 @@ READING_TOPIC = "Eviction policies and the bound"
 
 SIM_ROWS = (("ideal", "the workload's ideal"), ("lru", "lru"), ("lifecycle", "lifecycle (the hints' classes)"),
             ("predictive_online", "predictive, online only"), ("predictive", "predictive, with priors"),
-            ("predictive_prefetch", "predictive, with priors and prefetch (simulator only)"),
+            ("predictive_prefetch", "predictive, with priors and prefetch"),
             ("belady", "Bélády's rule (the bound)"))
 
 
@@ -49,9 +49,10 @@ def real_table(data: dict) -> list[str]:
            f"{data['concurrency']}, `--cache-ram {data['cache_ram_mib']}{' ' + args if args else ''}`, "
            "a fresh server per policy, one run each on a shared, noisy machine; `bound` and `simulated` are the "
            "simulator's on the server's tokens in the order that run admitted its requests; the restore stall is the "
-           "engine's longest step of restore pieces beside decoding requests, next to the mean decode step.", "",
+           "engine's longest step of restore pieces beside computing requests, next to the mean llama_decode call "
+           "(prefill chunks and decode steps).", "",
            "| policy | computed | ideal | bound | real / bound | simulated | wall s | TTFT p50 s | "
-           "TTFT p50 after a tool wait s | prefetched (used / unused) | restore stall ms | decode step ms |",
+           "TTFT p50 after a tool wait s | prefetched (used / unused) | restore stall ms | mean llama_decode ms |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
         sim = r.get("sim") or {}
