@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy.engine import Engine
@@ -97,15 +97,24 @@ def get_artifact(db: Session, artifact_id: str) -> Artifact:
 def manifest_lines(db: Session, session: AgentSession, branch_id: str | None = None) -> list[ManifestLine]:
     """One line per model request that got an answer, in the order they were sent.
 
-    Failed requests (backend down) are left out: there is nothing to replay them against.
+    Failed requests (backend down) are left out: there is nothing to replay them against. A request
+    that follows another model request of its turn carries ``after_s``: the seconds from that one's end
+    to its own start, the time the turn's tools (and approvals) took, which a replay waits again
+    (harness/serving/runner.py). A turn's first request carries none: the user's pause is not replayed.
     """
     start = _naive_utc(session.created_at)
     lines = []
+    ended: dict[tuple[str, str], datetime] = {}  # (branch, turn) -> when its last model request ended
     for span in session_spans(db, session, branch_id=branch_id):
         if span.kind != "model" or span.status != "ok" or not span.request:
             continue
+        began = _naive_utc(span.started_at)
+        key = (span.branch_id, span.turn_id)
+        after = round(max(0.0, (began - ended[key]).total_seconds()), 3) if key in ended else None
+        if span.duration_ms is not None:
+            ended[key] = began + timedelta(milliseconds=span.duration_ms)
         lines.append(ManifestLine(
-            t=round(max(0.0, (_naive_utc(span.started_at) - start).total_seconds()), 6),
+            t=round(max(0.0, (began - start).total_seconds()), 6),
             session_id=session.id, branch_id=span.branch_id, body=span.request,
-            expected_output_tokens=(span.attributes or {}).get("gen_ai.usage.output_tokens")))
+            expected_output_tokens=(span.attributes or {}).get("gen_ai.usage.output_tokens"), after_s=after))
     return lines

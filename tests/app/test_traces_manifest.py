@@ -80,3 +80,7 @@ def test_manifest_lists_exact_request_bodies(tmp_path):
         assert lines[1].expected_output_tokens == 2 and lines[2].expected_output_tokens == 2
         raw = json.loads(response.text.splitlines()[0])
         assert set(raw) == {"t", "session_id", "branch_id", "body", "expected_output_tokens"}
+        # the echo tool's time between turn one's two requests is recorded, to be waited again by a replay;
+        # a turn's first request follows the user, whose pause is not replayed
+        assert lines[1].after_s is not None and 0 <= lines[1].after_s <= lines[1].t - lines[0].t
+        assert lines[0].after_s is None and lines[2].after_s is None
