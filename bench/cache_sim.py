@@ -9,7 +9,7 @@ budgets, each policy on the same admission order: `lru`, `lifecycle` (the hint c
 server's policy before issue 58), `predictive` learning online only and with priors (by default
 recorded from the same generator with the next seed: yesterday's run of the same agents), and
 `belady`, the bound; beside the workload's ideal; and the predictive policy with prefetch
-(bench/cachesim/prefetch.py: not in the server yet), which moves host restores off admission.
+(bench/cachesim/prefetch.py; the server's is server/cache/prefetch.py), which moves host restores off admission.
 The default workload is issue 58's: 16 agent sessions of 4 turns that fork into 2 branches after
 2 (96 requests, 4 at a time) at a 64 MiB host tier. `--manifest` simulates any manifest instead
 (with `--results`, in the order and at the times a real replay of it ran: how far that run was
