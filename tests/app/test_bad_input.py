@@ -89,9 +89,11 @@ def test_backend_down_then_retry_works(tmp_path):
 
 
 def test_backend_timeout_and_http_error(tmp_path):
-    replies = [ScriptedReply(content="late", delay_s=3.0), ScriptedReply(status=500), ScriptedReply(content="ok")]
+    # a timeout well below the late reply's delay, and well above what a prompt answer takes on a loaded machine
+    # (at 0.5 s the 500 reply itself timed out once while real-model tests ran beside it)
+    replies = [ScriptedReply(content="late", delay_s=6.0), ScriptedReply(status=500), ScriptedReply(content="ok")]
     with scripted_server(replies) as fake, \
-            workbench_client(make_settings(tmp_path, fake.base_url, llm_timeout_s=0.5)) as client:
+            workbench_client(make_settings(tmp_path, fake.base_url, llm_timeout_s=2.0)) as client:
         session = new_session(client)
         timed_out = post_turn(client, session["id"], "hello")[-1]
         assert timed_out["error_type"] == "model_backend_timeout" and "timed out" in timed_out["message"]
