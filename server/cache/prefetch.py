@@ -29,7 +29,6 @@ Contracts:
 from __future__ import annotations
 
 import logging
-import time
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from server.cache.lifecycle_counts import WAITING
 from server.cache.predictive_policy import PredictivePolicy
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
-from server.cache.restore_pieces import next_piece
+from server.cache.restore_pieces import restore_pieces
 from server.cache.tiers import KVTier, Source, tier_of
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
@@ -65,7 +64,6 @@ class _Job:
     pending: deque[KVSegment] = field(default_factory=deque)  # H's part, in order
     disk: Future | None = None  # D's part, being read
     disk_start: int = 0
-    started: float = field(default_factory=time.perf_counter)
 
 
 class Prefetcher:
@@ -198,17 +196,10 @@ class Prefetcher:
                     job.pending.extend(segments)
                 else:  # the host part stopped short: the disk part cannot join it
                     job.end = job.done
-            while budget is None or budget > 0:
-                seg = next_piece(job.pending, job.done, budget)
-                if seg is None:
-                    break
-                t0 = time.perf_counter()
-                self.kv.restore([seg], job.sid)
-                self.max_piece_ms = max(self.max_piece_ms, (time.perf_counter() - t0) * 1000.0)
-                self.pieces += 1
-                job.done = seg.pos0 + seg.n_tokens
-                if budget is not None:
-                    budget -= seg.nbytes
+            r = restore_pieces(self.kv, job.pending, job.sid, job.done, budget)
+            job.done = r.done
+            self.pieces += r.pieces
+            self.max_piece_ms = max(self.max_piece_ms, r.max_piece_s * 1000.0)
         except Exception as exc:  # noqa: BLE001 - a prefetch may fail, never a request
             self._fail(job, exc)
             return

@@ -45,7 +45,7 @@ from server.cache.lease import CacheLease, PendingLoad
 from server.cache.planner import Candidate, length_of
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
-from server.cache.restore_pieces import next_piece
+from server.cache.restore_pieces import restore_pieces
 from server.cache.shared_tier import SharedTier
 from server.cache.tiers import READ_AHEAD, KVTier, Source, tier_of
 from server.engine.llama_runtime import LlamaRuntime
@@ -318,20 +318,11 @@ class Restorer:
                     return self._restored(ld, plan), budget
                 ld.rest = deque(segments)
                 ld.done = segments[0].pos0 if segments else 0
-            while budget is None or budget > 0:
-                piece = next_piece(ld.rest, ld.done, budget)
-                if piece is None:
-                    return self._restored(ld, plan), budget
-                t0 = time.perf_counter()
-                result = self.kv.restore([piece], ld.slot_seq)
-                ld.restore_s += time.perf_counter() - t0
-                ld.nbytes += result.nbytes
-                ld.n_tokens += result.n_tokens
-                ld.done = piece.pos0 + piece.n_tokens
-                self.pieces += 1
-                if budget is not None:
-                    budget -= piece.nbytes
-            return (self._restored(ld, plan) if not ld.rest else None), budget
+            r = restore_pieces(self.kv, ld.rest, ld.slot_seq, ld.done, budget)
+            ld.done, ld.restore_s = r.done, ld.restore_s + r.seconds
+            ld.nbytes, ld.n_tokens = ld.nbytes + r.nbytes, ld.n_tokens + r.n_tokens
+            self.pieces += r.pieces
+            return (self._restored(ld, plan) if not ld.rest else None), r.budget
         except Exception as exc:  # noqa: BLE001 - a cache may make a request slower, never fail it
             log.warning("cache %s failed for request %d (%s); computing the prompt instead", ld.cand.source,
                         seq.id, exc)

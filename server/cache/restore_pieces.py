@@ -8,9 +8,12 @@ restores a request's prefix piece by piece between decode steps while other requ
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from dataclasses import dataclass
 
 from server.cache.kv_format import KVSegment
+from server.cache.kv_ops import KVOps
 
 
 def next_piece(pending: deque[KVSegment], start: int, budget: int | None) -> KVSegment | None:
@@ -29,3 +32,38 @@ def next_piece(pending: deque[KVSegment], start: int, budget: int | None) -> KVS
             pending.appendleft(rest)
         return seg
     return None
+
+
+@dataclass
+class Restored:
+    """What one `restore_pieces` call restored."""
+
+    done: int  # the sequence holds positions [0, done) (of this path) now
+    budget: int | None  # the bytes left of the budget (None: there was none)
+    seconds: float = 0.0
+    nbytes: int = 0  # state bytes handed to llama.cpp
+    n_tokens: int = 0
+    pieces: int = 0
+    max_piece_s: float = 0.0
+
+
+def restore_pieces(kv: KVOps, pending: deque[KVSegment], seq_id: int, done: int, budget: int | None) -> Restored:
+    """Restore `pending`'s pieces into `seq_id`, which holds [0, done), until `budget` bytes are spent (None: all
+    of it). Raises what KVOps.restore raises; what was restored before stays in the sequence (the caller clears it)."""
+    out = Restored(done, budget)
+    while out.budget is None or out.budget > 0:
+        piece = next_piece(pending, out.done, out.budget)
+        if piece is None:
+            break
+        t0 = time.perf_counter()
+        result = kv.restore([piece], seq_id)
+        seconds = time.perf_counter() - t0
+        out.seconds += seconds
+        out.max_piece_s = max(out.max_piece_s, seconds)
+        out.nbytes += result.nbytes
+        out.n_tokens += result.n_tokens
+        out.pieces += 1
+        out.done = piece.pos0 + piece.n_tokens
+        if out.budget is not None:
+            out.budget -= piece.nbytes
+    return out
