@@ -11,6 +11,13 @@ the proxy started, and the output tokens the answer reports (each API's usage, s
 The file is rewritten in arrival order after every answer, so it is whole whenever the proxy stops.
 Requests that fail (no answer, or not 200) are left out, as the workbench's manifests leave them.
 
+A request that brings tool results back (chat: its last message is a ``tool`` message; Responses: its
+last input item is a ``function_call_output``; Messages: its last message holds a ``tool_result``
+block) carries ``after_s``: the seconds from the end of the previous answered request of its session
+and branch to its own start, the time the client's tools took, which a replay waits again
+(harness/serving/runner.py), as the workbench's manifest export records it. A request that brings a
+user's message carries none: the user's pause is not replayed.
+
 The session of a line: the ``X-Arbor-Session`` header (``session/branch``, as the workbench and
 replay send it), else a client's own session header (Codex's ``session_id`` / ``conversation_id``,
 Claude Code's ``X-Claude-Code-Session-Id``), else ``prompt_cache_key`` (Codex sets it to the
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -64,6 +72,24 @@ def session_of(headers: dict[str, str], body: dict[str, Any]) -> tuple[str, str]
     return DEFAULT_SESSION, MAIN_BRANCH
 
 
+def returns_tool_results(api: str, body: dict[str, Any]) -> bool:
+    """Whether the request of ``api`` brings tool results back (its last message or input item is one)."""
+    if api == "chat":
+        messages = body.get("messages")
+        return isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict) \
+            and messages[-1].get("role") == "tool"
+    if api == "responses":
+        items = body.get("input")
+        return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) \
+            and items[-1].get("type") == "function_call_output"
+    messages = body.get("messages")
+    if not (isinstance(messages, list) and messages and isinstance(messages[-1], dict)):
+        return False
+    content = messages[-1].get("content")
+    return messages[-1].get("role") == "user" and isinstance(content, list) and any(
+        isinstance(block, dict) and block.get("type") == "tool_result" for block in content)
+
+
 def output_tokens(api: str, answer: dict[str, Any]) -> int | None:
     """The output tokens a whole (not streamed) answer of ``api`` reports."""
     usage = answer.get("usage") or {}
@@ -102,10 +128,22 @@ class Recorder:
         self.out = out
         self.started = time.perf_counter()
         self.lines: list[ManifestLine] = []
+        self._ends: dict[tuple[str, str], list[float]] = {}  # (session, branch) -> its answers' ends
         self._lock = asyncio.Lock()
 
-    async def add(self, line: ManifestLine) -> None:
+    def now(self) -> float:
+        """Seconds since the proxy started (a line's ``t`` and its answer's end)."""
+        return round(time.perf_counter() - self.started, 6)
+
+    async def add(self, line: ManifestLine, ended: float, tool_results: bool = False) -> None:
+        """Record ``line``, whose answer ended at ``ended``; ``tool_results``: it brings tool results back,
+        so it waits (``after_s``) from the end of its branch's latest answer that ended before it began."""
         async with self._lock:
+            key = (line.session_id, line.branch_id)
+            before = [end for end in self._ends.get(key, ()) if end <= line.t]
+            if tool_results and before:
+                line = dataclasses.replace(line, after_s=round(line.t - max(before), 3))
+            self._ends.setdefault(key, []).append(ended)
             self.lines.append(line)
             self.lines.sort(key=lambda ln: ln.t)  # arrival order; answers may end in another
             write_manifest(self.lines, self.out)
@@ -127,7 +165,7 @@ def build_app(upstream: str, out: Path, timeout_s: float = 600.0) -> FastAPI:
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"])
     async def proxy(path: str, request: Request) -> Response:
-        t = round(time.perf_counter() - recorder.started, 6)
+        t = recorder.now()
         raw = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
         api = API_OF_PATH.get("/" + path) if request.method == "POST" else None
@@ -153,7 +191,8 @@ def build_app(upstream: str, out: Path, timeout_s: float = 600.0) -> FastAPI:
             assert api is not None and isinstance(body, dict)
             session, branch = session_of({k.lower(): v for k, v in request.headers.items()}, body)
             await recorder.add(ManifestLine(t=t, session_id=session, branch_id=branch, body=body,
-                                            expected_output_tokens=expected, api=api))
+                                            expected_output_tokens=expected, api=api), recorder.now(),
+                               tool_results=returns_tool_results(api, body))
 
         streamed = answer.headers.get("content-type", "").startswith("text/event-stream")
         if not streamed:

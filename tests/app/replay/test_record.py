@@ -9,7 +9,7 @@ import time
 import httpx
 import uvicorn
 
-from app.replay.record import build_app, output_tokens, session_of
+from app.replay.record import build_app, output_tokens, returns_tool_results, session_of
 from harness.manifest import read_manifest
 from tests.fakes.scripted_openai import ScriptedOpenAI, ScriptedReply
 from tests.server.conftest import free_port
@@ -79,3 +79,39 @@ def test_an_unreachable_upstream_is_a_502_and_nothing_is_recorded(tmp_path):
         answer = httpx.post(proxy + "/v1/messages", json={"messages": []}, timeout=30)
     assert answer.status_code == 502 and "upstream" in answer.json()["error"]["message"]
     assert not out.exists()
+
+
+def test_returns_tool_results_of_the_three_apis():
+    tool = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    assert returns_tool_results("chat", {"messages": [{"role": "user", "content": "q"}, tool]})
+    assert not returns_tool_results("chat", {"messages": [tool, {"role": "user", "content": "q"}]})
+    assert returns_tool_results("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]})
+    assert not returns_tool_results("responses", {"input": "a plain string"})
+    block = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
+    assert returns_tool_results("messages", {"messages": [{"role": "user", "content": [block]}]})
+    assert not returns_tool_results("messages", {"messages": [{"role": "user", "content": "q"}]})
+    assert not returns_tool_results("chat", {})
+
+
+def test_a_request_bringing_tool_results_records_the_tools_time_as_after_s(tmp_path):
+    """The wait from the branch's previous answer to the tool-result request is recorded (a replay waits it);
+    a user's message records none, and another branch's answer does not count."""
+    out = tmp_path / "captured.jsonl"
+    replies = [ScriptedReply(content="calling"), ScriptedReply(content="other"), ScriptedReply(content="done"),
+               ScriptedReply(content="next")]
+    user = {"role": "user", "content": "q"}
+    tool = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    with ScriptedOpenAI(replies) as fake, recording_proxy(fake.base_url, out) as proxy:
+        def send(messages, branch):
+            answer = httpx.post(proxy + "/v1/chat/completions", json={"model": "m", "messages": messages},
+                                headers={"X-Arbor-Session": f"s/{branch}"}, timeout=30)
+            assert answer.status_code == 200
+        send([user], "a")
+        time.sleep(0.4)  # the tool runs
+        send([user], "b")  # another branch meanwhile
+        send([user, tool], "a")
+        send([user, tool, {"role": "assistant", "content": "done"}, user], "a")
+    lines = read_manifest(out)
+    assert [ln.branch_id for ln in lines] == ["a", "b", "a", "a"]
+    assert lines[0].after_s is None and lines[1].after_s is None and lines[3].after_s is None
+    assert lines[2].after_s is not None and 0.4 <= lines[2].after_s < 30
