@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from bench.cache_sim import ServerTokens
+from bench.cachesim.gap import gap_by_kind
 from bench.cachesim.priors import record_counts
 from bench.cachesim.schedule import recorded_schedule
 from bench.cachesim.simulator import EMBEDDED_BYTES_PER_TOKEN, Budgets, Simulator
@@ -81,14 +82,17 @@ def quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def bound_of(trace: Trace, run: RunResult, budgets: Budgets, policy: str) -> dict[str, int]:
-    """The simulator's bound and policy on this run's own admission order (`trace`: the server's tokens)."""
+def bound_of(trace: Trace, run: RunResult, budgets: Budgets, policy: str) -> dict[str, Any]:
+    """The simulator's bound and policy on this run's own admission order (`trace`: the server's tokens),
+    and where the run computed more or less than the simulated policy (`gap`, bench/cachesim/gap.py)."""
     records = sorted(run.requests, key=lambda r: r.index)
     events = recorded_schedule([r.start_s or 0.0 for r in records], [r.latency_s or 0.0 for r in records])
     sim_policy = "predictive" if policy.startswith("predictive") else policy.removesuffix(NO_PREFETCH)
+    simulated = Simulator(trace, events, budgets, sim_policy).run()
+    real = [(r.prompt_tokens or 0) - (r.cached_tokens or 0) for r in records]
     return {"bound": Simulator(trace, events, budgets, "belady").run().computed,
-            "simulated": Simulator(trace, events, budgets, sim_policy).run().computed,
-            "ideal": trace.ideal.ideal_computed_tokens}
+            "simulated": simulated.computed, "ideal": trace.ideal.ideal_computed_tokens,
+            "gap": gap_by_kind(trace, real, simulated.per_request)}
 
 
 def run_one(a: argparse.Namespace, lines: list[ManifestLine], policy: str, priors: Path | None, log_dir: Path,

@@ -116,3 +116,25 @@ def test_prefetch_moves_host_restores_off_admission_without_computing_more():
     assert ahead.prefetch is not None and ahead.prefetch["hits"] > ahead.prefetch["misses"] > 0
     assert ahead.reused_by_tier["H"] < 0.8 * plain.reused_by_tier["H"], "fewer restores when admitted"
     assert ahead.computed <= plain.computed, "prefetch trades only copies H keeps: nothing is lost"
+
+
+def test_the_gap_to_the_simulator_is_summed_by_each_requests_place_in_its_session():
+    """bench/cachesim/gap.py: a branch's first request is a fork, a session's first a first, the rest next;
+    `over` and `under` sum only the requests where the real run computed more (less) than simulated."""
+    from bench.cachesim.gap import gap_by_kind, kind_of
+
+    trace = trace_from_lines(agent_sessions(sessions=1, turns=3, branches=2, fork_after=1).lines)
+    kinds = [kind_of(trace, i) for i in range(len(trace.requests))]
+    assert kinds[0] == "first" and kinds.count("first") == 1
+    forks = [i for i, k in enumerate(kinds) if k == "fork"]
+    assert len(forks) == 2 and all(trace.requests[i].session.endswith(("/b0", "/b1")) for i in forks)
+    simulated = [10] * len(kinds)
+    real = [10] * len(kinds)
+    real[forks[0]] = 50  # the server recomputed a fork's parent path
+    real[-1] = 4
+    gap = gap_by_kind(trace, real, simulated)
+    assert gap["fork"]["over"] == 40 and gap["fork"]["under"] == 0 and gap["fork"]["requests"] == 2
+    assert gap["next"]["under"] == (6 if kinds[-1] == "next" else 0)
+    assert sum(row["real"] for row in gap.values()) == sum(real)
+    with pytest.raises(ValueError):
+        gap_by_kind(trace, real[:-1], simulated)
