@@ -85,7 +85,8 @@ def test_returns_tool_results_of_the_three_apis():
     tool = {"role": "tool", "tool_call_id": "c1", "content": "42"}
     assert returns_tool_results("chat", {"messages": [{"role": "user", "content": "q"}, tool]})
     assert not returns_tool_results("chat", {"messages": [tool, {"role": "user", "content": "q"}]})
-    assert returns_tool_results("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]})
+    output = {"type": "function_call_output", "call_id": "c", "output": "1"}
+    assert returns_tool_results("responses", {"input": [output]})
     assert not returns_tool_results("responses", {"input": "a plain string"})
     block = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
     assert returns_tool_results("messages", {"messages": [{"role": "user", "content": [block]}]})
