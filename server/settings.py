@@ -171,7 +171,8 @@ class ServerSettings(CachePolicySettings, SpeculativeSettings, BaseSettings):
                                        "disk-tier write that would leave less first evicts the tier's own files, "
                                        "then is declined and counted (requests go on without D); 0: no reserve",
                                        json_schema_extra=_CACHE)
-    resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold",
+    resident_cells: int = Field(2048, ge=0, description="KV cells that resident prefix owners may hold (unified "
+                                "KV: beyond the cells a slot or parked copy also holds)",
                                 json_schema_extra=_CACHE)
     cache_sessions: int = Field(4096, ge=1, description="sessions whose lifecycle hints the cache remembers; "
                                 "past it the least recently seen is forgotten", json_schema_extra=_CACHE)

@@ -14,6 +14,15 @@ copies the finished slot's stream and trims it to the prefix (`copy_prefix`), an
 takes an owner's prefix by the same copy, so owners share no cells: each holds its whole
 prefix, and the budget charges the copies, the sum of their lengths (`copies=True`).
 
+What the budget charges in the unified layout: the owners' cells that no slot (running or idle) and no
+parked copy also holds (`device_paths`, set by the router). A cell an owner shares with a slot is one
+cell, already paid for by the slots' context (--ctx-size); it becomes the owners' to pay for when that
+slot lets it go (the slot taken for another prompt), and then `enforce` evicts, lowest ranked first,
+owners whose removal frees cells, until the charge is within the budget again. So a finished request's
+path is published whole at no charge while its slot keeps it, and the device keeps, beyond the running
+requests, `budget_cells` of finished paths ranked by the policy (the simulator's device: bench/cachesim/).
+Without `device_paths` (and in the split layout, or with partial states) every held cell is charged.
+
 Owners are indexed by the radix tree the stored tiers share (server/cache/radix_tree.py):
 each is a *holder* of the nodes on its path, so a lookup is one walk of the tree (no
 scan of the owners), and the cells the owners hold together are the tree's
@@ -24,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -86,6 +95,10 @@ class ResidentOwners:
         self.prefetch_hits = self.prefetch_misses = 0  # prefetched tokens then attached / evicted unused
         # the cache policy's order of owners (server/cache/policy_choice.py); None: the lifecycle classes
         self.rank: Callable[[Owner], Any] | None = None
+        # the token paths the slots and parked copies hold in the unified KV (see the module docstring)
+        self.device_paths: Callable[[], Iterable[list[int]]] | None = None
+        self.enforced = 0  # owners evicted because a slot let go of cells they share
+        self.charged = 0  # the cells charged at the last count (read by stats from another thread)
 
     # ----------------------------------------------------------------- lookup
     def take(self, m: MatchResult, exclude: int | None = None) -> tuple[int, Owner | None]:
@@ -121,16 +134,75 @@ class ResidentOwners:
             self.prefetch_hits += owner.prefetched
             owner.prefetched = 0
 
-    def cells(self) -> int:
+    def held_cells(self) -> int:
         """The cells the owners hold: the union of their prefixes (unified: they share cells), or the sum of
         their copies (split)."""
         if self.copies:
             return sum(len(o.tokens) for o in tuple(self.owners))
         return self.tree.held_tokens
 
+    def _charges_shared(self) -> bool:
+        return self.device_paths is not None and not self.copies and not self.partial_state
+
+    def _covered(self) -> tuple[int, set[int]]:
+        """The owners' cells a slot or parked copy also holds, and the ids of the owner nodes wholly held so."""
+        assert self.device_paths is not None
+        covered: dict[int, int] = {}  # id(node) -> its leading tokens a device path covers
+        whole: set[int] = set()
+        with self.tree.mutex:
+            for path in self.device_paths():
+                if not path:
+                    continue
+                m = self.tree.match_prefix(path, touch=False)
+                for node in m.path:
+                    if node.holders:
+                        covered[id(node)] = len(node.key)
+                        whole.add(id(node))
+                part = m.partial_node
+                if part is not None and part.holders and m.partial_tokens > covered.get(id(part), 0):
+                    covered[id(part)] = m.partial_tokens
+        return sum(covered.values()), whole
+
+    def cells(self) -> int:
+        """The cells the budget charges (module docstring): the held cells, less those a slot or parked copy
+        also holds in the unified layout."""
+        n = self.held_cells()
+        if self._charges_shared() and n:
+            n -= self._covered()[0]
+        self.charged = n
+        return n
+
     def _new_cells(self, n: int, base_n: int) -> int:
         """The cells publishing an n-token prefix adds: past the longest owner it extends (unified), or all n."""
         return n if self.copies else n - base_n
+
+    def _over_budget_with(self, cells: int) -> bool:
+        """Whether `cells` more held cells would take the charge past the budget now. Charging shared cells,
+        a publish's cells are its slot's until the slot lets them go (then `enforce` keeps the budget)."""
+        return not self._charges_shared() and self.cells() + cells > self.budget_cells
+
+    def _freeing(self) -> list[Owner]:
+        """The owners whose eviction frees charged cells: charging shared cells, those whose path's end no
+        slot or parked copy holds (one that does holds the whole path); else every one."""
+        if not self._charges_shared():
+            return list(self.owners)
+        whole = self._covered()[1]
+        return [o for o in self.owners if id(o.tip) not in whole]
+
+    def enforce(self, protect: Owner | None = None) -> int:
+        """Evict owners (not `protect`), the policy's lowest ranked first among those whose eviction frees
+        charged cells, until the charge is within the budget; the number evicted. Run after a slot let go
+        of cells (the router: after an admission, after each engine step) and after a prefetch adopts."""
+        evicted = 0
+        while self.owners and self.cells() > self.budget_cells:
+            ranked = [(r, o) for o in self._freeing() if o is not protect and (r := self._rank(o)) is not None]
+            if not ranked:
+                break
+            self._evict(min(ranked, key=lambda x: x[0])[1], "over the budget")
+            evicted += 1
+        if self._charges_shared():
+            self.enforced += evicted
+        return evicted
 
     # ---------------------------------------------------------------- publish
     def publish(self, tokens: list[int], src_seq: int, hint: CacheHint | None,
@@ -151,7 +223,7 @@ class ResidentOwners:
         # its sessions' expected reuse outweighs), else it is not kept: the device keeps what is worth most
         newcomer = self._rank(Owner(-1, [], cast(RadixNode, None), sessions={hint.session} if hint and hint.session
                                     else set()))
-        while self.cells() + self._new_cells(n, base_n) > self.budget_cells or self.seq_ids.in_use("owner") >= \
+        while self._over_budget_with(self._new_cells(n, base_n)) or self.seq_ids.in_use("owner") >= \
                 self.seq_ids.layout.owners:
             if not self.evict_one(protect=None if self.copies else base, why="publish", below=newcomer):
                 return None
@@ -211,7 +283,8 @@ class ResidentOwners:
         if cells > self.budget_cells:
             return False
         while self.cells() + cells > self.budget_cells or self.seq_ids.in_use("owner") >= self.seq_ids.layout.owners:
-            ranked = [(r, o) for o in self.owners if o is not protect and not o.prefetched
+            candidates = self.owners if self.cells() + cells <= self.budget_cells else self._freeing()  # an id
+            ranked = [(r, o) for o in candidates if o is not protect and not o.prefetched
                       and (r := self._rank(o)) is not None and isinstance(r, tuple) and r[0] < below]
             if not ranked:
                 return False
@@ -228,8 +301,7 @@ class ResidentOwners:
         owner = self._register(tokens, sid)
         owner.sessions.add(session)
         owner.prefetched += brought_up
-        while self.cells() > self.budget_cells and self.evict_one(protect=owner, why="adopt"):
-            pass  # others published meanwhile: back within the budget
+        self.enforce(protect=owner)  # others published meanwhile: back within the budget
         return owner
 
     def _tag(self, owner: Owner, hint: CacheHint | None) -> None:
@@ -285,7 +357,7 @@ class ResidentOwners:
         self._by_seq.pop(owner.seq_id, None)
 
     def flush(self) -> int:
-        cells = self.cells()
+        cells = self.held_cells()
         for owner in list(self.owners):
             self._remove(owner)
         return cells
@@ -293,5 +365,7 @@ class ResidentOwners:
     def stats(self) -> dict:
         owners = tuple(self.owners)  # read from the event loop while the engine may change the list
         return {"entries": len(owners), "tokens": sum(len(o.tokens) for o in owners),
-                "cells": self.cells(), "budget_cells": self.budget_cells, "hits": self.hits,
-                "evictions": self.evictions, "publishes": self.publishes}
+                "cells": self.held_cells(), "charged_cells": self.charged if self._charges_shared()
+                else self.held_cells(), "budget_cells": self.budget_cells, "hits": self.hits,
+                "evictions": self.evictions, "evictions_for_shared_cells": self.enforced,
+                "publishes": self.publishes}

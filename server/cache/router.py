@@ -37,7 +37,7 @@ each per admission.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from server.cache.cache_stats import cache_stats
 from server.cache.candidates import CandidateSources
@@ -88,6 +88,8 @@ class CacheRouter:
                                      step_bytes=write_back_step_bytes, idle_cells=idle_cells, clock=self.clock,
                                      copies=split)
         self.resident, self.parked = self.write.resident, self.write.parked
+        if self.resident is not None and not split:  # the owners' budget charges cells no slot also holds
+            self.resident.device_paths = self._device_paths
         # a model with sliding-window or recurrent layers: its slots' states and checkpoints (tiers
         # A, H and D only: server/bootstrap.py), the host's checkpoints for H and D
         self.states = states
@@ -152,8 +154,22 @@ class CacheRouter:
                                        running=self.running, disk_reader=self.restorer.reader(Source.D), **settings)
         return self.prefetch_off
 
+    def _device_paths(self) -> Iterator[list[int]]:
+        """The token paths the slots (a running request's computed KV, else the slot's kept KV) and the
+        parked copies hold in the unified KV (engine thread)."""
+        running = {s.slot.index: s for s in self.running() if s.slot is not None}
+        for slot in self.slots.slots:
+            yield running[slot.index].kv_tokens() if slot.index in running else slot.tokens
+        for copy in self.parked.queue if self.parked is not None else ():
+            yield copy.tokens
+
     def background(self, idle: bool) -> None:
-        """Once per engine step: the write-back's bounded work, then the prefetch's next piece."""
+        """Once per engine step: the owners' budget (a slot may have let go of cells they share), the
+        write-back's bounded work, then the prefetch's next piece."""
+        if self.resident is not None:
+            t0 = time.perf_counter()
+            if self.resident.enforce():  # what it evicted was written back: the write-back's time
+                self.clock.add((time.perf_counter() - t0) * 1000.0, step=not idle, kind="write_back")
         self.write.background(idle)
         if self.prefetch is not None:
             t0 = time.perf_counter()
@@ -203,6 +219,8 @@ class CacheRouter:
             self.write.write_back(adm.slot, exclude=adm.slot,
                                   park=any(s is not adm.seq and s.slot is not None for s in self.running()))
         report = self.restorer.execute(adm, best, plan, cands, lease)
+        if self.resident is not None:  # the slot let go of what it held beyond its new prompt's prefix
+            self.resident.enforce()
         if self.states is not None:
             self.states.set_stops(adm.seq, report.reused_tokens)
             # a branch point: where this prompt leaves what the cache already knows, the next
