@@ -124,6 +124,8 @@ def kv_at_rest(base_url: str, timeout_s: float = 120) -> dict:
     return {"slot_cells": sum(s["kv_pos_max"] + 1 for s in slots),
             "slots_consistent": all(s["kv_pos_max"] == s["n_past"] - 1 for s in slots),
             "resident_cells": m.get("arbor:cache_resident_cells", 0.0),
+            # what --resident-cells charges: the owners' cells no slot or parked copy also holds
+            "resident_charged_cells": m.get("arbor:cache_resident_charged_cells", 0.0),
             "idle": not any(s["is_processing"] for s in slots),
             "parked_cells": kv.get("parked_cells", 0),  # slots' copies still being written back
             "used_cells": kv["used_cells"]}  # llama.cpp's own count of cells some sequence owns

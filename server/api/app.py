@@ -182,6 +182,6 @@ def _cache_gauges(loaded) -> dict[str, tuple[str, float]]:
             "Shared-store values over --cache-shared-max-value-mb: refused from their length, never read.",
             tiers["R"]["oversized"])
     if tiers["S"].get("enabled", True):
-        for key in ("entries", "cells", "hits", "evictions"):
+        for key in ("entries", "cells", "charged_cells", "hits", "evictions"):
             out[f"arbor:cache_resident_{key}"] = (f"resident tier {key}.", tiers["S"][key])
     return out
