@@ -14,6 +14,7 @@ from dataclasses import replace
 from server.cache.checkpointed_slots import SlotStates
 from server.cache.planner import Candidate, Planner
 from server.cache.radix_tree import RadixTree
+from server.cache.slot_paths import slot_paths
 from server.cache.tiers import Source
 from server.cache.write_back import WriteBackQueue
 from server.engine.scheduler import Admission
@@ -88,10 +89,8 @@ class CandidateSources:
     def _live(self, adm: Admission) -> Iterator[tuple[int, list[int]]]:
         """The device copies other sequences hold: another slot's kept idle KV or computed
         tokens, then the slots' KV parked for write-back (read lazily, by the planner)."""
-        running = {s.slot.index: s for s in self.running() if s.slot is not None and s is not adm.seq}
-        for slot in self.slots.slots:
+        for slot, tokens in slot_paths(self.slots, self.running()):
             if slot is not adm.slot:
-                yield slot.seq_id, (running[slot.index].kv_tokens() if slot.index in running
-                                    else (slot.tokens if not slot.busy else []))
+                yield slot.seq_id, tokens
         for copy in self.parked.queue if self.parked is not None else ():
             yield copy.seq_id, copy.tokens

@@ -42,6 +42,7 @@ from server.cache.predictive_policy import PredictivePolicy
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
 from server.cache.restore_pieces import restore_pieces
+from server.cache.slot_paths import slot_paths
 from server.cache.tiers import KVTier, Source, tier_of
 from server.engine.llama_runtime import LlamaRuntime
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
@@ -145,9 +146,8 @@ class Prefetcher:
         """(leading tokens a device sequence holds, that sequence, leading tokens an owner holds)."""
         owned, owner = self.resident.take(walk)
         n, holder = owned, owner.seq_id if owner is not None else None
-        live = {s.slot.index: s.kv_tokens() for s in self.running() if s.slot is not None}
-        for slot in self.slots.slots:
-            k = common_prefix_len(live.get(slot.index, slot.tokens if not slot.busy else []), tokens)
+        for slot, held in slot_paths(self.slots, self.running()):
+            k = common_prefix_len(held, tokens)
             if k > n:
                 n, holder = k, slot.seq_id
         return n, holder, owned

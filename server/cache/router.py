@@ -52,6 +52,7 @@ from server.cache.predictive_policy import PredictivePolicy
 from server.cache.prefetch import Prefetcher
 from server.cache.radix_tree import RadixTree
 from server.cache.restore import Restorer
+from server.cache.slot_paths import slot_paths
 from server.cache.tiers import ON_TREE, STORED_ON_TREE, KVTier, Source, tier_of
 from server.cache.write_back_policy import WriteBackPolicy
 from server.engine.llama_runtime import LlamaRuntime
@@ -157,9 +158,8 @@ class CacheRouter:
     def _device_paths(self) -> Iterator[list[int]]:
         """The token paths the slots (a running request's computed KV, else the slot's kept KV) and the
         parked copies hold in the unified KV (engine thread)."""
-        running = {s.slot.index: s for s in self.running() if s.slot is not None}
-        for slot in self.slots.slots:
-            yield running[slot.index].kv_tokens() if slot.index in running else slot.tokens
+        for _, tokens in slot_paths(self.slots, self.running()):
+            yield tokens
         for copy in self.parked.queue if self.parked is not None else ():
             yield copy.tokens
 

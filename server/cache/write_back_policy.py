@@ -74,6 +74,7 @@ from server.cache.lifecycle import CacheHint, SessionRegistry
 from server.cache.path_kv import DeviceKV, no_checkpoints
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
+from server.cache.slot_paths import slot_paths
 from server.cache.tiers import STORED_ON_TREE, KVTier, Source, tier_of
 from server.cache.write_back import WriteBackQueue
 from server.engine.llama_runtime import LlamaRuntime
@@ -293,12 +294,11 @@ class WriteBackPolicy:
 
     def device_depth(self, tokens: list[int], exclude, owner_seq: int | None = None) -> int:
         """Leading tokens another slot (idle, or running over them) or a resident owner holds."""
-        running = {s.slot.index: s.kv_tokens() for s in self.running() if s.slot is not None}
         depth = 0
-        for slot in self.slots.slots:
+        for slot, held in slot_paths(self.slots, self.running()):
             if slot is exclude:
                 continue
-            depth = max(depth, common_prefix_len(running.get(slot.index, slot.tokens if not slot.busy else []), tokens))
+            depth = max(depth, common_prefix_len(held, tokens))
             if depth == len(tokens):
                 return depth
         if self.resident is not None:
