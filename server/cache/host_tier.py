@@ -56,7 +56,7 @@ class HostTier:
         self.evicted_bytes = 0
         self.declined = 0
         self.copied_out = 0  # slices copied out of a mostly evicted buffer
-        self.bytes_per_token = 0  # learnt from the first stored segment (KV layout)
+        self.bytes_per_token = 0  # KV bytes per token, learnt from the last segment read for a store
 
     def take(self, m: MatchResult) -> TierMatch:
         """What H holds of a match of the shared tree (caller holds `tree.mutex`)."""
@@ -97,11 +97,13 @@ class HostTier:
             # after would hold more than the budget in between, which a scrape can see.
             fresh = one_segment(kv, have, len(tokens)) if have < len(tokens) else None
             incoming = getattr(fresh, "memory", fresh).nbytes if fresh is not None else 0
+            if fresh is not None:  # the next store's estimate: this segment's own rows (not a larger buffer
+                self.bytes_per_token = -(-fresh.nbytes // fresh.n_tokens)  # it may be a view of) per token
             if incoming > estimate and not self._make_room(incoming):
                 self.declined += 1
                 return None
             extract = self._from(fresh, have, lambda s, e: one_segment(kv, s, e))
-            result = self.tree.insert(tokens, TIER, self._remember_layout(extract))
+            result = self.tree.insert(tokens, TIER, extract)
             if self.tree.tier(TIER).held_bytes > self.budget_bytes and not self._make_room(0):
                 for node in result.new_nodes + result.filled_nodes:
                     if node.attached and TIER in node.values and node.lock_ref == 0:
@@ -128,13 +130,6 @@ class HostTier:
             return fresh.slice(s - have, e - have) if fresh is not None and s >= have else extract(s, e)
         return view
 
-    def _remember_layout(self, extract: Callable[[int, int], KVSegment]) -> Callable[[int, int], KVSegment]:
-        def wrapped(s: int, e: int) -> KVSegment:
-            seg = extract(s, e)
-            held = getattr(seg, "memory", seg).nbytes  # what storing it really keeps alive
-            self.bytes_per_token = held // seg.n_tokens
-            return seg
-        return wrapped
 
     def _make_room(self, incoming: int) -> bool:
         res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming,

@@ -109,3 +109,35 @@ def test_a_store_larger_than_its_estimate_makes_room_before_it_inserts():
     assert max(tree.held_seen) <= 100, tree.held_seen
     assert host_match(host, a).length == 0 and host_match(host, b).length == 15
     tree.check_invariants()
+
+
+def _rows_kv(tokens: list[int]):
+    """A device read of `tokens`: real KV segments of 32 bytes per token (two 8-byte K and V rows)."""
+    import numpy as np
+
+    from server.cache.kv_format import KVLayout, KVSegment
+
+    layout = KVLayout(False, (1,), (8,), (1,), (8,), (0,))
+
+    def extract(s, e):
+        rows = np.full((e - s, 8), 7, dtype=np.uint8)
+        return KVSegment(layout, s, [rows.copy()], [rows.copy()])
+    return DeviceKV(extract)
+
+
+def test_a_path_stored_across_other_tiers_nodes_keeps_the_estimate_per_token():
+    """A path whose range H lacks crosses a node another tier ended (a resident owner's tip): the tree stores
+    it as slices of one segment read from the device. The next store's estimate is the KV of a token, not a
+    slice's share of the whole buffer (which made a 1-token slice cost the whole path per token, so the next
+    store evicted all of H and was declined)."""
+    tree = RadixTree()
+    host = HostTier(tree, budget_bytes=1 << 20, policy=LRUPolicy())
+    a = list(range(300))
+    tree.insert(a[:299])  # a resident owner's path ends one token before `a` does
+    assert host.store(a, _rows_kv(a)) is not None
+    assert host.bytes_per_token == 16  # 8 bytes of K and 8 of V per token
+    b = list(range(1000, 1300))
+    assert host.store(b, _rows_kv(b)) is not None
+    assert host.declined == 0 and host.evictions == 0
+    assert host_match(host, a).length == 300 and host_match(host, b).length == 300
+    tree.check_invariants()
