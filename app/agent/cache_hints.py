@@ -5,7 +5,9 @@ The inference server keeps a session's KV warm or lets it go by the hints it get
 ``"<session id>/<branch id>"`` (`hint_key`); replay and manifests use the same form.
 
 - a model request carries ``{"state": "active"}`` (the model is called; `model_client`);
-- tools running or an approval pending: ``tool_wait`` (graph nodes ``approval``, ``tools``);
+- tools running or an approval pending: ``tool_wait`` (graph nodes ``approval``, ``tools``), naming
+  what it waits on (``tool``: the tools' names joined by ``+``, or ``approval``), so the server
+  times the wait by that tool's earlier ones;
 - a turn ends (answer, step budget, failure): ``done``; on the pinned branch ``done`` with
   ``pin: true``, since the user is still looking at it;
 - the user opens a branch: it is pinned and the branch pinned before is unpinned, so one
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 #: answers that mean "this server has no hint endpoint" (stock llama-server, vLLM, SGLang)
 _UNSUPPORTED = (404, 405, 501)
+APPROVAL_WAIT = "approval"  # what a tool wait for an operator's approval names: a person's time, not a tool's
 _TIMEOUT_S = 5.0
 
 
@@ -57,7 +60,7 @@ class CacheHints:
         self.pinned: str | None = None
         self._pin_lock = asyncio.Lock()  # opening two branches at once must leave one pinned
 
-    async def send(self, key: str, state: str | None = None, pin: bool | None = None) -> bool:
+    async def send(self, key: str, state: str | None = None, pin: bool | None = None, tool: str | None = None) -> bool:
         """POST one hint; True when the server took it. Never raises."""
         if not self.supported:
             return False
@@ -66,6 +69,8 @@ class CacheHints:
             body["state"] = state
         if pin is not None:
             body["pin"] = pin
+        if tool is not None:
+            body["tool"] = tool
         try:
             response = await self._client.post(self.url, json=body, headers=self._headers)
         except httpx.HTTPError as exc:
@@ -80,9 +85,11 @@ class CacheHints:
             return False
         return True
 
-    async def tool_wait(self, key: str) -> None:
-        """Tools run or an approval is pending: the branch comes back soon."""
-        await self.send(key, "tool_wait")
+    async def tool_wait(self, key: str, tools: Iterable[str] = ()) -> None:
+        """Tools run or an approval is pending: the branch comes back soon. `tools`: what it waits on (the
+        tools' names, or APPROVAL), so the server times the wait by that tool's earlier ones."""
+        names = sorted(set(tools))
+        await self.send(key, "tool_wait", tool="+".join(names)[:256] if names else None)
 
     async def turn_ended(self, key: str) -> None:
         """A turn finished with nothing more to do; the branch the user looks at stays pinned."""

@@ -56,6 +56,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import StreamWriter, interrupt
 
+from app.agent.cache_hints import APPROVAL_WAIT
 from app.agent.chat_model import call_result
 from app.agent.context import TurnContext
 from app.agent.context_budget import FittedRequest
@@ -273,7 +274,7 @@ def _forced(choice: object) -> bool:
 
 async def request_approvals(state: AgentState, runtime: Runtime[TurnContext]) -> dict:
     """Ask the operator about each proposed action of the last model message, in order."""
-    await runtime.context.hints.tool_wait(runtime.context.cache_session)
+    await runtime.context.hints.tool_wait(runtime.context.cache_session, [APPROVAL_WAIT])  # a person's time
     decided = state.get("decisions") or {}
     calls = {c["id"]: c for c in last_model_message(state).tool_calls}
     decisions: dict[str, dict] = {}
@@ -291,8 +292,8 @@ async def run_tools(state: AgentState, config: RunnableConfig, runtime: Runtime[
     """ToolNode runs the parsed calls (in parallel); the unparsable ones get their error here.
     The answers go into the history in the order of the calls."""
     ctx = runtime.context
-    await ctx.hints.tool_wait(ctx.cache_session)
     last = last_model_message(state)
+    await ctx.hints.tool_wait(ctx.cache_session, [call["name"] for call in last.tool_calls])
     answers: list[ToolMessage] = []
     if last.tool_calls:
         answers += (await TOOL_NODE.ainvoke(state, config))["messages"]

@@ -23,6 +23,6 @@ def record_counts(trace: Trace, events: Sequence[Event], params: ModelParams | N
         if event.kind == ARRIVE:
             policy.arrived(req.session, req.tokens)
         else:
-            policy.ended(req.session, req.hint, req.tokens)
+            policy.ended(req.session, req.hint, req.tokens, tool=req.tool)
     model.finish(now[0])
     return model.online

@@ -204,7 +204,7 @@ class Simulator:
         if tip.attached:
             self.registry.observe(CacheHint(req.session, req.hint), tip)  # type: ignore[arg-type]
         if self.predictive is not None:
-            self.predictive.ended(req.session, req.hint, req.tokens)
+            self.predictive.ended(req.session, req.hint, req.tokens, tool=req.tool)
         if self.prefetcher is not None:
             self.prefetcher.ended(req.session, req.tokens)
 

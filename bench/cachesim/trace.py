@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from harness.manifest import ManifestLine
 from harness.serving.ordering import predecessors
-from harness.serving.runner import hint_states
+from harness.serving.runner import hint_states, hint_tools
 from harness.workloads.api_shapes import to_chat
 from harness.workloads.generators import words_of_body
 from harness.workloads.ideal import IdealResult, ideal_computed
@@ -35,6 +35,7 @@ class TraceRequest:
     hint: str  # the state its hint announces when it ends: tool_wait or done
     waits_for: int | None  # the line it starts after
     t: float  # when the manifest says it was sent (seconds)
+    tool: str | None = None  # the tool its tool_wait waits on (the replay's hint: harness hint_tools)
 
 
 @dataclass
@@ -72,11 +73,11 @@ def trace_from_lines(lines: Sequence[ManifestLine], tokenize: BodyTokens | None 
         return tuple(vocab.setdefault(p, len(vocab)) for p in pieces)
 
     waits = predecessors(lines)
-    hints = hint_states(lines)
+    hints, tools = hint_states(lines), hint_tools(lines)
     requests = [
         TraceRequest(index=i, session=line.cache_session, tokens=ids(tokenizer(to_chat(line.api, line.body))),
                      output_tokens=line.expected_output_tokens or DEFAULT_OUTPUT_TOKENS, hint=hints[i],
-                     waits_for=waits[i], t=line.t)
+                     waits_for=waits[i], t=line.t, tool=tools[i] if hints[i] == "tool_wait" else None)
         for i, line in enumerate(lines)
     ]
     return Trace(requests, unit or ("words" if tokenize is None else "tokens"), source)

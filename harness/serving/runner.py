@@ -35,7 +35,7 @@ from harness.serving.endpoint import auth_headers, server_root
 from harness.serving.ordering import predecessors
 from harness.serving.server_probe import ServerTokenizer, ServerTokenizerUnavailable, first_model_id, server_info
 from harness.serving.streamed_request import send_streaming
-from harness.workloads.api_shapes import continues_with_tool_result, to_chat
+from harness.workloads.api_shapes import continues_with_tool_result, returned_tools, to_chat
 from harness.workloads.generators import workload_ideal
 from harness.workloads.ideal import IdealResult, ideal_computed
 
@@ -137,9 +137,25 @@ def hint_states(lines: Sequence[ManifestLine]) -> list[str]:
     return states
 
 
-def _hint_headers(line: ManifestLine, state: str) -> dict[str, str]:
+def hint_tools(lines: Sequence[ManifestLine]) -> list[str | None]:
+    """The tool each line's `tool_wait` waits on: the tools whose results the next line of its session/branch
+    brings back (`returned_tools`), so the server can learn how long each tool takes; None elsewhere."""
+    tools: list[str | None] = [None] * len(lines)
+    last_of: dict[str, int] = {}
+    for index, line in enumerate(lines):
+        key = line.cache_session
+        if key in last_of:
+            tools[last_of[key]] = returned_tools(line.api, line.body)
+        last_of[key] = index
+    return tools
+
+
+def _hint_headers(line: ManifestLine, state: str, tool: str | None = None) -> dict[str, str]:
     # arbor-server's lifecycle hint; other servers ignore unknown headers
-    return {"X-Arbor-Session": line.cache_session, "X-Arbor-Cache-State": state}
+    headers = {"X-Arbor-Session": line.cache_session, "X-Arbor-Cache-State": state}
+    if tool is not None and state == "tool_wait":
+        headers["X-Arbor-Cache-Tool"] = tool
+    return headers
 
 
 async def _compute_ideal(lines: Sequence[ManifestLine], settings: ReplaySettings, client: httpx.AsyncClient,
@@ -165,7 +181,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
     root = server_root(settings.base_url)
     headers = auth_headers(settings.api_key)
     waits = predecessors(lines)
-    states = hint_states(lines)
+    states, tools = hint_states(lines), hint_tools(lines)
     limits = httpx.Limits(max_connections=None if settings.schedule else settings.concurrency,
                           max_keepalive_connections=None if settings.schedule else settings.concurrency)
     timeout = httpx.Timeout(settings.timeout_s, connect=min(30.0, settings.timeout_s))
@@ -197,7 +213,7 @@ async def replay(lines: Sequence[ManifestLine], settings: ReplaySettings) -> Run
                 body = prepare_body(line, settings, default_model)
                 request_headers = dict(headers)
                 if settings.session_hints:
-                    request_headers.update(_hint_headers(line, states[index]))
+                    request_headers.update(_hint_headers(line, states[index], tools[index]))
                 async with gate:
                     m = await send_streaming(client, root + request_path(line, body), body, request_headers,
                                              line.api)

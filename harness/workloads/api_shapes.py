@@ -385,3 +385,40 @@ def line_as(line: ManifestLine, api: str) -> ManifestLine:
 def lines_as(lines: Iterable[ManifestLine], api: str) -> list[ManifestLine]:
     """Every line of a chat manifest as the same request through ``api`` (see :func:`line_as`)."""
     return [line_as(line, api) for line in lines]
+
+
+def returned_tools(api: str, body: dict[str, Any]) -> str | None:
+    """The tools whose results the body's conversation ends with, as one name (the distinct names sorted,
+    joined by `+`: calls that ran together, one wait); None when it does not end with a tool's result."""
+    if not continues_with_tool_result(api, body):
+        return None
+    names: dict[str, str] = {}  # call id -> tool name, from the assistant's calls
+    returned: list[str] = []  # call ids the trailing results answer
+    if api == "responses":
+        items = [i for i in body["input"] if isinstance(i, dict)]
+        for item in items:
+            if item.get("type") == "function_call":
+                names[str(item.get("call_id"))] = str(item.get("name"))
+        for item in reversed(items):
+            if item.get("type") != "function_call_output":
+                break
+            returned.append(str(item.get("call_id")))
+    elif api == "messages":
+        for message in (m for m in body["messages"] if isinstance(m, dict) and m.get("role") == "assistant"):
+            content = message.get("content")
+            for block in content if isinstance(content, list) else ():
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    names[str(block.get("id"))] = str(block.get("name"))
+        returned = [str(b.get("tool_use_id")) for b in body["messages"][-1]["content"]]
+    else:
+        messages = [m for m in body["messages"] if isinstance(m, dict)]
+        for message in messages:
+            for call in message.get("tool_calls") or () if message.get("role") == "assistant" else ():
+                if isinstance(call, dict):
+                    names[str(call.get("id"))] = str((call.get("function") or {}).get("name"))
+        for message in reversed(messages):
+            if message.get("role") != "tool":
+                break
+            returned.append(str(message.get("tool_call_id")))
+    found = sorted({names[c] for c in returned if c in names})
+    return "+".join(found) if found else None

@@ -36,11 +36,14 @@ class CacheHint:
     """A validated lifecycle hint.  The empty hint (all defaults) means "no hint".
 
     ``pin``: True pins the session, False unpins it, None leaves its pin as it is.
+    ``tool``: with state ``tool_wait``, the tool the session waits on (the predictive policy times the
+    session's return by that tool's earlier returns).
     """
 
     session: str | None = None
     state: CacheState | None = None
     pin: bool | None = None
+    tool: str | None = None
 
     @property
     def is_empty(self) -> bool:

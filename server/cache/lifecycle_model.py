@@ -60,6 +60,7 @@ from server.cache.lifecycle_counts import (
     WAITING,
     Counts,
     Curve,
+    Dwell,
     bin_of,
 )
 
@@ -69,7 +70,8 @@ __all__ = ["COLLAB_WAIT", "DONE", "HINT_STATE", "MODEL_CALL", "STATES", "TOOL_WA
 # a hint's state (server/cache/lifecycle.py) -> the state it puts the session in when it takes effect
 HINT_STATE = {"active": COLLAB_WAIT, "tool_wait": TOOL_WAIT, "done": DONE}
 
-MIN_RETURNS = 4  # returns a waiting state must have shown before its sessions' return is timed
+MIN_RETURNS = 4  # returns a waiting state (or a tool) must have shown before its sessions' return is timed
+MAX_TOOLS = 256  # tools whose return times are kept (the least recently returned go first)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class _Session:
     since: float  # when it entered `state`
     running: int = 0  # its requests in flight
     forked: bool = False  # a branch forked from it in this wait (one return counted per wait)
+    tool: str | None = None  # in a tool wait: the tool it waits on, when its hint named one
 
 
 # What the hints mean, as pseudo-counts: the prior without a priors file. A tool wait comes back,
@@ -128,6 +131,8 @@ class LifecycleModel:
         self._values: dict[str, float] = {}
         self._values_at: tuple[int, int] | None = None
         self._curves: dict[tuple[str, str], tuple[int, Curve]] = {}
+        # a tool's return times (online only: the priors are per state), for the sessions whose hint names it
+        self.tool_returns: OrderedDict[str, Dwell] = OrderedDict()
 
     # ------------------------------------------------------------ events
     def arrived(self, session: str, parents: Iterable[str] = (), now: float | None = None) -> None:
@@ -148,8 +153,9 @@ class LifecycleModel:
             self._bound()
             self.version += 1
 
-    def ended(self, session: str, hint_state: str | None, now: float | None = None) -> None:
-        """A request of `session` ended; `hint_state` its hint's state (None: active)."""
+    def ended(self, session: str, hint_state: str | None, now: float | None = None, tool: str | None = None) -> None:
+        """A request of `session` ended; `hint_state` its hint's state (None: active); `tool`: the tool a
+        tool wait waits on, when the hint names one (its return is then timed by that tool's returns)."""
         with self._lock:
             now = self.clock() if now is None else now
             info = self._sessions.get(session)
@@ -158,10 +164,12 @@ class LifecycleModel:
             info.running = max(0, info.running - 1)
             if info.running == 0:
                 self._leave(info, HINT_STATE.get(hint_state or "active", COLLAB_WAIT), now)
+                info.tool = tool if info.state == TOOL_WAIT else None
             self.version += 1
 
-    def hinted(self, session: str, hint_state: str | None, now: float | None = None) -> None:
-        """A bare hint (no request): a known, idle session moves to its state."""
+    def hinted(self, session: str, hint_state: str | None, now: float | None = None, tool: str | None = None) -> None:
+        """A bare hint (no request): a known, idle session moves to its state; a tool wait's hint may name
+        the tool it waits on (named again in the same wait, it changes the tool, not when the wait began)."""
         with self._lock:
             now = self.clock() if now is None else now
             info = self._sessions.get(session)
@@ -170,6 +178,9 @@ class LifecycleModel:
             target = HINT_STATE.get(hint_state)
             if target is not None and target != info.state:
                 self._leave(info, target, now)
+                self.version += 1
+            if target == TOOL_WAIT and tool is not None and tool != info.tool:
+                info.tool = tool
                 self.version += 1
 
     def forget(self, session: str) -> None:
@@ -198,18 +209,31 @@ class LifecycleModel:
         self.forks += 1
         if not info.forked:
             info.forked = True
-            self.online.returns[info.state].add(now - info.since)
+            self._returned(info, now)
             self._count(info.state, MODEL_CALL)
 
     def _leave(self, info: _Session, target: str, now: float) -> None:
         old = info.state
         if old in WAITING and not info.forked:  # (a forked wait's return is counted)
-            dwell = self.online.returns if target == MODEL_CALL else self.online.others
-            dwell[old].add(now - info.since)
+            if target == MODEL_CALL:
+                self._returned(info, now)
+            else:
+                self.online.others[old].add(now - info.since)
             self._count(old, target)
         elif old not in WAITING:
             self._count(old, target)
-        info.state, info.since, info.forked = target, now, False
+        info.state, info.since, info.forked, info.tool = target, now, False, None
+
+    def _returned(self, info: _Session, now: float) -> None:
+        """A waiting session's KV came back (its call, or a branch's fork): the wait's time, for its state and
+        for the tool it waited on."""
+        self.online.returns[info.state].add(now - info.since)
+        if info.tool is not None:
+            dwell = self.tool_returns.pop(info.tool, None) or Dwell()
+            dwell.add(now - info.since)
+            self.tool_returns[info.tool] = dwell  # the most recently returned last
+            while len(self.tool_returns) > MAX_TOOLS:
+                self.tool_returns.popitem(last=False)
 
     def _count(self, i: str, j: str) -> None:
         self.online.transitions[i][j] += 1.0
@@ -242,14 +266,18 @@ class LifecycleModel:
         """P(model_call | state): the chance a waiting state ends in a call (not in another wait)."""
         return self.transition_p(state, MODEL_CALL)
 
-    def curve(self, kind: str, state: str) -> Curve:
-        """The `returns` or `others` dwell curve of a waiting state (cached per model version)."""
-        key = (kind, state)
+    def curve(self, kind: str, state: str, tool: str | None = None) -> Curve:
+        """The `returns` or `others` dwell curve of a waiting state, or (`tool`) the returns of the tool waits
+        on that tool (cached per model version)."""
+        key = (kind, state if tool is None else f"{state}:{tool}")
         cached = self._curves.get(key)
         if cached is not None and cached[0] == self.version:
             return cached[1]
-        on, off = getattr(self.online, kind)[state], getattr(self.prior, kind)[state]
-        counts = [a + b for a, b in zip(on.counts, off.counts)]
+        if tool is not None:
+            counts = list(self.tool_returns[tool].counts)
+        else:
+            on, off = getattr(self.online, kind)[state], getattr(self.prior, kind)[state]
+            counts = [a + b for a, b in zip(on.counts, off.counts)]
         if kind == "returns":  # smoothed over the bins up to quiet_s
             curve = Curve(counts, self.params.alpha, bin_of(self.params.quiet_s))
         else:  # with `alpha` of sessions that never leave by themselves (until found quiet)
@@ -270,11 +298,14 @@ class LifecycleModel:
             e = max(0.0, now - info.since)
             p = self.return_p(info.state)
             step, gamma = self.params.step_s, self.params.gamma
-            if self.online.returns[info.state].total + self.prior.returns[info.state].total < MIN_RETURNS:
+            timed = self.tool_returns.get(info.tool) if info.state == TOOL_WAIT and info.tool is not None else None
+            tool = info.tool if timed is not None and timed.total >= MIN_RETURNS else None  # its tool's, once known
+            if tool is None and self.online.returns[info.state].total + self.prior.returns[info.state].total \
+                    < MIN_RETURNS:
                 # no return of this state seen yet, so no time to expect one at: worth its chance
                 # of coming back at all, as if due at the horizon's end (LRU orders its sessions)
                 return 0.0
-            returns, others = self.curve("returns", info.state), self.curve("others", info.state)
+            returns, others = self.curve("returns", info.state, tool), self.curve("others", info.state)
             sr, so = returns.survival(e), others.survival(e)
             z = p * sr + (1.0 - p) * so
             anchor_s = returns.survival(returns.anchor(e))
@@ -324,6 +355,7 @@ class LifecycleModel:
                                        for i, row in self.online.transitions.items() if any(row.values())},
                 "transitions_prior": int(sum(sum(row.values()) for row in self.prior.transitions.values())),
                 "return_p": {s: round(self.return_p(s), 4) for s in WAITING},
+                "tools_timed": sum(1 for d in self.tool_returns.values() if d.total >= MIN_RETURNS),
                 "params": {"alpha": self.params.alpha, "horizon": self.params.horizon, "step_s": self.params.step_s,
                            "gamma": self.params.gamma, "quiet_s": self.params.quiet_s},
             }

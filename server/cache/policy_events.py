@@ -34,7 +34,7 @@ class PolicyEvents:
             resident.rank = rank  # owners go in the policy's order too
         if self.predictive is not None:
             predictive = self.predictive
-            registry.on_apply = lambda hint: predictive.hinted(hint.session, hint.state)
+            registry.on_apply = lambda hint: predictive.hinted(hint.session, hint.state, hint.tool)
         self.requests = 0
         self.prompt_tokens = 0
         self.reused_tokens = 0
@@ -52,7 +52,8 @@ class PolicyEvents:
         self.prompt_tokens += prompt_tokens
         self.reused_tokens += reused
         if self.predictive is not None and hint is not None:
-            self.predictive.ended(hint.session, None if failed else hint.state, kv_tokens)
+            self.predictive.ended(hint.session, None if failed else hint.state, kv_tokens,
+                                  tool=None if failed else hint.tool)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {

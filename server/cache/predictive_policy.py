@@ -80,16 +80,18 @@ class PredictivePolicy:
             parents = self.tips.parents(tokens, session)
         self.model.arrived(session, parents)
 
-    def ended(self, session: str | None, hint_state: str | None, tokens: Sequence[int]) -> None:
-        """A request of `session` ended with its hint's state; `tokens`: what its KV holds."""
+    def ended(self, session: str | None, hint_state: str | None, tokens: Sequence[int],
+              tool: str | None = None) -> None:
+        """A request of `session` ended with its hint's state (and the tool a tool wait waits on); `tokens`:
+        what its KV holds."""
         if session is None:
             return
-        self.model.ended(session, hint_state)
+        self.model.ended(session, hint_state, tool=tool)
         self.tips.note(session, tokens)
 
-    def hinted(self, session: str | None, hint_state: str | None) -> None:
+    def hinted(self, session: str | None, hint_state: str | None, tool: str | None = None) -> None:
         if session is not None:
-            self.model.hinted(session, hint_state)
+            self.model.hinted(session, hint_state, tool=tool)
 
 
 _MOD = (1 << 61) - 1

@@ -21,6 +21,12 @@ def _states(fake, key):
             if hint is not None and hint["session"] == key]
 
 
+def _tools(fake, key: str) -> list:
+    """What each tool_wait hint of `key` said it waits on."""
+    return [hint.get("tool") for kind, hint in fake.timeline
+            if hint is not None and hint["session"] == key and hint.get("state") == "tool_wait"]
+
+
 def test_an_approval_waits_as_tool_wait_and_only_the_end_is_done(tmp_path):
     replies = [ScriptedReply(tool_calls=[tool_call("propose_action", PROPOSAL, "c1")]),
                ScriptedReply(content="Restart is up to you.")]
@@ -37,6 +43,8 @@ def test_an_approval_waits_as_tool_wait_and_only_the_end_is_done(tmp_path):
         assert _states(fake, key)[2:] == [("hint", "tool_wait", None),  # the approval node, resumed
                                           ("hint", "tool_wait", None),  # the tools node
                                           ("chat", "active", None), ("hint", "done", None)]
+        # the approval waits on a person, the tools node on the tool it runs: each timed apart by the server
+        assert _tools(fake, key) == ["approval", "approval", "propose_action"]
 
 
 def test_a_failed_turn_ends_with_done(tmp_path):

@@ -40,7 +40,8 @@ def test_tool_loop_runs_tool_and_feeds_result_back(tmp_path):
         assert first["cache"] == second["cache"] == {"session": hint_key, "state": "active"}
         assert fake.requests[0]["headers"]["x-arbor-session"] == hint_key
         assert fake.requests[0]["headers"]["x-arbor-cache-state"] == "active"
-        assert fake.timeline == [("chat", first["cache"]), ("hint", {"session": hint_key, "state": "tool_wait"}),
+        assert fake.timeline == [("chat", first["cache"]), ("hint", {"session": hint_key, "state": "tool_wait",
+                                                                            "tool": "echo"}),
                                  ("chat", second["cache"]), ("hint", {"session": hint_key, "state": "done"})]
 
         detail = client.get(f"/api/sessions/{session['id']}").json()

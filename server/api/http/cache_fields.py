@@ -1,9 +1,9 @@
 """A request's cache fields as HTTP carries them, read before anything is rendered.
 
 The lifecycle hint (server.cache.lifecycle.CacheHint): a request may carry ``{"cache":
-{"session": "...", "state": "active|tool_wait|done", "pin": true}}`` in its body, or the
-headers ``X-Arbor-Session``, ``X-Arbor-Cache-State`` and ``X-Arbor-Cache-Pin`` (other servers
-ignore both); OpenAI's ``prompt_cache_key`` is its session unless ``cache.session`` names one.
+{"session": "...", "state": "active|tool_wait|done", "pin": true, "tool": "..."}}`` in its body, or
+the headers ``X-Arbor-Session``, ``X-Arbor-Cache-State``, ``X-Arbor-Cache-Pin`` and ``X-Arbor-Cache-Tool``
+(other servers ignore both); OpenAI's ``prompt_cache_key`` is its session unless ``cache.session`` names one.
 ``POST /cache/hint`` takes the same fields without a generation.
 
 The namespace (server.engine.cache_namespace): the request's ``cache_salt`` and, under
@@ -30,9 +30,10 @@ from server.settings import ServerSettings
 SESSION_HEADER = "X-Arbor-Session"
 STATE_HEADER = "X-Arbor-Cache-State"
 PIN_HEADER = "X-Arbor-Cache-Pin"
+TOOL_HEADER = "X-Arbor-Cache-Tool"
 
 MAX_SESSION_LEN = 256
-_BODY_KEYS = frozenset({"session", "state", "pin"})
+_BODY_KEYS = frozenset({"session", "state", "pin", "tool"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -84,12 +85,15 @@ def parse_cache_hint(
     * pin: a JSON boolean in the body; true/false/1/0/yes/no/on/off in the header;
     * state and ``pin: true`` need a session (a pin without a session could
       never be released); ``pin: false`` without a session says nothing;
+    * tool: a printable string of 1..256 characters (the tool, or the tools joined,
+      that a ``tool_wait`` waits on); it needs the state ``tool_wait``;
     * unknown keys in ``body["cache"]`` are rejected (a typo would otherwise
       silently disable the hint).
     """
     fields: dict[str, tuple[Any, str]] = {}
     if headers is not None:
-        for key, name in (("session", SESSION_HEADER), ("state", STATE_HEADER), ("pin", PIN_HEADER)):
+        for key, name in (("session", SESSION_HEADER), ("state", STATE_HEADER), ("pin", PIN_HEADER),
+                          ("tool", TOOL_HEADER)):
             raw = _header(headers, name)
             if raw is not None:
                 fields[key] = (raw.strip(), name)
@@ -107,7 +111,7 @@ def parse_cache_hint(
         unknown = sorted(set(ext) - _BODY_KEYS)
         if unknown:
             raise CacheHintError(
-                f"unknown key(s) in cache: {', '.join(map(str, unknown))} (allowed: pin, session, state)",
+                f"unknown key(s) in cache: {', '.join(map(str, unknown))} (allowed: pin, session, state, tool)",
                 "cache",
             )
         for key in _BODY_KEYS & set(ext):
@@ -119,10 +123,14 @@ def parse_cache_hint(
     session = _check_session(*fields["session"]) if "session" in fields else None
     state = _check_state(*fields["state"]) if "state" in fields else None
     pin = bool(fields["pin"][0]) if "pin" in fields else None
+    tool = _check_session(*fields["tool"]) if "tool" in fields else None  # the same rules as a session name
+    if tool is not None and state != "tool_wait":
+        param = fields["tool"][1]
+        raise CacheHintError(f"{param} names the tool a tool_wait waits on: it needs the state tool_wait", param)
     if session is None and (state is not None or pin):
         param = fields["state"][1] if state is not None else fields["pin"][1]
         raise CacheHintError(f"{param} needs a session (cache.session or {SESSION_HEADER})", param)
-    return CacheHint(session=session, state=state, pin=pin if session is not None else None)
+    return CacheHint(session=session, state=state, pin=pin if session is not None else None, tool=tool)
 
 
 def has_arbor_hint(body_cache: object, headers: Mapping[str, str] | None) -> bool:
@@ -130,7 +138,7 @@ def has_arbor_hint(body_cache: object, headers: Mapping[str, str] | None) -> boo
     if body_cache is not None:
         return True
     return headers is not None and any(_header(headers, name) is not None
-                                       for name in (SESSION_HEADER, STATE_HEADER, PIN_HEADER))
+                                       for name in (SESSION_HEADER, STATE_HEADER, PIN_HEADER, TOOL_HEADER))
 
 
 def request_cache_hint(cache: Any, prompt_cache_key: str | None, headers: Mapping[str, str] | None) -> CacheHint | None:

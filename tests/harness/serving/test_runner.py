@@ -161,6 +161,8 @@ async def test_recorded_body_hints_never_reach_the_server():
         if hints_on:
             assert [(h["x-arbor-session"], h["x-arbor-cache-state"]) for h in headers] == [
                 ("s/main", "tool_wait"), ("s/main", "done")]
+            # the tool wait names the tool the next request brings the result of; a finished turn names none
+            assert [h.get("x-arbor-cache-tool") for h in headers] == ["f", None]
         else:
             assert not any(k.startswith("x-arbor") for h in headers for k in h), "--no-session-hints"
 

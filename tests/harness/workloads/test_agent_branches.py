@@ -2,7 +2,7 @@
 
 from harness.manifest import dumps_manifest
 from harness.serving.ordering import predecessors
-from harness.serving.runner import hint_states
+from harness.serving.runner import hint_states, hint_tools
 from harness.workloads.generators import agent_sessions
 
 
@@ -40,6 +40,14 @@ def test_the_fork_point_says_active_and_the_branches_wait_for_it():
     # the trunk's first request continues with a tool result; its last is where both branches go on;
     # each branch's first continues with a tool result, its last ends the turn
     assert hint_states(lines) == ["tool_wait", "active", "tool_wait", "done", "tool_wait", "done"]
+    # each tool wait names the tool whose result the next request brings back (the server times it by that tool)
+    tools = hint_tools(lines)
+    for index, state in enumerate(hint_states(lines)):
+        if state != "tool_wait":
+            continue
+        nxt = next(i for i in range(index + 1, len(lines)) if lines[i].cache_session == lines[index].cache_session)
+        called = lines[nxt].body["messages"][-2]["tool_calls"][0]["function"]["name"]
+        assert tools[index] == called, (index, tools)
 
 
 def test_tool_waits_follow_each_tool_call_and_leave_the_texts_alone():

@@ -15,11 +15,12 @@ from harness.workloads.api_shapes import (
     continues_with_tool_result,
     line_as,
     lines_as,
+    returned_tools,
     to_chat,
     to_messages,
     to_responses,
 )
-from harness.workloads.generators import agent_sessions, workload_ideal
+from harness.workloads.generators import SCENARIOS, agent_sessions, workload_ideal
 from server.api.protocols.anthropic_messages.request import MessagesRequest, parse_request
 from server.api.protocols.anthropic_messages.translate import chat_request
 from server.api.protocols.openai_responses.request import ResponsesRequest
@@ -139,6 +140,20 @@ def test_the_server_reads_the_translation_back_as_the_original_chat(api):
     # and this module's reading of the body agrees with the server's
     assert _plain(to_chat(api, body)["messages"]) == _plain(served["messages"])
     assert to_chat(api, body)["tools"] == [TOOL]
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_the_tools_a_body_returns_read_the_same_through_every_api(api):
+    work = agent_sessions(sessions=2, turns=3, system_len=40, tool_result_len=20)
+    names = [returned_tools("chat", line.body) for line in work.lines]
+    known = {t["function"]["name"] for _, tools in SCENARIOS.values() for t in tools}
+    assert names.count(None) == 2 and all(n in known for n in names if n), names
+    assert [returned_tools(api, line.body) for line in lines_as(work.lines, api)] == names
+    two = {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "zeta", "arguments": "{}"}},
+        {"id": "b", "type": "function", "function": {"name": "alpha", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "1"}, {"role": "tool", "tool_call_id": "b", "content": "2"}]}
+    assert returned_tools("chat", two) == "alpha+zeta", "calls that ran together: one wait, named by both"
 
 
 @pytest.mark.parametrize("api", ["responses", "messages"])

@@ -109,3 +109,30 @@ def test_a_body_that_is_not_an_object_is_refused(arbor_server):
         r = httpx.post(arbor_server.base_url + "/cache/hint", content=content,
                        headers={"Content-Type": "application/json"}, timeout=30)
         assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+
+
+def test_a_tool_wait_that_names_its_tool_is_timed_by_that_tool(arbor_server):
+    """A tool wait's hint may name its tool (in the request's hint, a bare hint or the X-Arbor-Cache-Tool
+    header); once the tool has come back MIN_RETURNS (4) times, the predictor times its waits by it
+    (`/cache/stats` `policy.predictor.tools_timed`). A tool named without a tool wait is refused."""
+    def tools_timed() -> int:
+        return _lifecycle(arbor_server)["policy"]["predictor"]["tools_timed"]
+
+    session, tool = _name("tooled"), f"probe_{uuid.uuid4().hex[:8]}"
+
+    def ask(cache: dict | None = None, headers: dict | None = None) -> None:
+        r = httpx.post(arbor_server.v1 + "/completions", timeout=300, headers=headers or {}, json={
+            "prompt": "Count: one two three", "max_tokens": 1, "temperature": 0, **({"cache": cache} if cache else {})})
+        assert r.status_code == 200, r.text
+
+    before = tools_timed()
+    ask({"session": session, "state": "tool_wait", "tool": tool})
+    ask({"session": session, "state": "tool_wait", "tool": tool})  # its arrival: the tool's first return
+    ask(headers={"X-Arbor-Session": session, "X-Arbor-Cache-State": "tool_wait", "X-Arbor-Cache-Tool": tool})
+    ask({"session": session, "state": "active"})
+    assert tools_timed() == before, "three returns: not timed yet"
+    assert _hint(arbor_server, {"session": session, "state": "tool_wait", "tool": tool}).status_code == 200
+    ask({"session": session, "state": "done"})  # the fourth return, of the wait the bare hint began
+    assert tools_timed() == before + 1
+    r = _hint(arbor_server, {"session": session, "state": "done", "tool": tool})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache.tool", r.text

@@ -211,3 +211,33 @@ def test_the_queue_ranks_again_when_the_policys_epoch_moves():
     rank[c.id] = 1.5
     policy.epoch = 1  # the policy says its keys moved: the queue ranks every node again
     assert first_two(queue) == (a, c)
+
+
+def test_a_tool_wait_is_timed_by_its_tools_returns_once_the_tool_has_shown_enough():
+    """Two tools, one quick (0.5 s) and one slow (4 s): the state's returns mix them, so a session waiting on the
+    quick tool looks half as likely to be back soon as it is. Named in the hint, each tool's own returns time it:
+    the quick tool's session is due at once, the slow tool's later; without the tool the state's mix is used."""
+    model = LifecycleModel(ModelParams(), clock=Clock())
+    t = 0.0
+    for i in range(8):
+        for tool, wait in (("grep", 0.5), ("build", 4.0)):
+            model.arrived(f"{tool}{i}", now=t)
+            model.ended(f"{tool}{i}", "tool_wait", now=t + 0.1, tool=tool)
+            model.arrived(f"{tool}{i}", now=t + 0.1 + wait)
+            t += 10.0
+    assert model.summary()["tools_timed"] == 2
+    for name, tool in (("quick", "grep"), ("slow", "build"), ("unnamed", None), ("unseen", "deploy")):
+        model.arrived(name, now=200.0)
+        model.ended(name, "tool_wait", now=200.1, tool=tool)
+    v = {name: model.session_value(name, now=200.3) for name in ("quick", "slow", "unnamed", "unseen")}
+    assert v["quick"] > 1.5 * v["unnamed"] > 0, v
+    assert v["slow"] < v["unnamed"] / 2, v
+    assert v["unseen"] == v["unnamed"], "a tool with too few returns is timed by the state's returns"
+    # a bare hint may name the tool of a wait already begun: the wait's start stays, its timing follows the tool
+    model.hinted("unnamed", "tool_wait", now=200.2, tool="grep")
+    assert model.session_value("unnamed", now=200.3) == v["quick"]
+    # the tool goes with the wait: the next tool wait, named by no hint, is timed by the state's returns again
+    for name in ("quick", "plain"):
+        model.arrived(name, now=201.0)
+        model.ended(name, "tool_wait", now=201.1)
+    assert model.session_value("quick", now=201.3) == model.session_value("plain", now=201.3) < v["quick"]

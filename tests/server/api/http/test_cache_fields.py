@@ -9,6 +9,7 @@ from server.api.http.cache_fields import (
     PIN_HEADER,
     SESSION_HEADER,
     STATE_HEADER,
+    TOOL_HEADER,
     CacheHintError,
     has_arbor_hint,
     parse_cache_hint,
@@ -65,6 +66,11 @@ def test_body_wins_field_by_field():
         (None, {SESSION_HEADER: "s", STATE_HEADER: "DONE"}, STATE_HEADER),
         (None, {STATE_HEADER: "tool_wait"}, STATE_HEADER),
         (None, {SESSION_HEADER: ""}, SESSION_HEADER),
+        ({"cache": {"session": "s", "state": "active", "tool": "grep"}}, None, "cache.tool"),
+        ({"cache": {"session": "s", "tool": "grep"}}, None, "cache.tool"),
+        ({"cache": {"session": "s", "state": "tool_wait", "tool": 7}}, None, "cache.tool"),
+        ({"cache": {"session": "s", "state": "tool_wait", "tool": ""}}, None, "cache.tool"),
+        (None, {SESSION_HEADER: "s", STATE_HEADER: "done", TOOL_HEADER: "grep"}, TOOL_HEADER),
     ],
 )
 def test_invalid_hints_raise_with_the_offending_field(body, headers, param):
@@ -73,6 +79,13 @@ def test_invalid_hints_raise_with_the_offending_field(body, headers, param):
     assert err.value.param == param
     assert str(err.value)
     assert isinstance(err.value, ValueError)
+
+
+def test_a_tool_wait_names_its_tool_in_the_body_or_a_header():
+    hint = parse_cache_hint({"cache": {"session": "s", "state": "tool_wait", "tool": "query_logs+grep"}})
+    assert hint == CacheHint(session="s", state="tool_wait", tool="query_logs+grep")
+    assert parse_cache_hint(None, {SESSION_HEADER: "s", STATE_HEADER: "tool_wait", TOOL_HEADER: "grep"}).tool == "grep"
+    assert has_arbor_hint(None, {TOOL_HEADER: "grep"})
 
 
 def test_pin_false_is_kept_apart_from_no_pin():
