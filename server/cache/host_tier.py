@@ -130,7 +130,6 @@ class HostTier:
             return fresh.slice(s - have, e - have) if fresh is not None and s >= have else extract(s, e)
         return view
 
-
     def _make_room(self, incoming: int) -> bool:
         res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming,
                              settle=self._copy_out_survivors)

@@ -232,8 +232,9 @@ class LifecycleModel:
             dwell = self.tool_returns.pop(info.tool, None) or Dwell()
             dwell.add(now - info.since)
             self.tool_returns[info.tool] = dwell  # the most recently returned last
-            while len(self.tool_returns) > MAX_TOOLS:
-                self.tool_returns.popitem(last=False)
+            while len(self.tool_returns) > MAX_TOOLS:  # tool names are the clients': their number is bounded here
+                gone, _ = self.tool_returns.popitem(last=False)
+                self._curves.pop(("returns", f"{TOOL_WAIT}:{gone}"), None)
 
     def _count(self, i: str, j: str) -> None:
         self.online.transitions[i][j] += 1.0

@@ -241,3 +241,18 @@ def test_a_tool_wait_is_timed_by_its_tools_returns_once_the_tool_has_shown_enoug
         model.arrived(name, now=201.0)
         model.ended(name, "tool_wait", now=201.1)
     assert model.session_value("quick", now=201.3) == model.session_value("plain", now=201.3) < v["quick"]
+
+
+def test_tools_kept_are_bounded_least_recently_returned_first(monkeypatch):
+    """Tool names come from clients: the model keeps the return times of at most MAX_TOOLS of them."""
+    import server.cache.lifecycle_model as lm
+
+    monkeypatch.setattr(lm, "MAX_TOOLS", 3)
+    model = LifecycleModel(ModelParams(), clock=Clock())
+    for i, tool in enumerate(["a", "b", "c", "a", "d"]):
+        model.arrived("s", now=10.0 * i)
+        model.ended("s", "tool_wait", now=10.0 * i + 0.1, tool=tool)
+        model.arrived("s", now=10.0 * i + 1.0)
+        model.ended("s", "done", now=10.0 * i + 1.1)
+    assert list(model.tool_returns) == ["c", "a", "d"], "b returned least recently: dropped first"
+    assert model.tool_returns["a"].total == 2
