@@ -163,14 +163,18 @@ class ResidentOwners:
                     covered[id(part)] = m.partial_tokens
         return sum(covered.values()), whole
 
-    def cells(self) -> int:
+    def _charge(self) -> tuple[int, set[int]]:
         """The cells the budget charges (module docstring): the held cells, less those a slot or parked copy
-        also holds in the unified layout."""
-        n = self.held_cells()
+        also holds in the unified layout; and there, the ids of the owner nodes a device path holds whole."""
+        n, whole = self.held_cells(), set[int]()
         if self._charges_shared() and n:
-            n -= self._covered()[0]
+            covered, whole = self._covered()
+            n -= covered
         self.charged = n
-        return n
+        return n, whole
+
+    def cells(self) -> int:
+        return self._charge()[0]
 
     def _new_cells(self, n: int, base_n: int) -> int:
         """The cells publishing an n-token prefix adds: past the longest owner it extends (unified), or all n."""
@@ -181,12 +185,11 @@ class ResidentOwners:
         a publish's cells are its slot's until the slot lets them go (then `enforce` keeps the budget)."""
         return not self._charges_shared() and self.cells() + cells > self.budget_cells
 
-    def _freeing(self) -> list[Owner]:
+    def _freeing(self, whole: set[int]) -> list[Owner]:
         """The owners whose eviction frees charged cells: charging shared cells, those whose path's end no
-        slot or parked copy holds (one that does holds the whole path); else every one."""
+        slot or parked copy holds (`whole`, from `_charge`: one that does holds the whole path); else every one."""
         if not self._charges_shared():
             return list(self.owners)
-        whole = self._covered()[1]
         return [o for o in self.owners if id(o.tip) not in whole]
 
     def enforce(self, protect: Owner | None = None) -> int:
@@ -194,8 +197,11 @@ class ResidentOwners:
         charged cells, until the charge is within the budget; the number evicted. Run after a slot let go
         of cells (the router: after an admission, after each engine step) and after a prefetch adopts."""
         evicted = 0
-        while self.owners and self.cells() > self.budget_cells:
-            ranked = [(r, o) for o in self._freeing() if o is not protect and (r := self._rank(o)) is not None]
+        while self.owners:
+            charged, whole = self._charge()  # one walk per eviction: the charge and who frees any of it
+            if charged <= self.budget_cells:
+                break
+            ranked = [(r, o) for o in self._freeing(whole) if o is not protect and (r := self._rank(o)) is not None]
             if not ranked:
                 break
             self._evict(min(ranked, key=lambda x: x[0])[1], "over the budget")
@@ -282,8 +288,11 @@ class ResidentOwners:
         when that is not enough."""
         if cells > self.budget_cells:
             return False
-        while self.cells() + cells > self.budget_cells or self.seq_ids.in_use("owner") >= self.seq_ids.layout.owners:
-            candidates = self.owners if self.cells() + cells <= self.budget_cells else self._freeing()  # an id
+        while True:
+            charged, whole = self._charge()
+            if charged + cells <= self.budget_cells and self.seq_ids.in_use("owner") < self.seq_ids.layout.owners:
+                break
+            candidates = self.owners if charged + cells <= self.budget_cells else self._freeing(whole)  # an id
             ranked = [(r, o) for o in candidates if o is not protect and not o.prefetched
                       and (r := self._rank(o)) is not None and isinstance(r, tuple) and r[0] < below]
             if not ranked:
