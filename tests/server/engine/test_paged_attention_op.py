@@ -359,3 +359,30 @@ def test_rows_of_one_tag_must_share_their_list():
     rows = np.array([[2, 1, 0, 4, 0], [3, 1, 0, 5, 6]], np.int64)  # the first row's page 4 is not in the other's
     with pytest.raises(ValueError, match="no prefix"):
         ggml_fa.pack_page_table(rows)
+
+
+@pytest.mark.parametrize("paged", [True, False])
+@pytest.mark.parametrize("tokens_of", ["prefill", "decode"])
+def test_cells_masked_for_every_row_are_never_read(paged, tokens_of):
+    """Another sequence's cells (seq 7, an idle slot) hold NaN in K and V, as a half-written state staged beside the
+    compute may (native/src/llama-state-staged.h): no query row may see them. The tiled path loaded every column of a
+    tile that some row keeps and let the -inf mask cancel it, which NaN defeats; it now zeroes a column masked in every
+    row of the tile. Paged and unpaged, the tiled prefill and the per-row decode paths."""
+    rng = np.random.default_rng({"prefill": 31, "decode": 32}[tokens_of] + 2 * paged)
+    kv = shared_prefix_layout(rng, 1000)
+    for s in (0, 1, 2):
+        kv.append(s, 1)
+    if tokens_of == "prefill":
+        tokens = [(1, p) for p in range(kv.next_pos[1] - 70, kv.next_pos[1])]
+        tokens += [(2, p) for p in range(kv.next_pos[2] - 10, kv.next_pos[2])]
+    else:
+        tokens = [(s, kv.next_pos[s] - 1) for s in (0, 1, 2)]
+    mask, table = ubatch_inputs(kv, tokens, 16)
+    q, k, v = random_qkv(rng, len(tokens), kv.n_kv)
+    ref = ggml_fa.reference(q, k, v, mask, scale=SCALE)
+    idle = [c for c in range(kv.n_kv) if kv.owners[c] == {7}]
+    assert len(idle) == 300
+    k[:, idle], v[:, idle] = np.nan, np.nan
+    out = ggml_fa.flash_attn(q, k, v, mask, scale=SCALE, pages=table if paged else None, page_size=16)
+    assert not np.isnan(out).any()
+    np.testing.assert_allclose(out, ref, atol=4e-3, rtol=0)

@@ -1,0 +1,133 @@
+// A sequence state restored in two steps (Arbor): the contract is in llama-state-staged.h.
+
+#include "llama-state-staged.h"
+
+#include "llama-context.h"
+#include "llama-impl.h"
+#include "llama-io.h"
+#include "llama-memory.h"
+
+#include "ggml-backend.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+namespace {
+
+// the magic llama_context writes at the head of a sequence state (io_magic, llama-context.cpp)
+constexpr uint32_t STATE_SEQ_MAGIC = 0xaf143cd8;
+
+struct tensor_write {
+    ggml_tensor   * tensor;
+    const uint8_t * src;
+    size_t          offset;
+    size_t          size;
+};
+
+// llama_io_read_host's reading, keeping the tensor ranges it records instead of copying them when it goes
+class staging_reader : public llama_io_read_i {
+public:
+    staging_reader(const uint8_t * p, size_t len) : ptr(p), left(len) {}
+
+    void read(void * dst, size_t size) override {
+        memcpy(dst, take(size), size);
+    }
+
+    void read_tensor(ggml_tensor * tensor, size_t offset, size_t size) override {
+        const uint8_t * src = take(size);
+        writes.push_back({tensor, src, offset, size});
+        n_write += size;
+    }
+
+    void discard() override {
+        writes.clear();
+        n_write = 0;
+    }
+
+    size_t n_bytes() override {
+        return n_read;
+    }
+
+    std::vector<tensor_write> writes;
+    size_t n_write = 0;
+
+private:
+    const uint8_t * take(size_t size) {
+        if (size > left) {
+            throw std::runtime_error("unexpectedly reached end of buffer");
+        }
+        const uint8_t * at = ptr;
+        ptr    += size;
+        left   -= size;
+        n_read += size;
+        return at;
+    }
+
+    const uint8_t * ptr;
+    size_t left;
+    size_t n_read = 0;
+};
+
+} // namespace
+
+struct llama_state_staged {
+    std::vector<tensor_write> writes;
+    size_t n_bytes = 0;
+    bool   written = false;
+};
+
+llama_state_staged * llama_state_seq_stage(llama_context * ctx, const uint8_t * src, size_t size, llama_seq_id seq_id,
+                                           size_t * n_read) {
+    if (n_read) {
+        *n_read = 0;
+    }
+    llama_memory_t mem = ctx->get_memory();
+    if (!mem || seq_id < 0) {
+        return nullptr;
+    }
+    ctx->synchronize();
+
+    staging_reader io(src, size);
+    try {
+        uint32_t magic = 0;
+        io.read(&magic, sizeof(magic));
+        if (magic != STATE_SEQ_MAGIC) {
+            throw std::runtime_error("wrong sequence state magic");
+        }
+        llama_seq_id seq_id_read;
+        io.read(&seq_id_read, sizeof(seq_id_read));
+        // the KV cache frees the cells it took when a check fails (llama_kv_cache::state_read)
+        mem->state_read(io, seq_id, 0);
+    } catch (const std::exception & err) {
+        LLAMA_LOG_ERROR("%s: error staging state: %s\n", __func__, err.what());
+        return nullptr;
+    }
+
+    auto * staged = new llama_state_staged;
+    staged->writes  = std::move(io.writes);
+    staged->n_bytes = io.n_write;
+    if (n_read) {
+        *n_read = io.n_bytes();
+    }
+    return staged;
+}
+
+size_t llama_state_staged_n_bytes(const llama_state_staged * staged) {
+    return staged ? staged->n_bytes : 0;
+}
+
+int32_t llama_state_staged_write(llama_state_staged * staged) {
+    if (staged->written) {
+        return -1;
+    }
+    for (const auto & w : staged->writes) {
+        ggml_backend_tensor_set(w.tensor, w.src, w.offset, w.size);
+    }
+    staged->written = true;
+    return 0;
+}
+
+void llama_state_staged_free(llama_state_staged * staged) {
+    delete staged;
+}
