@@ -17,6 +17,12 @@ Contract:
   be called from any thread.
 - ctypes releases the GIL during foreign calls, so a decode running on the engine thread
   does not stall the HTTP event loop.
+- A staged state (`stage_state`, then `write_staged`: native/src/llama-state-staged.h) has its cells
+  taken on the engine thread and its K and V written on the runtime's write thread while decodes of
+  other sequences run; only where `stages_beside_compute` (paged attention on the CPU: kernels that
+  never read a cell masked for them). Until its write is done the caller keeps the sequence out of
+  batches; a method here that reads or frees the cells of a sequence a write fills, or may move any
+  cell, waits for that write first (`settle_writes`), so no cell is freed, moved or read while written.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import ctypes
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +40,7 @@ from typing import Any, Literal
 import llama_cpp
 import numpy as np
 
-from server.engine import backend_devices, kv_layout, kv_types, offload, paged_attention
+from server.engine import backend_devices, kv_layout, kv_types, offload, paged_attention, staged_state
 from server.engine.kv_full import KVCacheFull
 from server.engine.llama_backend import init_once as _init_backend_once
 from server.engine.model_info import ModelInfo, read_model_info
@@ -232,6 +239,14 @@ class LlamaRuntime:
         # where paged attention places a step's tokens (None: paging is off)
         self.page_placement = config.page_placement if self.paged_attn.enabled else None
         self.n_cells_defragmented = 0  # cells defragment_pages moved so far (/metrics)
+        # Staged states written beside the compute: only where every kernel that reads another sequence's cells
+        # skips the cells masked for it (the CPU's flash-attention kernels, which paged attention needs), and the
+        # KV is host memory (no layer offloaded: a device copy would need a stream and an event of its own).
+        self.stages_beside_compute = (self.paged_attn.enabled and self.offload.offloaded == 0
+                                      and staged_state.compiled_in())
+        self._writer: ThreadPoolExecutor | None = None  # the write thread, made at the first staged write
+        self._writes: list[tuple[frozenset[int], Future]] = []  # staged writes in flight: (the sequences, the write)
+        self.writes_waited = 0  # times a call here waited for a staged write still running
         if self.paged_attn.note and config.paged_attn == "auto":
             log.warning("paged attention is off: %s", self.paged_attn.note)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
@@ -346,6 +361,7 @@ class LlamaRuntime:
 
     # ------------------------------------------------------------------- memory
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        self.settle_writes(seq_id)
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -435,6 +451,7 @@ class LlamaRuntime:
         to move."""
         if self.page_placement != "owned":
             return 0
+        self.settle_writes()
         moved = paged_attention.defragment(self.ctx)
         self.n_cells_defragmented += moved
         return moved
@@ -454,6 +471,7 @@ class LlamaRuntime:
         (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY; server/cache/checkpoints.py)."""
         if seq_id in self._copy_targets:  # its stream is still to receive a copy
             self.make_copies(seq_id)
+        self.settle_writes(seq_id)
         flags = _PARTIAL_ONLY if partial else 0
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, flags)
         buf = np.empty(size, dtype=np.uint8)
@@ -472,13 +490,59 @@ class LlamaRuntime:
         buffer (bytes, bytearray, memoryview, numpy); it is passed by address, never copied here."""
         if self.copy_pending(seq_id):  # a copy would read what this writes, or overwrite it
             self.make_copies(seq_id)
+        self.settle_writes(seq_id)
         arr = np.frombuffer(data, dtype=np.uint8)
         ptr = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         return llama_cpp.llama_state_seq_set_data_ext(self.ctx, ptr, arr.nbytes, seq_id,
                                                       _PARTIAL_ONLY if partial else 0) > 0
 
+    def stage_state(self, data, seq_id: int) -> staged_state.StagedState | None:
+        """The first step of a two-step restore into the empty `seq_id`: its cells taken, positions and sequence ids
+        set, every check made; its K and V not written (`write_staged`). None: llama.cpp refused the state, and the
+        sequence holds nothing. Only where `stages_beside_compute` (else RuntimeError: the write could not run beside
+        a decode)."""
+        if not self.stages_beside_compute:
+            raise RuntimeError("staged restores need paged attention on the CPU (the kernels that skip masked cells)")
+        return staged_state.stage(self.ctx, data, seq_id)
+
+    def write_staged(self, staged: staged_state.StagedState, seq_ids: Iterable[int]) -> Future:
+        """Write a staged state's K and V on the write thread, now, while the engine thread goes on; the future
+        gives the write's seconds. `seq_ids`: the sequences that hold the staged cells by now (seq_cp may have
+        given them to another since staging). The record is freed when the write is done."""
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-kv-write")
+
+        def write() -> float:
+            t0 = time.perf_counter()
+            try:
+                staged.write()
+            finally:
+                staged.free()
+            return time.perf_counter() - t0
+
+        future = self._writer.submit(write)
+        self._writes.append((frozenset(seq_ids), future))
+        return future
+
+    def settle_writes(self, seq_id: int = -1) -> None:
+        """Wait for the staged writes in flight into `seq_id`'s cells (-1: every write): called, on the engine thread,
+        by the methods here that free or read a sequence's cells, or may move any cell. Another request's write is
+        waited for only when its cells are touched."""
+        if not self._writes:
+            return
+        waiting = [(seqs, f) for seqs, f in self._writes if seq_id < 0 or seq_id in seqs]
+        if any(not f.done() for _, f in waiting):
+            self.writes_waited += 1
+        for _, f in waiting:
+            f.exception()  # waits; a failed write shows where its future is read
+        self._writes = [(seqs, f) for seqs, f in self._writes if not f.done()]
+
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
+        if getattr(self, "_writer", None) is not None:  # no write may outlive the context it fills
+            self.settle_writes()
+            self._writer.shutdown(wait=True)
+            self._writer = None
         if getattr(self, "ctx", None):
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
