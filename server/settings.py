@@ -214,6 +214,11 @@ class ServerSettings(CachePolicySettings, SpeculativeSettings, BaseSettings):
                                     "request's slot per engine step while other requests compute (the request waits "
                                     "for its own restore only); 0: each restore whole at admission (stalls decoding "
                                     "for the whole copy)", json_schema_extra=_CACHE)
+    cache_restore_beside: Literal["auto", "off"] = Field(
+        "auto", description="auto: where no attention kernel reads a cell masked for it (paged attention on the "
+        "CPU), a restore beside computing requests takes its cells at once and writes its K and V on a thread of "
+        "its own while they compute; off (or where the kernels may read masked cells): in pieces of "
+        "--cache-restore-step between their steps", json_schema_extra=_CACHE)
     cache_idle_cells: int | None = Field(
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "

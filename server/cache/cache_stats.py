@@ -24,6 +24,10 @@ def cache_stats(router: Any) -> dict:
         "reused_tokens_by_source": dict(r.reused_tokens),
         "fallbacks": r.fallbacks,
         "restores_in_pieces": {"restores": r.piecewise_restores, "pieces": r.pieces, "step_bytes": r.step_bytes},
+        # restores written beside the compute (issue 58 item 4): the engine thread's longest part, and how often a
+        # call on the KV waited for a write still running
+        "restores_staged": {"enabled": r.staging, "restores": r.staged_restores,
+                            "max_stage_ms": round(r.max_stage_ms, 3), "writes_waited": r.runtime.writes_waited},
         "deferrals": router.deferrals,
         "tiers": {
             Source.A: {"enabled": Source.A in router.enabled, "slots": len(router.slots.slots),

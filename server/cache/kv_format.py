@@ -205,10 +205,10 @@ def positioned(segments: list[KVSegment], pos: int = 0) -> list[tuple[int, KVSeg
     return out
 
 
-def state_blob(segments: list[KVSegment], streams: int = 1) -> memoryview:
+def state_blob(segments: list[KVSegment], streams: int = 1, take=None) -> memoryview:
     """Consecutive segments written into one new sequence state for a context of `streams` KV
-    streams: one allocation and one memcpy-class copy per layer and segment. Raises
-    KVFormatError if they do not fit."""
+    streams: one allocation (`take(nbytes)` gives it when set: a kept buffer, server/cache/staging_buffers.py) and
+    one memcpy-class copy per layer and segment. Raises KVFormatError if they do not fit."""
     if not segments:
         raise KVFormatError("nothing to join")
     lay, pos0 = segments[0].layout, segments[0].pos0
@@ -219,7 +219,7 @@ def state_blob(segments: list[KVSegment], streams: int = 1) -> memoryview:
         if s.pos0 != pos:
             raise KVFormatError(f"segments are not consecutive: expected pos {pos}, got {s.pos0}")
         pos += s.n_tokens
-    blob = EmptyStateBlob(lay, pos0, pos - pos0, streams)
+    blob = EmptyStateBlob(lay, pos0, pos - pos0, streams, take=take)
     t = 0
     for s in segments:
         for li, src in enumerate(s.arrays()):
@@ -236,16 +236,16 @@ class EmptyStateBlob:
     K/V rows are left for the caller to fill (`rows`), e.g. straight from a file: the KV
     then reaches llama.cpp's format with a single copy. Every row must be written. `streams`:
     the KV stream count of the context it is for (the cells go in the first stream, the
-    others count 0)."""
+    others count 0). `take(nbytes)`: where its buffer comes from (default: a new one)."""
 
-    def __init__(self, layout: KVLayout, pos0: int, n: int, streams: int = 1):
+    def __init__(self, layout: KVLayout, pos0: int, n: int, streams: int = 1, take=None):
         if streams < 1:
             raise KVFormatError(f"{streams} KV streams")
         self.layout, self.pos0, self.n, self.streams = layout, pos0, n, streams
         header = 16 + 12 * n + 8
         body = sum(12 + n * r for r in list(layout.k_row_bytes) + list(layout.v_row_bytes))
         total = header + body + 4 * (streams - 1)
-        buf = np.empty(total, dtype=np.uint8)
+        buf = np.empty(total, dtype=np.uint8) if take is None else take(total)
         raw = buf.data  # its bytes, for struct and memoryview (numpy types a buffer only on Python 3.12+)
         struct.pack_into("<IiII", raw, 0, SEQ_STATE_MAGIC, 0, streams, n)
         buf[header + body:] = 0  # the other streams' cell counts

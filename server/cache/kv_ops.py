@@ -9,6 +9,11 @@
   copy per layer into a new blob), restored into a scratch sequence at their original
   positions, then attached to the target with seq_cp and the scratch dropped. Raises RestoreError after clearing what
   it touched, so the caller can fall back to computing the tokens.
+- `joined(segments)` (any thread: the copy, into a kept buffer) then `stage(joined, target)`: `restore` in
+  two steps (unified layout, full-attention models, where `runtime.stages_beside_compute`): the cells are
+  taken and attached to the target at once (the engine thread), their K and V written on the runtime's
+  write thread while the engine computes other sequences; the target must stay out of batches until
+  `written` is done.
 
 Every scratch sequence id is given back on every path (the pool's `in_use` shows leaks).
 
@@ -24,7 +29,11 @@ ExtractError or RestoreError, and the tokens are computed.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from server.cache.checkpoints import StateCheckpoint
 from server.cache.kv_format import (
@@ -35,6 +44,7 @@ from server.cache.kv_format import (
     state_blob,
     with_partial_state,
 )
+from server.cache.staging_buffers import StagingBuffers
 from server.engine.llama_runtime import LlamaRuntime, StreamCopyPending
 from server.engine.seq_ids import SequenceIdPool, SequenceIdsExhausted
 
@@ -54,6 +64,24 @@ class RestoreResult:
     ms: float
 
 
+@dataclass(frozen=True)
+class JoinedState:
+    """Segments joined into one sequence state, ready to stage (KVOps.joined)."""
+
+    blob: Any  # the state (a buffer llama.cpp reads)
+    start: int  # it holds positions [start, end)
+    end: int
+    buffer: np.ndarray | None  # the kept buffer it is in (given back once written); None: a segment's own blob
+
+
+@dataclass(frozen=True)
+class StagedRestore:
+    n_tokens: int
+    nbytes: int
+    stage_ms: float  # the engine thread's part: the cells taken and attached
+    written: Future  # done when the target's cells hold the K and V (its result: the write's seconds)
+
+
 class KVOps:
     def __init__(self, runtime: LlamaRuntime, seq_ids: SequenceIdPool, *, partial_state: bool = False):
         self.runtime = runtime
@@ -64,6 +92,7 @@ class KVOps:
         # the split KV layout: a stream per sequence, no scratch; states are written for its stream count
         self.split = runtime.split
         self.streams = runtime.n_stream
+        self.buffers = StagingBuffers()  # the joins of staged restores (`joined`)
 
     def extract(self, src_seq: int, start: int, end: int) -> KVSegment:
         if self.split:
@@ -137,6 +166,71 @@ class KVOps:
             self.runtime.seq_rm(scratch, -1, -1)
             self.seq_ids.give("scratch", scratch)
         return RestoreResult(end - start, len(blob), (time.perf_counter() - t0) * 1000.0)
+
+    @property
+    def stages(self) -> bool:
+        """Whether `stage` may be used: the unified layout, a full-attention model, the runtime able to write beside a
+        decode."""
+        return not (self.split or self.partial_state) and self.runtime.stages_beside_compute
+
+    def joined(self, segments: list[KVSegment]) -> JoinedState:
+        """The segments as one state to stage: a single segment's own blob, else a copy into a kept buffer (`buffers`).
+        Pure (no llama.cpp call): any thread. Raises RestoreError."""
+        seg0, taken = segments[0], []
+
+        def take(nbytes: int):
+            taken.append(self.buffers.take(nbytes))
+            return taken[-1]
+
+        try:
+            if len(segments) == 1 and seg0.blob is not None and seg0.blob_streams == self.streams:
+                blob = seg0.blob
+            else:
+                blob = state_blob(segments, self.streams, take=take)
+        except KVFormatError as exc:
+            for buf in taken:
+                self.buffers.give(buf)
+            raise RestoreError(str(exc)) from exc
+        return JoinedState(blob, seg0.pos0, seg0.pos0 + sum(s.n_tokens for s in segments),
+                           taken[0] if taken else None)
+
+    def stage(self, joined: JoinedState, target_seq: int) -> StagedRestore:
+        """Attach a joined state's cells to `target_seq` (which must not hold those positions) now and write their K and
+        V beside the compute; its buffer is given back once written. Raises RestoreError as `restore` does, the target
+        then holding nothing of them."""
+        if not self.stages:
+            raise RestoreError("a staged restore needs the unified layout, a full-attention model and paged "
+                               "attention on the CPU")
+        t0 = time.perf_counter()
+        start, end = joined.start, joined.end
+        staged = None
+        try:
+            try:
+                scratch = self.seq_ids.take("scratch")
+            except SequenceIdsExhausted as exc:
+                raise RestoreError(str(exc)) from exc
+            try:
+                staged = self.runtime.stage_state(joined.blob, scratch)
+                if staged is None:
+                    raise RestoreError("llama.cpp refused the restored state (no room in the KV cache?)")
+                if self.runtime.seq_pos_max(scratch) != end - 1:
+                    raise RestoreError("restored state does not end where the segments do")
+                self.runtime.seq_cp(scratch, target_seq, start, end)
+            finally:
+                self.runtime.seq_rm(scratch, -1, -1)  # the target keeps the cells; nothing is written to them yet
+                self.seq_ids.give("scratch", scratch)
+        except RestoreError:
+            if staged is not None:
+                staged.free()
+            self.runtime.seq_rm(target_seq, start, -1)
+            if joined.buffer is not None:
+                self.buffers.give(joined.buffer)
+            raise
+        written = self.runtime.write_staged(staged, (target_seq,))
+        if joined.buffer is not None:
+            buffer = joined.buffer
+            written.add_done_callback(lambda _: self.buffers.give(buffer))
+        return StagedRestore(end - start, staged.n_bytes, (time.perf_counter() - t0) * 1000.0, written)
 
     def _restore_into(self, blob, target_seq: int, start: int, end: int, t0: float) -> RestoreResult:
         """Split layout: the state, from position 0, straight into the target's own stream (llama.cpp empties

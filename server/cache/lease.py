@@ -38,12 +38,14 @@ if TYPE_CHECKING:
 @dataclass(eq=False)
 class PendingLoad:
     """A plan's disk (D) or shared-store (R) part being read on an I/O thread, or its host (H) part
-    waiting to be restored in pieces (server/cache/restore.py), and how far its restore got."""
+    waiting to be restored in pieces or staged (server/cache/restore.py), and how far its restore got."""
 
     cand: Any  # the planner's Candidate (server/cache/planner.py: source, length, the tier's match)
     slot_seq: int  # the llama.cpp sequence the read KV is restored into
-    future: Future  # (segments, read seconds, state checkpoint or None)
+    future: Future  # phase "read": (segments, read seconds, state checkpoint or None); "join": (the joined state,
+    # KVOps.joined, the join's seconds); "write": the staged write's seconds (server/cache/restore.py)
     started: float  # perf_counter() when the read was queued
+    phase: str = "read"
     rest: deque | None = None  # the segments not restored yet (None: not taken from `future` yet)
     done: int = 0  # the slot's sequence holds positions [0, done)
     read_s: float = 0.0

@@ -12,14 +12,17 @@ Contracts:
 - Engine thread only (`step`, `arrived`, `ended`); `stats` reads counters.
 - One job at a time. While requests run a job restores at most `step_bytes` per engine step (a piece
   of whole tokens), all of it when the engine is idle: the longest stall it causes is one piece's
-  restore (`max_piece_ms`), never a whole prefix's.
+  restore (`max_piece_ms`), never a whole prefix's. Where restores are staged (`joiner` given, and
+  KVOps.stages: paged attention on the CPU) a job's part held in host RAM is instead joined on the join
+  thread, its cells taken on the engine thread and its K and V written beside the compute
+  (server/cache/restore.py, "staged"); the engine thread's part is the cells taken (`max_stage_ms`).
 - D's part is read on the disk tier's read thread, started by the prediction, not by an admission;
   the job restores it once read.
 - Room: only owners worth less than the session are evicted for it (each written back as any evicted
   owner is, so nothing is lost, only moved down a tier); a job that cannot get room is not started.
 - A request of the session that arrives while its job runs finishes the job's host part first (its own
-  restore, which it would have made anyway) and takes what is done; a disk read still in flight is
-  dropped. It never waits for another session's job.
+  restore, which it would have made anyway: a staged part's join and write waited for) and takes what is
+  done; a disk read still in flight is dropped. It never waits for another session's job.
 - Everything a job took is given back on every path: on a failure the owner sequence is cleared and
   its id returned; the request computes or restores as without prefetch.
 - Counted: jobs, tokens prefetched, hits (prefetched tokens a request then attached), misses
@@ -41,7 +44,7 @@ from server.cache.lifecycle_counts import WAITING
 from server.cache.predictive_policy import PredictivePolicy
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
-from server.cache.restore_pieces import restore_pieces
+from server.cache.restore_pieces import next_piece, restore_pieces
 from server.cache.slot_paths import slot_paths
 from server.cache.tiers import KVTier, Source, tier_of
 from server.engine.llama_runtime import LlamaRuntime
@@ -65,13 +68,17 @@ class _Job:
     pending: deque[KVSegment] = field(default_factory=deque)  # H's part, in order
     disk: Future | None = None  # D's part, being read
     disk_start: int = 0
+    staged: Future | None = None  # staged: the join (JoinedState) and then the write (KVOps.stage) in flight
+    staged_end: int = 0  # where the staged part ends
+    writing: bool = False  # `staged` is the write
 
 
 class Prefetcher:
     def __init__(self, *, policy: PredictivePolicy, runtime: LlamaRuntime, kv: KVOps, seq_ids: SequenceIdPool,
                  tree: RadixTree, tiers: tuple[KVTier, ...], resident: ResidentOwners, slots: SlotPool,
                  running: Callable[[], list[Sequence]], disk_reader: ThreadPoolExecutor | None,
-                 min_value: float = 0.25, min_tokens: int = 64, step_bytes: int = 4 << 20):
+                 min_value: float = 0.25, min_tokens: int = 64, step_bytes: int = 4 << 20,
+                 joiner: ThreadPoolExecutor | None = None):
         self.policy, self.model = policy, policy.model
         self.runtime, self.kv, self.seq_ids, self.tree = runtime, kv, seq_ids, tree
         self.host, self.disk = tier_of(tiers, Source.H), tier_of(tiers, Source.D)
@@ -84,6 +91,10 @@ class Prefetcher:
         self._checked_at: tuple[int, int] | None = None  # the policy epoch the sessions were last ranked at
         self.jobs = self.prefetched = self.late = self.failed = self.pieces = 0
         self.max_piece_ms = 0.0
+        # staged parts (joined on `joiner`, written beside the compute) where the KV allows it
+        self.joiner = joiner if joiner is not None and kv.stages else None
+        self.staged = 0
+        self.max_stage_ms = 0.0
 
     # ------------------------------------------------------------ events
     def ended(self, session: str | None, state: str | None, tokens: list[int]) -> None:
@@ -188,14 +199,19 @@ class Prefetcher:
         return job
 
     def _advance(self, job: _Job, budget: int | None) -> None:
-        """Restore the next pieces of `job` (at most `budget` bytes; all when None)."""
+        """Restore the next pieces of `job` (at most `budget` bytes; all when None), or move its staged part on
+        (waited for when `budget` is None: the engine is idle, or the session's request came)."""
         try:
+            if job.staged is not None and not self._staged_step(job, wait=budget is None):
+                return  # its join or write is still under way
             if not job.pending and job.disk is not None and job.disk.done():
                 segments, job.disk = job.disk.result(), None
                 if job.done == job.disk_start:
                     job.pending.extend(segments)
                 else:  # the host part stopped short: the disk part cannot join it
                     job.end = job.done
+            if budget is not None and self.joiner is not None and self._join(job):
+                return
             r = restore_pieces(self.kv, job.pending, job.sid, job.done, budget)
             job.done = r.done
             self.pieces += r.pieces
@@ -205,6 +221,36 @@ class Prefetcher:
             return
         if not job.pending and job.disk is None:
             self._finish(job)
+
+    def _join(self, job: _Job) -> bool:
+        """Send the job's pending segments (from `done` on) to the join thread, to be staged once joined; False when
+        none is left."""
+        assert self.joiner is not None
+        segments, at = [], job.done
+        while (piece := next_piece(job.pending, at, None)) is not None:
+            segments.append(piece)
+            at = piece.pos0 + piece.n_tokens
+        if not segments:
+            return False
+        job.staged_end = at
+        job.staged, job.writing = self.joiner.submit(self.kv.joined, segments), False
+        return True
+
+    def _staged_step(self, job: _Job, wait: bool) -> bool:
+        """Move the staged part on: joined → its cells taken and its write started; written → done. True when it
+        is written (the job goes on), False while its join or write runs."""
+        if not job.writing:
+            if not (wait or job.staged.done()):
+                return False
+            st = self.kv.stage(job.staged.result(), job.sid)
+            self.max_stage_ms = max(self.max_stage_ms, st.stage_ms)
+            self.staged += 1
+            job.staged, job.writing = st.written, True
+        if not (wait or job.staged.done()):
+            return False
+        job.staged.result()
+        job.done, job.staged, job.writing = job.staged_end, None, False
+        return True
 
     def _finish(self, job: _Job) -> None:
         self.job = None
@@ -220,7 +266,7 @@ class Prefetcher:
         self.failed += 1
         if job.disk is not None:
             job.disk.cancel()
-        self._release(job)
+        self._release(job)  # a staged write still running is waited for there (seq_rm settles it)
 
     def _release(self, job: _Job) -> None:
         if self.job is job:
@@ -240,5 +286,6 @@ class Prefetcher:
         return {"enabled": True, "jobs": self.jobs, "prefetched_tokens": self.prefetched,
                 "hit_tokens": self.resident.prefetch_hits, "miss_tokens": self.resident.prefetch_misses,
                 "late": self.late, "failed": self.failed, "pieces": self.pieces,
-                "max_piece_ms": round(self.max_piece_ms, 3), "sessions_known": len(self.last),
+                "max_piece_ms": round(self.max_piece_ms, 3), "staged": self.staged,
+                "max_stage_ms": round(self.max_stage_ms, 3), "sessions_known": len(self.last),
                 "min_value": self.min_value, "step_bytes": self.step_bytes}

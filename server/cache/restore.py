@@ -40,7 +40,7 @@ from server.cache.checkpoints import StateCheckpoint
 from server.cache.cost import CostModel, Plan
 from server.cache.disk_tier import DiskSegmentError
 from server.cache.engine_time import EngineTime
-from server.cache.kv_ops import ExtractError, KVOps, RestoreError
+from server.cache.kv_ops import ExtractError, JoinedState, KVOps, RestoreError
 from server.cache.lease import CacheLease, PendingLoad
 from server.cache.planner import Candidate, length_of
 from server.cache.radix_tree import RadixTree
@@ -61,9 +61,10 @@ class Restorer:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, running: Callable[[], list[Sequence]],
                  tree: RadixTree | None, tiers: Iterable[KVTier], resident: ResidentOwners | None,
                  costs: CostModel, clock: EngineTime, states: SlotStates | None = None, copies: bool = False,
-                 step_bytes: int = 0):
+                 step_bytes: int = 0, beside: bool = True):
         """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED; `copies`: the split KV layout;
-        `step_bytes`: restore at most this much per engine step while other requests compute (0: whole)."""
+        `step_bytes`: restore at most this much per engine step while other requests compute (0: whole);
+        `beside`: stage such restores and write them on a thread beside the compute where `kv` can (else pieces)."""
         self.runtime, self.kv, self.running = runtime, kv, running
         self.copies = copies
         # a model with sliding-window or recurrent layers: the slots' states and checkpoints
@@ -80,6 +81,13 @@ class Restorer:
         # at any position there); the longest piece's time is in the engine clock's "restore" kind.
         self.step_bytes = step_bytes if states is None and not copies else 0
         self.pieces = self.piecewise_restores = 0
+        # Or staged, where the runtime can (paged attention on the CPU): the blob joined on a thread, the cells
+        # taken on the engine thread, the K and V written on the runtime's write thread beside the decodes.
+        self.staging = bool(self.step_bytes) and beside and kv.stages
+        self.staged_restores = 0
+        self.max_stage_ms = 0.0  # the longest engine-thread part of a staged restore
+        self._joiner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-kv-join") if self.staging else None
+        self.joiner = self._joiner  # the prefetch's staged parts join there too (server/cache/prefetch.py)
         # Reads ahead of compute: one thread per tier read ahead (see the module docstring).
         self._readers = {source: ThreadPoolExecutor(max_workers=1, thread_name_prefix=READ_THREADS[source])
                          for source in self.tiers if source in READ_AHEAD}
@@ -149,7 +157,7 @@ class Restorer:
             keep = 0
         if c.source in READ_AHEAD:  # read on an I/O thread; the restore follows in advance_loads
             return CacheReport(c.source.value, keep)
-        if self.step_bytes and self.others_computing(slot_seq):
+        if self.step_bytes and self.others_computing(slot_seq):  # in pieces, or staged
             return self._restore_later(c, keep, slot_seq, lease)
         t0 = time.perf_counter()
         result = self._restore_now(c, keep, slot_seq, lease)
@@ -237,9 +245,14 @@ class Restorer:
         assert self.tree is not None  # a tier not read ahead is on the tree
         with self.tree.mutex:
             lease.lock(self.tree, c.match.tip)
-        done: Future = Future()
-        done.set_result((self.tiers[c.source].load(c.match, keep), 0.0, None))
+        segments = self.tiers[c.source].load(c.match, keep)
         lease.kept = keep
+        if self._joiner is not None:
+            lease.load = PendingLoad(c, slot_seq, self._joiner.submit(self._join, segments), time.perf_counter(),
+                                     phase="join")
+            return CacheReport(c.source.value, keep, loading=True)
+        done: Future = Future()
+        done.set_result((segments, 0.0, None))
         lease.load = PendingLoad(c, slot_seq, done, time.perf_counter())
         self.piecewise_restores += 1
         return CacheReport(c.source.value, keep, loading=True)
@@ -306,11 +319,24 @@ class Restorer:
 
     def _advance(self, seq: Sequence, ld: PendingLoad, plan: Plan,
                  budget: int | None) -> tuple[CacheReport | None, int | None]:
-        """The next pieces of one pending restore: (its report when done, else None; the budget left)."""
+        """The next pieces of one pending restore, or its next phase: (its report when done, else None; the budget
+        left)."""
         try:
+            if ld.phase == "write":  # staged, and written now
+                ld.restore_s += ld.future.result()
+                return self._restored(ld, plan), budget
+            if ld.phase == "join":  # joined: take the cells, write them beside the compute
+                joined, seconds = ld.future.result()
+                ld.restore_s += seconds
+                self._stage(ld, joined)
+                return None, budget
             if ld.rest is None:
                 segments, ld.read_s, state = ld.future.result()
                 state = state or ld.cand.checkpoint
+                if state is None and self._joiner is not None and self.others_computing(ld.slot_seq):
+                    # read while others compute: join it on a thread, then stage it (alone: whole, below)
+                    ld.future, ld.phase = self._joiner.submit(self._join, segments), "join"
+                    return None, budget
                 if state is not None or not self.step_bytes:  # a state restores whole, with its KV
                     t0 = time.perf_counter()
                     result = self.kv.restore(segments, ld.slot_seq, state)
@@ -328,6 +354,20 @@ class Restorer:
                         seq.id, exc)
             return self._fall_back(ld.slot_seq, plan), budget
 
+    def _join(self, segments: list) -> tuple[JoinedState, float]:
+        """On the join thread: the segments as one state to stage, and the seconds that took."""
+        t0 = time.perf_counter()
+        return self.kv.joined(segments), time.perf_counter() - t0
+
+    def _stage(self, ld: PendingLoad, joined: JoinedState) -> None:
+        """Take a joined restore's cells and start its write (KVOps.stage); its request waits for its own write only."""
+        st = self.kv.stage(joined, ld.slot_seq)
+        self.max_stage_ms = max(self.max_stage_ms, st.stage_ms)
+        ld.restore_s += st.stage_ms / 1000.0
+        ld.nbytes, ld.n_tokens = st.nbytes, st.n_tokens
+        ld.future, ld.phase = st.written, "write"
+        self.staged_restores += 1
+
     def _restored(self, ld: PendingLoad, plan: Plan) -> CacheReport:
         seconds = ld.read_s + ld.restore_s
         src = ld.cand.source.value
@@ -337,6 +377,6 @@ class Restorer:
         return CacheReport(src, ld.cand.length, ld.nbytes, seconds * 1000.0, plan=plan.label, est_ms=plan.est_ms)
 
     def close(self) -> None:
-        """After the engine stopped: finish the reads ahead."""
-        for pool in self._readers.values():
+        """After the engine stopped: finish the reads ahead and the joins."""
+        for pool in [*self._readers.values(), *([self._joiner] if self._joiner is not None else [])]:
             pool.shutdown(wait=True)

@@ -72,7 +72,7 @@ class CacheRouter:
                  enabled: set[Source], tree: RadixTree | None, tiers: Iterable[KVTier], resident_cells: int | None,
                  registry: SessionRegistry, min_tokens: int, route: str = "cost", write_back_step_bytes: int = 0,
                  idle_cells: int | None = None, states: SlotStates | None = None, split: bool = False,
-                 restore_step_bytes: int = 0):
+                 restore_step_bytes: int = 0, restore_beside: bool = True):
         """`enabled`: the sources in use (A and S among them); `tiers`: the stored tiers, ordered
         as server.cache.tiers.STORED (R is not on the tree: its store changes under every replica);
         `split`: the split KV layout (server/engine/kv_layout.py), where S copies between streams."""
@@ -105,7 +105,7 @@ class CacheRouter:
         self.costs = self.planner.costs
         self.restorer = Restorer(runtime=runtime, kv=kv, running=running, tree=tree, tiers=self.tiers,
                                  resident=self.resident, costs=self.costs, clock=self.clock, states=states,
-                                 copies=split, step_bytes=restore_step_bytes)
+                                 copies=split, step_bytes=restore_step_bytes, beside=restore_beside)
         self.sources = CandidateSources(slots=slots, running=running, enabled=enabled, tree=tree,
                                         planner=self.planner, parked=self.parked, states=states)
         self.deferrals = 0  # requests deferred at least once (not deferral decisions)
@@ -152,7 +152,8 @@ class CacheRouter:
             self.prefetch_off = None
             self.prefetch = Prefetcher(policy=policy, runtime=self.runtime, kv=self.kv, seq_ids=seq_ids,
                                        tree=self.tree, tiers=self.tiers, resident=self.resident, slots=self.slots,
-                                       running=self.running, disk_reader=self.restorer.reader(Source.D), **settings)
+                                       running=self.running, disk_reader=self.restorer.reader(Source.D),
+                                       joiner=self.restorer.joiner, **settings)
         return self.prefetch_off
 
     def _device_paths(self) -> Iterator[list[int]]:

@@ -177,13 +177,20 @@ def reset_kv(model) -> None:
 
 
 def fail_next_restore(runtime) -> None:
-    """Fault injection: the next state restore loads the KV, then reports failure (as if
-    llama.cpp gave up halfway). Wraps this runtime instance only; production code has no hook."""
-    real = runtime.state_seq_set
+    """Fault injection: the next state restore, whole or staged, loads the KV (takes the cells), then reports failure
+    (as if llama.cpp gave up halfway). Wraps this runtime instance only; production code has no hook."""
+    real, real_stage = runtime.state_seq_set, runtime.stage_state
 
     def once(data, seq_id):
-        runtime.state_seq_set = real
+        runtime.state_seq_set, runtime.stage_state = real, real_stage
         real(data, seq_id)
         return False
 
-    runtime.state_seq_set = once
+    def stage_once(data, seq_id):
+        runtime.state_seq_set, runtime.stage_state = real, real_stage
+        staged = real_stage(data, seq_id)
+        if staged is not None:
+            staged.free()
+        return None
+
+    runtime.state_seq_set, runtime.stage_state = once, stage_once

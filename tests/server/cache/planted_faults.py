@@ -1,6 +1,7 @@
 """Faults put into the cache's restores on purpose, for the controls of the cache-on / cache-off
-comparison: each wraps one model's `router.kv.restore` (server/cache/kv_ops.py), the step every
-H, D and R reuse goes through, and counts the restores it spoiled. Production code has no hook.
+comparison: each wraps one model's `router.kv.restore` and `router.kv.joined` / `stage` (server/cache/kv_ops.py),
+the steps every H, D and R reuse goes through (whole, or staged and written beside the compute), and counts the
+restores it spoiled. Production code has no hook.
 
 - `shift_by_one`: the restored segment's keys are those of one position earlier (what restoring
   a segment one position off, with llama.cpp's rotation of K, gives): the segment is restored
@@ -41,7 +42,18 @@ def shift_by_one(model) -> Planted:
         planted.spoiled += 1
         return result
 
-    kv.restore = restore
+    real_joined, real_stage = kv.joined, kv.stage
+
+    def joined(segments):  # staged: the state joined one position later ...
+        return real_joined([replace(s, pos0=s.pos0 + 1, blob=None) for s in segments])
+
+    def stage(joined, target):  # ... and moved back once its cells are taken
+        result = real_stage(joined, target)
+        llama_cpp.llama_memory_seq_add(rt.memory, target, joined.start, joined.end, -1)
+        planted.spoiled += 1
+        return result
+
+    kv.restore, kv.joined, kv.stage = restore, joined, stage
     return planted
 
 
@@ -49,10 +61,10 @@ def stale_cell(model, donor: KVSegment) -> Planted:
     """`donor`: another prompt's KV from position 0 (e.g. `extract_prefix`), long enough to hold
     a cell at the middle of every restore."""
     kv = model.router.kv
-    real = kv.restore
+    real, real_joined = kv.restore, kv.joined
     planted = Planted("stale_cell")
 
-    def restore(segments, target, checkpoint=None):
+    def spoiled(segments):
         seg = KVSegment.join(segments).compact()  # arrays of its own: the tier's copy stays right
         at = seg.n_tokens // 2
         pos = seg.pos0 + at
@@ -66,9 +78,15 @@ def stale_cell(model, donor: KVSegment) -> Planted:
                 else:
                     mine[at] = theirs[d]
             planted.spoiled += 1
-        return real([seg], target, checkpoint)
+        return [seg]
 
-    kv.restore = restore
+    def restore(segments, target, checkpoint=None):
+        return real(spoiled(segments), target, checkpoint)
+
+    def joined(segments):  # a staged restore's state (on the join thread)
+        return real_joined(spoiled(segments))
+
+    kv.restore, kv.joined = restore, joined
     return planted
 
 

@@ -5,6 +5,7 @@ from H. The lifecycle model learns the tool waits' length from earlier sessions 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -32,9 +33,10 @@ def _turns(model, n: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def _run(prefetch: str, disk: Path | None = None) -> dict:
+def _run(prefetch: str, disk: Path | None = None, beside_decode: bool = False) -> dict:
     """The run; `disk`: the KV goes to a disk tier there (no host tier), which the prefetch reads on its
-    I/O thread."""
+    I/O thread; `beside_decode`: another request decodes through the last tool wait (the prefetch then goes
+    beside its steps)."""
     tiers = {"cache_tiers": ("A", "S", "D"), "cache_dir": disk} if disk is not None else {}
     model = load(None, parallel=2, cache_policy="predictive", cache_predict_step=0.1, cache_prefetch=prefetch,
                  spec_type="none", **tiers)
@@ -47,8 +49,16 @@ def _run(prefetch: str, disk: Path | None = None) -> dict:
         first, second = sessions[TEACHING]
         generate(model, first, max_tokens=2, hint=CacheHint(session="x", state="tool_wait"))
         reset_kv(model)  # device copies gone (written back to host), as under pressure from other sessions
+        decoding = None
+        if beside_decode:
+            poem = chat_tokens(model, "You are a poet.", "Write a long poem about pumps.")
+            decoding = threading.Thread(target=generate, args=(model, poem), kwargs={"max_tokens": 400,
+                                                                                     "ignore_eos": True})
+            decoding.start()
         time.sleep(TOOL_WAIT_S)
         got = generate(model, second, max_tokens=2, hint=CacheHint(session="x", state="done"))
+        if decoding is not None:
+            decoding.join(300)
         stats = model.router.stats()
         reset_kv(model)
         leak = used_cells(model) - kept_cells(model)
@@ -68,6 +78,16 @@ def test_a_tool_wait_comes_back_to_kv_already_on_the_device():
     off = _run("off")
     assert off["prefetch"] == {"enabled": False, "why": "--cache-prefetch off"}
     assert off["source"] == "H" and off["cached"] == off["first"], off
+
+
+def test_a_prefetch_beside_a_decoding_request_is_staged_and_written_beside_it():
+    """Another request decodes through the wait: the prefetch's host part is joined on a thread, its cells taken on
+    the engine thread and written beside the decode steps (server/cache/prefetch.py), and the call attaches it."""
+    on = _run("on", beside_decode=True)
+    assert on["prefetch"]["staged"] >= 1 and on["prefetch"]["pieces"] == 0, on
+    assert on["source"] == "S" and on["cached"] == on["first"], on
+    assert on["prefetch"]["failed"] == 0 and on["prefetch"]["late"] == 0, on
+    assert on["leak"] == 0 and on["owner_ids"] == 0, on
 
 
 def test_a_tool_wait_comes_back_from_disk_read_ahead_of_its_call(tmp_path):
