@@ -239,6 +239,7 @@ class Prefetcher:
     def _staged_step(self, job: _Job, wait: bool) -> bool:
         """Move the staged part on: joined → its cells taken and its write started; written → done. True when it
         is written (the job goes on), False while its join or write runs."""
+        assert job.staged is not None  # called only with a staged part
         if not job.writing:
             if not (wait or job.staged.done()):
                 return False
@@ -246,6 +247,7 @@ class Prefetcher:
             self.max_stage_ms = max(self.max_stage_ms, st.stage_ms)
             self.staged += 1
             job.staged, job.writing = st.written, True
+        assert job.staged is not None
         if not (wait or job.staged.done()):
             return False
         job.staged.result()

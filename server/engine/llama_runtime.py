@@ -539,9 +539,10 @@ class LlamaRuntime:
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        if getattr(self, "_writer", None) is not None:  # no write may outlive the context it fills
+        writer = getattr(self, "_writer", None)
+        if writer is not None:  # no write may outlive the context it fills
             self.settle_writes()
-            self._writer.shutdown(wait=True)
+            writer.shutdown(wait=True)
             self._writer = None
         if getattr(self, "ctx", None):
             llama_cpp.llama_free(self.ctx)

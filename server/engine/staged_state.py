@@ -48,7 +48,7 @@ class StagedState:
 
     def __init__(self, handle: int, data: np.ndarray, n_bytes: int):
         self._handle: int | None = handle
-        self._data = data  # the state the write reads: alive until written
+        self._data: np.ndarray | None = data  # the state the write reads: alive until written
         self.n_bytes = n_bytes  # what the write copies (the state's K and V)
         self.written = False
 

@@ -48,13 +48,16 @@ def _run(prefetch: str, disk: Path | None = None, beside_decode: bool = False) -
             generate(model, second, max_tokens=2, hint=CacheHint(session=f"s{i}", state="done"))
         first, second = sessions[TEACHING]
         generate(model, first, max_tokens=2, hint=CacheHint(session="x", state="tool_wait"))
-        reset_kv(model)  # device copies gone (written back to host), as under pressure from other sessions
         decoding = None
-        if beside_decode:
+        if beside_decode:  # running before x's KV leaves the device, so no part of its prefetch finds the engine idle
             poem = chat_tokens(model, "You are a poet.", "Write a long poem about pumps.")
             decoding = threading.Thread(target=generate, args=(model, poem), kwargs={"max_tokens": 400,
                                                                                      "ignore_eos": True})
             decoding.start()
+            deadline = time.monotonic() + 60
+            while not model.engine.scheduler.running and time.monotonic() < deadline:
+                time.sleep(0.01)
+        reset_kv(model)  # device copies gone (written back to host), as under pressure from other sessions
         time.sleep(TOOL_WAIT_S)
         got = generate(model, second, max_tokens=2, hint=CacheHint(session="x", state="done"))
         if decoding is not None:
