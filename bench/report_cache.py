@@ -1,6 +1,7 @@
 """docs/benchmarks.md's section on the eviction policies (issue 58): the simulator's bound
-(bench/cache_sim.py, cache_sim.json) and the real server's runs beside it (bench/cache_policy.py,
-cache_policy.json). bench/report.py calls `report_section`."""
+(bench/cache_sim.py, cache_sim.json), the real server's runs beside it (bench/cache_policy.py,
+cache_policy.json) and one restore beside a decode, staged, in pieces or whole (bench/restore_beside.py,
+restore_beside.json). bench/report.py calls `report_section`."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def real_table(data: dict) -> list[str]:
            f"{data['concurrency']}, `--cache-ram {data['cache_ram_mib']}{' ' + args if args else ''}`, "
            "a fresh server per policy, one run each on a shared, noisy machine; `bound` and `simulated` are the "
            "simulator's on the server's tokens in the order that run admitted its requests; the restore stall is the "
-           "engine's longest step of restore pieces beside computing requests, next to the mean llama_decode call "
+           "engine's longest step of restore pieces (or, staged, of cells taken) beside computing requests, next to "
+           "the mean llama_decode call "
            "(prefill chunks and decode steps).", "",
            "| policy | computed | ideal | bound | real / bound | simulated | wall s | TTFT p50 s | "
            "TTFT p50 after a tool wait s | prefetched (used / unused) | restore stall ms | mean llama_decode ms |",
@@ -80,4 +82,31 @@ def report_section(res: Path) -> list[str]:
     for data in (real, waits):
         if data is not None:
             out += real_table(data)
+    beside = _load(res / "restore_beside.json")
+    if beside is not None:
+        out += beside_table(beside)
     return out
+
+
+def beside_table(data: dict) -> list[str]:
+    """bench.restore_beside: per mode, the engine thread's longest restore step and the two requests' figures."""
+    runs = data["runs"]
+    out = [f"One restore beside a decode (`{data['command']}`): a {runs[0]['prompt_tokens']}-token prompt restored "
+           f"from host RAM while another request decodes, {data['rounds']} restores on each of {data['repeats']} "
+           "fresh servers per mode, in turns; `first` is a server's first restore, `later` the others.", "",
+           "| mode | engine thread's longest restore step ms | restored TTFT ms, first | restored TTFT ms, later | "
+           "decoding request's longest gap while it restored ms | its median gap before ms |",
+           "|---|---|---|---|---|---|"]
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        mine = [r for r in runs if r["mode"] == mode]
+        kind = "admission" if mode == "whole" else "restore"  # a whole restore runs at admission
+        step = max(r["max_step_cache_ms_by_kind"].get(kind, 0.0) for r in mine)
+
+        def span(rows: list[dict], key: str) -> str:
+            vals = [r[key] for r in rows if r[key] is not None]
+            return f"{_f(min(vals), 1)}–{_f(max(vals), 1)}" if vals else "-"
+
+        out.append(f"| {mode} | {_f(step, 1)} ({kind}) | {span([r for r in mine if r['round'] == 0], 'ttft_ms')} | "
+                   f"{span([r for r in mine if r['round'] > 0], 'ttft_ms')} | "
+                   f"{span(mine, 'decode_gap_ms_max_during')} | {span(mine, 'decode_gap_ms_median_before')} |")
+    return out + [""]
