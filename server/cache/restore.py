@@ -6,6 +6,11 @@ HiCache loads back ahead of compute).
 Contracts:
 - `execute(adm, best, plan, cands, lease)` commits `best` into the slot and returns the
   request's CacheReport (`loading=True` while a read ahead is pending on `lease.load`).
+- While other requests compute, a restore does not run whole on the engine thread: it is staged
+  where the KV allows it (`staging`: paged attention on the CPU) — joined on the join thread
+  (`joiner`), its cells taken on the engine thread, its K and V written beside the decodes
+  (KVOps.stage) — else restored `step_bytes` at a time between steps (`advance_loads`). The request
+  waits in LOADING for its own restore only; `--cache-restore-step 0` restores whole at admission.
 - In the split KV layout (`copies`: a stream per slot) S copies the other stream into the slot's
   (`copy_prefix`: whole, trimmed), and H, D and R restore from position 0 into the emptied slot:
   a state written into the slot's stream replaces it, and a copy between streams is made only
@@ -86,8 +91,8 @@ class Restorer:
         self.staging = bool(self.step_bytes) and beside and kv.stages
         self.staged_restores = 0
         self.max_stage_ms = 0.0  # the longest engine-thread part of a staged restore
-        self._joiner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-kv-join") if self.staging else None
-        self.joiner = self._joiner  # the prefetch's staged parts join there too (server/cache/prefetch.py)
+        # the join thread (the prefetch's staged parts join there too: server/cache/prefetch.py)
+        self.joiner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-kv-join") if self.staging else None
         # Reads ahead of compute: one thread per tier read ahead (see the module docstring).
         self._readers = {source: ThreadPoolExecutor(max_workers=1, thread_name_prefix=READ_THREADS[source])
                          for source in self.tiers if source in READ_AHEAD}
@@ -247,8 +252,8 @@ class Restorer:
             lease.lock(self.tree, c.match.tip)
         segments = self.tiers[c.source].load(c.match, keep)
         lease.kept = keep
-        if self._joiner is not None:
-            lease.load = PendingLoad(c, slot_seq, self._joiner.submit(self._join, segments), time.perf_counter(),
+        if self.joiner is not None:
+            lease.load = PendingLoad(c, slot_seq, self.joiner.submit(self._join, segments), time.perf_counter(),
                                      phase="join")
             return CacheReport(c.source.value, keep, loading=True)
         done: Future = Future()
@@ -333,9 +338,9 @@ class Restorer:
             if ld.rest is None:
                 segments, ld.read_s, state = ld.future.result()
                 state = state or ld.cand.checkpoint
-                if state is None and self._joiner is not None and self.others_computing(ld.slot_seq):
+                if state is None and self.joiner is not None and self.others_computing(ld.slot_seq):
                     # read while others compute: join it on a thread, then stage it (alone: whole, below)
-                    ld.future, ld.phase = self._joiner.submit(self._join, segments), "join"
+                    ld.future, ld.phase = self.joiner.submit(self._join, segments), "join"
                     return None, budget
                 if state is not None or not self.step_bytes:  # a state restores whole, with its KV
                     t0 = time.perf_counter()
@@ -378,5 +383,5 @@ class Restorer:
 
     def close(self) -> None:
         """After the engine stopped: finish the reads ahead and the joins."""
-        for pool in [*self._readers.values(), *([self._joiner] if self._joiner is not None else [])]:
+        for pool in [*self._readers.values(), *([self.joiner] if self.joiner is not None else [])]:
             pool.shutdown(wait=True)
