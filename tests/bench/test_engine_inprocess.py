@@ -4,15 +4,11 @@ rate, its samples and the engine thread's time per step split into forward and t
 import json
 
 from bench.engine_inprocess import main
-from harness.models.synth_model import ModelShape, write_model
-
-TINY = ModelShape("llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, head_dim=16)
 
 
-def test_levels_report_rates_and_the_step_split(tmp_path):
-    model = write_model(TINY, "q8_0", tmp_path / "tiny.gguf", seed=1, name="tiny-llama")
+def test_levels_report_rates_and_the_step_split(tmp_path, tiny_llama):
     out = tmp_path / "inproc.json"
-    main(["--model", str(model), "--threads", "1", "--parallel", "2", "--levels", "1,3", "--max-tokens", "6",
+    main(["--model", str(tiny_llama), "--threads", "1", "--parallel", "2", "--levels", "1,3", "--max-tokens", "6",
           "--repeat", "2", "--out", str(out)])
     data = json.loads(out.read_text())
     assert (data["parallel"], data["repeat"], data["max_tokens"]) == (2, 2, 6)

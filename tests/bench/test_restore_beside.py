@@ -5,15 +5,11 @@ import json
 
 from bench.report_cache import beside_table
 from bench.restore_beside import main
-from harness.models.synth_model import ModelShape, write_model
-
-TINY = ModelShape("llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, head_dim=16)
 
 
-def test_each_mode_restores_beside_the_decode_as_it_names(tmp_path):
-    model = write_model(TINY, "q8_0", tmp_path / "tiny.gguf", seed=1, name="tiny-llama")
+def test_each_mode_restores_beside_the_decode_as_it_names(tmp_path, tiny_llama):
     out = tmp_path / "beside.json"
-    main(["--model", str(model), "--threads", "1", "--words", "300", "--decode", "600", "--repeats", "1",
+    main(["--model", str(tiny_llama), "--threads", "1", "--words", "300", "--decode", "600", "--repeats", "1",
           "--rounds", "2", "--out", str(out)])
     data = json.loads(out.read_text())
     runs = {(r["mode"], r["round"]): r for r in data["runs"]}
