@@ -11,7 +11,8 @@ So each process draws ports from a block of its own, below the kernel's ephemera
 the kernel uses for `bind(0)` and for outgoing connections): an xdist worker `gwN` takes block
 N, any other process a block chosen by its pid. Inside its block a process walks from an
 offset derived from its pid (a subprocess of a worker inherits the worker's block, not its
-place in it) and skips every port it cannot bind now.
+place in it) and skips every port it cannot bind now, and the ports browsers refuse to load
+(`BROWSER_UNSAFE`: Chromium answers ERR_UNSAFE_PORT, which failed a browser test on CI).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ BLOCK = 400  # ports per block
 FIRST = 10_000  # the blocks lie in [FIRST, FIRST + BLOCKS * BLOCK): below 32768, Linux's default ephemeral start
 BLOCKS = 50
 WORKER_BLOCKS = 32  # blocks 0..31 are xdist workers gw0..gw31; other processes share the rest by pid
+# Chromium's and Firefox's restricted ports inside the blocks (their lists stop at 10080 above 6697)
+BROWSER_UNSAFE = frozenset({10080})
 
 _lock = threading.Lock()
 _cursor: int | None = None
@@ -57,6 +60,6 @@ def free_port() -> int:
         for _ in range(BLOCK):
             port = start + _cursor
             _cursor = (_cursor + 1) % BLOCK
-            if _bindable(port):
+            if port not in BROWSER_UNSAFE and _bindable(port):
                 return port
     raise RuntimeError(f"no free loopback port in [{start}, {start + BLOCK})")

@@ -55,3 +55,11 @@ def test_processes_of_one_worker_start_at_different_places(fresh):
         fresh.setattr(ports, "_cursor", None)
         starts.add(ports.free_port())
     assert len(starts) == 3
+
+
+def test_a_port_browsers_refuse_is_never_handed_out(fresh):
+    """Worker gw0's block holds 10080, which Chromium refuses (ERR_UNSAFE_PORT): the walk steps over it."""
+    fresh.setenv("PYTEST_XDIST_WORKER", "gw0")
+    fresh.setattr(ports, "_cursor", 10080 - ports.FIRST)
+    got = ports.free_port()
+    assert got != 10080 and got > 10080
