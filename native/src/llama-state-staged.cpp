@@ -1,4 +1,4 @@
-// A sequence state restored in two steps (Arbor): the contract is in llama-state-staged.h.
+// A sequence state restored, or read, in two steps (Arbor): the contract is in llama-state-staged.h.
 
 #include "llama-state-staged.h"
 
@@ -69,7 +69,94 @@ private:
     size_t n_read = 0;
 };
 
+// one piece of a state, in the order llama_io_write_host would write it: metadata bytes kept here, or a tensor range
+// copied when the snapshot is read
+struct state_piece {
+    ggml_tensor * tensor;  // nullptr: `size` bytes of the snapshot's metadata from `offset`
+    size_t        offset;
+    size_t        size;
+};
+
+// llama_io_write_host's writing, keeping the metadata and recording the tensor ranges instead of copying them
+class snapshot_writer : public llama_io_write_i {
+public:
+    void write(const void * src, size_t size) override {
+        const auto * bytes = static_cast<const uint8_t *>(src);
+        pieces.push_back({nullptr, meta.size(), size});
+        meta.insert(meta.end(), bytes, bytes + size);
+        n_written += size;
+    }
+
+    void write_tensor(ggml_tensor * tensor, size_t offset, size_t size) override {
+        pieces.push_back({tensor, offset, size});
+        n_written += size;
+    }
+
+    size_t n_bytes() override {
+        return n_written;
+    }
+
+    std::vector<state_piece> pieces;
+    std::vector<uint8_t>     meta;
+    size_t n_written = 0;
+};
+
 } // namespace
+
+struct llama_state_snapshot {
+    std::vector<state_piece> pieces;
+    std::vector<uint8_t>     meta;
+    size_t size = 0;
+};
+
+llama_state_snapshot * llama_state_seq_snapshot(llama_context * ctx, llama_seq_id seq_id) {
+    llama_memory_t mem = ctx->get_memory();
+    if (!mem || seq_id < 0) {
+        return nullptr;
+    }
+    ctx->synchronize();
+
+    snapshot_writer io;
+    try {
+        const uint32_t magic = STATE_SEQ_MAGIC;
+        io.write(&magic, sizeof(magic));
+        io.write(&seq_id, sizeof(seq_id));
+        mem->state_write(io, seq_id, 0);
+    } catch (const std::exception & err) {
+        LLAMA_LOG_ERROR("%s: error taking a state snapshot: %s\n", __func__, err.what());
+        return nullptr;
+    }
+
+    auto * snap = new llama_state_snapshot;
+    snap->pieces = std::move(io.pieces);
+    snap->meta   = std::move(io.meta);
+    snap->size   = io.n_written;
+    return snap;
+}
+
+size_t llama_state_snapshot_size(const llama_state_snapshot * snap) {
+    return snap ? snap->size : 0;
+}
+
+size_t llama_state_snapshot_read(const llama_state_snapshot * snap, uint8_t * dst, size_t size) {
+    if (!snap || size < snap->size) {
+        return 0;
+    }
+    uint8_t * out = dst;
+    for (const auto & p : snap->pieces) {
+        if (p.tensor) {
+            ggml_backend_tensor_get(p.tensor, out, p.offset, p.size);
+        } else {
+            memcpy(out, snap->meta.data() + p.offset, p.size);
+        }
+        out += p.size;
+    }
+    return snap->size;
+}
+
+void llama_state_snapshot_free(llama_state_snapshot * snap) {
+    delete snap;
+}
 
 struct llama_state_staged {
     std::vector<tensor_write> writes;

@@ -23,6 +23,21 @@
 // of their rows: the CPU's flash-attention kernels do (ggml-cpu ops.cpp; the tiled path zeroes such columns
 // instead of loading them); llama.cpp's attention without flash attention does not.
 
+// A sequence state read in two steps (Arbor), the mirror of the above, for writing KV back to host memory:
+//
+//   - llama_state_seq_snapshot: the first step of llama_state_seq_get_data, on the decode thread: llama.cpp's own
+//     state writer runs (llama_memory_i::state_write) with a writer that keeps the metadata it writes (cell
+//     positions, sequence ids, the layers' types and sizes) and only records each tensor range to copy. NULL when
+//     the sequence's state cannot be written (the same cases llama_state_seq_get_data returns 0 for).
+//   - llama_state_snapshot_size: the state's size, llama_state_seq_get_size's.
+//   - llama_state_snapshot_read: the copies (ggml_backend_tensor_get) into `dst`, on any thread: the bytes are
+//     those llama_state_seq_get_data writes, in the same order. Returns the bytes written, 0 when `size` is short.
+//   - llama_state_snapshot_free.
+//
+// Until the read has returned the caller keeps the sequence's cells as they are: no seq_rm of the sequence, no
+// batch that writes them, no paged defragmentation or other move of cells. Other sequences may be computed
+// meanwhile: llama_decode writes only the cells of the batch's own tokens, never cells another sequence holds.
+
 #include "llama.h"
 
 #ifdef __cplusplus
@@ -38,6 +53,13 @@ LLAMA_API size_t llama_state_staged_n_bytes(const struct llama_state_staged * st
 // 0 written; -1 already written
 LLAMA_API int32_t llama_state_staged_write(struct llama_state_staged * staged);
 LLAMA_API void    llama_state_staged_free(struct llama_state_staged * staged);
+
+struct llama_state_snapshot;
+
+LLAMA_API struct llama_state_snapshot * llama_state_seq_snapshot(struct llama_context * ctx, llama_seq_id seq_id);
+LLAMA_API size_t llama_state_snapshot_size(const struct llama_state_snapshot * snap);
+LLAMA_API size_t llama_state_snapshot_read(const struct llama_state_snapshot * snap, uint8_t * dst, size_t size);
+LLAMA_API void   llama_state_snapshot_free(struct llama_state_snapshot * snap);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,9 @@ Contract:
   never read a cell masked for them). Until its write is done the caller keeps the sequence out of
   batches; a method here that reads or frees the cells of a sequence a write fills, or may move any
   cell, waits for that write first (`settle_writes`), so no cell is freed, moved or read while written.
+  The mirror, a snapshot read (`snapshot_state`, then `read_snapshot`): the state's metadata written on
+  the engine thread, its K and V copied out on the same thread as the writes; the sequence's cells are
+  kept as they are until the read is done (`settle_writes` waits for it too).
 """
 
 from __future__ import annotations
@@ -244,9 +247,10 @@ class LlamaRuntime:
         # KV is host memory (no layer offloaded: a device copy would need a stream and an event of its own).
         self.stages_beside_compute = (self.paged_attn.enabled and self.offload.offloaded == 0
                                       and staged_state.compiled_in())
-        self._writer: ThreadPoolExecutor | None = None  # the write thread, made at the first staged write
-        self._writes: list[tuple[frozenset[int], Future]] = []  # staged writes in flight: (the sequences, the write)
-        self.writes_waited = 0  # times a call here waited for a staged write still running
+        self._writer: ThreadPoolExecutor | None = None  # the transfer thread, made at the first staged write or read
+        # staged writes and snapshot reads in flight: (the sequences whose cells they touch, the transfer)
+        self._writes: list[tuple[frozenset[int], Future]] = []
+        self.writes_waited = 0  # times a call here waited for a staged write (or snapshot read) still running
         if self.paged_attn.note and config.paged_attn == "auto":
             log.warning("paged attention is off: %s", self.paged_attn.note)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
@@ -509,9 +513,6 @@ class LlamaRuntime:
         """Write a staged state's K and V on the write thread, now, while the engine thread goes on; the future
         gives the write's seconds. `seq_ids`: the sequences that hold the staged cells by now (seq_cp may have
         given them to another since staging). The record is freed when the write is done."""
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-kv-write")
-
         def write() -> float:
             t0 = time.perf_counter()
             try:
@@ -520,14 +521,43 @@ class LlamaRuntime:
                 staged.free()
             return time.perf_counter() - t0
 
-        future = self._writer.submit(write)
+        future = self._transfer_thread().submit(write)
         self._writes.append((frozenset(seq_ids), future))
         return future
 
+    def snapshot_state(self, seq_id: int) -> staged_state.StateSnapshot | None:
+        """The first step of a two-step read of `seq_id`'s state (`read_snapshot`): its metadata written, its tensor
+        ranges recorded, nothing copied. None: llama.cpp could not write the state. Only where
+        `stages_beside_compute` (else RuntimeError)."""
+        if not self.stages_beside_compute:
+            raise RuntimeError("snapshot reads need paged attention on the CPU and no offloaded layer")
+        self.settle_writes(seq_id)
+        return staged_state.snapshot(self.ctx, seq_id)
+
+    def read_snapshot(self, snap: staged_state.StateSnapshot, seq_id: int) -> Future:
+        """Copy a snapshot's state out on the transfer thread, now, while the engine thread goes on; the future gives
+        the state's bytes (what `state_seq_get(seq_id)` gave when it was taken). `seq_id`'s cells are kept as they
+        are until then: seq_rm of it, state calls on it and moves of cells wait for the read (`settle_writes`). The
+        snapshot is freed when the read is done."""
+        def read() -> memoryview:
+            try:
+                return snap.read()
+            finally:
+                snap.free()
+
+        future = self._transfer_thread().submit(read)
+        self._writes.append((frozenset((seq_id,)), future))
+        return future
+
+    def _transfer_thread(self) -> ThreadPoolExecutor:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbor-kv-write")
+        return self._writer
+
     def settle_writes(self, seq_id: int = -1) -> None:
-        """Wait for the staged writes in flight into `seq_id`'s cells (-1: every write): called, on the engine thread,
-        by the methods here that free or read a sequence's cells, or may move any cell. Another request's write is
-        waited for only when its cells are touched."""
+        """Wait for the staged writes into `seq_id`'s cells, and the snapshot reads of them, in flight (-1: every one):
+        called, on the engine thread, by the methods here that free or read a sequence's cells, or may move any cell.
+        Another request's transfer is waited for only when its cells are touched."""
         if not self._writes:
             return
         waiting = [(seqs, f) for seqs, f in self._writes if seq_id < 0 or seq_id in seqs]

@@ -2,7 +2,8 @@
 the real engine: the cells exist at once, the written KV is the saved one and predicts what the original predicted,
 another sequence decodes while the write runs, a state that does not fit is refused leaving nothing, a call that
 frees or moves the cells being written waits for the write, and a runtime whose kernels may read masked cells refuses
-to stage."""
+to stage. The mirror, a state snapshotted then read beside the compute: the bytes llama_state_seq_get_data gives,
+while another sequence decodes, and freeing the cells waits for the read."""
 
 from __future__ import annotations
 
@@ -100,5 +101,41 @@ def test_a_runtime_whose_kernels_may_read_masked_cells_refuses_to_stage():
         assert not rt.stages_beside_compute
         with pytest.raises(RuntimeError, match="paged attention on the CPU"):
             rt.stage_state(b"", 1)
+        with pytest.raises(RuntimeError, match="paged attention on the CPU"):
+            rt.snapshot_state(0)
+    finally:
+        rt.close()
+
+
+def test_a_snapshot_read_beside_a_decode_gives_the_bytes_of_a_plain_state_read():
+    rt = runtime("on")
+    try:
+        tokens = rt.tokenize(TEXT * 4, add_special=True, parse_special=False)
+        fill(rt, 0, tokens)
+        other = rt.tokenize("A poem about pumps:", add_special=True, parse_special=False)
+        fill(rt, 2, other)
+        want = bytes(rt.state_seq_get(0))
+        snap = rt.snapshot_state(0)
+        assert snap is not None and snap.size == len(want)
+        read = rt.read_snapshot(snap, 0)
+        for i in range(3):  # another sequence decodes while the read may still run (it writes only its own cells)
+            fill_one(rt, 2, 7 + i, len(other) + i)
+        assert bytes(read.result(timeout=30)) == want
+        rt.seq_rm(0, -1, -1)
+        assert rt.snapshot_state(0) is not None  # an empty sequence's state: its header only
+    finally:
+        rt.close()
+
+
+def test_freeing_the_cells_being_read_waits_for_the_read():
+    rt = runtime("on")
+    try:
+        tokens = rt.tokenize(TEXT * 8, add_special=True, parse_special=False)
+        fill(rt, 0, tokens)
+        want = bytes(rt.state_seq_get(0))
+        read = rt.read_snapshot(rt.snapshot_state(0), 0)
+        rt.seq_rm(0, -1, -1)  # frees the cells being read: only after the read
+        assert read.done() and bytes(read.result()) == want
+        assert rt.seq_pos_max(0) == -1
     finally:
         rt.close()
