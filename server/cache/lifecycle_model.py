@@ -34,9 +34,13 @@ where a <= e is the *due anchor*: the elapsed time whose expected return instant
 a + E[T - a | T > a], is the earliest. A queue drains and a tool finishes, so waiting longer
 never makes a session due later: what should have come back since the anchor counts as
 imminent (step 1). So a session whose tool is about to return, or is overdue, outranks one that
-just left; a session waiting far past every return seen fades with c(e); a waiting state that has
-shown fewer than `MIN_RETURNS` returns times nothing and is worth 0 (its nodes go in LRU order,
-as without hints). The value only orders eviction (server/cache/predictive_policy.py).
+just left; a session waiting far past every return seen fades with c(e). A tool or collaboration
+wait whose state has shown fewer than `MIN_RETURNS` returns is timed by the two states' returns
+pooled (a fork point before its first branches come: without this, every session in a kind of wait
+not yet seen to end was worth 0 and lost its KV before any timed one; issue 58's fork misses). A
+finished session whose state has shown fewer than `MIN_RETURNS` returns, and any session before
+`MIN_RETURNS` returns in all, is not timed and worth 0 (its nodes go in LRU order, as without
+hints). The value only orders eviction (server/cache/predictive_policy.py).
 
 Pure and thread-safe (one lock); the clock is injected, so the simulator (bench/cachesim/) runs
 it on virtual time.
@@ -70,7 +74,9 @@ __all__ = ["COLLAB_WAIT", "DONE", "HINT_STATE", "MODEL_CALL", "STATES", "TOOL_WA
 # a hint's state (server/cache/lifecycle.py) -> the state it puts the session in when it takes effect
 HINT_STATE = {"active": COLLAB_WAIT, "tool_wait": TOOL_WAIT, "done": DONE}
 
-MIN_RETURNS = 4  # returns a waiting state (or a tool) must have shown before its sessions' return is timed
+MIN_RETURNS = 4  # returns a waiting state (or a tool) must have shown before its sessions' return is timed by them
+ANY_WAIT = "any_wait"  # the pooled returns of the waits that go on (LifecycleModel._timing)
+CONTINUING = (TOOL_WAIT, COLLAB_WAIT)  # the waits a client says its session goes on after
 MAX_TOOLS = 256  # tools whose return times are kept (the least recently returned go first)
 
 
@@ -267,15 +273,33 @@ class LifecycleModel:
         """P(model_call | state): the chance a waiting state ends in a call (not in another wait)."""
         return self.transition_p(state, MODEL_CALL)
 
+    def _returns_seen(self, state: str) -> float:
+        return self.online.returns[state].total + self.prior.returns[state].total
+
+    def _timing(self, state: str, tool: str | None) -> str | None:
+        """Whose return times time a session waiting in `state` (on `tool`, when that tool is timed): the state's
+        own once it has shown MIN_RETURNS returns; else, for a wait the client says goes on (tool, collaboration),
+        the pooled returns of those waits (`ANY_WAIT`: a kind of wait not seen to end yet is expected back like the
+        waits seen so far, so its sessions are not all evicted before the timed ones); else None (not timed: a
+        finished session's return is the exception, and it is not expected back before its state has shown it)."""
+        if tool is not None or self._returns_seen(state) >= MIN_RETURNS:
+            return state
+        if state in CONTINUING and sum(self._returns_seen(s) for s in CONTINUING) >= MIN_RETURNS:
+            return ANY_WAIT
+        return None
+
     def curve(self, kind: str, state: str, tool: str | None = None) -> Curve:
-        """The `returns` or `others` dwell curve of a waiting state, or (`tool`) the returns of the tool waits
-        on that tool (cached per model version)."""
+        """The `returns` or `others` dwell curve of a waiting state (`ANY_WAIT`: the returns of every waiting
+        state pooled), or (`tool`) the returns of the tool waits on that tool (cached per model version)."""
         key = (kind, state if tool is None else f"{state}:{tool}")
         cached = self._curves.get(key)
         if cached is not None and cached[0] == self.version:
             return cached[1]
         if tool is not None:
             counts = list(self.tool_returns[tool].counts)
+        elif state == ANY_WAIT:
+            pooled = [getattr(c, kind)[s].counts for c in (self.online, self.prior) for s in CONTINUING]
+            counts = [sum(col) for col in zip(*pooled)]
         else:
             on, off = getattr(self.online, kind)[state], getattr(self.prior, kind)[state]
             counts = [a + b for a, b in zip(on.counts, off.counts)]
@@ -301,12 +325,10 @@ class LifecycleModel:
             step, gamma = self.params.step_s, self.params.gamma
             timed = self.tool_returns.get(info.tool) if info.state == TOOL_WAIT and info.tool is not None else None
             tool = info.tool if timed is not None and timed.total >= MIN_RETURNS else None  # its tool's, once known
-            if tool is None and self.online.returns[info.state].total + self.prior.returns[info.state].total \
-                    < MIN_RETURNS:
-                # no return of this state seen yet, so no time to expect one at: worth its chance
-                # of coming back at all, as if due at the horizon's end (LRU orders its sessions)
-                return 0.0
-            returns, others = self.curve("returns", info.state, tool), self.curve("others", info.state)
+            timing = self._timing(info.state, tool)
+            if timing is None:
+                return 0.0  # no return seen yet, so no time to expect one at (LRU orders these sessions)
+            returns, others = self.curve("returns", timing, tool), self.curve("others", info.state)
             sr, so = returns.survival(e), others.survival(e)
             z = p * sr + (1.0 - p) * so
             anchor_s = returns.survival(returns.anchor(e))

@@ -171,7 +171,7 @@ def _tagged_tree():
 
 def test_predictive_order_is_by_value_where_lru_is_by_recency():
     tree, nodes, policy = _tagged_tree()
-    assert policy.priority(nodes["gone"])[0] == 0.0
+    assert policy.priority(nodes["gone"])[0] == 0.0  # a finished session is not timed by the tool waits' returns
     assert freed_nodes(tree.flush("H", policy)) == (nodes["gone"], nodes["later"], nodes["soon"])
     tree, nodes, _ = _tagged_tree()
     assert freed_nodes(tree.flush("H", LRUPolicy())) == (nodes["soon"], nodes["gone"], nodes["later"])
@@ -256,3 +256,28 @@ def test_tools_kept_are_bounded_least_recently_returned_first(monkeypatch):
         model.ended("s", "done", now=10.0 * i + 1.1)
     assert list(model.tool_returns) == ["c", "a", "d"], "b returned least recently: dropped first"
     assert model.tool_returns["a"].total == 2
+
+
+def test_a_kind_of_wait_not_seen_to_end_yet_is_timed_by_every_waits_returns():
+    """A fork point (`active`) before its first branches: its state has shown no return yet, so it is expected back
+    like the waits seen so far (the tool and collaboration waits' returns pooled), not worth 0 beside timed tool
+    waits (its KV went first, and its branches recomputed the trunk's last turn: issue 58). With no return seen at
+    all, nothing is timed; a finished session is not timed by the others' returns."""
+    model = LifecycleModel(ModelParams(), clock=Clock())
+    model.arrived("trunk", now=0.0)
+    model.ended("trunk", "active", now=0.1)
+    assert model.session_value("trunk", now=1.0) == 0.0
+    t = 1.0
+    for _ in range(8):  # tools that take 2 s: the only returns seen
+        t = cycle(model, "tools", t, 2.0)
+    model.arrived("tools", now=t)
+    model.ended("tools", "tool_wait", now=t + 0.1)
+    model.arrived("trunk", now=t)
+    model.ended("trunk", "active", now=t + 0.1)
+    now = t + 2.0  # both due in about 0.1 s
+    trunk, tools = model.session_value("trunk", now=now), model.session_value("tools", now=now)
+    assert model.online.returns[COLLAB_WAIT].total == 1  # (fewer returns than MIN_RETURNS: not timed by its own)
+    assert tools > 0 and trunk > 0.3 * tools, (trunk, tools)  # less sure to come back (the hints' prior), as soon
+    model.arrived("finished", now=t)
+    model.ended("finished", "done", now=t + 0.1)
+    assert model.session_value("finished", now=now) == 0.0
