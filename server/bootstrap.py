@@ -202,6 +202,7 @@ def _build_router(settings: ServerSettings, runtime: LlamaRuntime, seq_ids: Sequ
         min_tokens=settings.cache_min_tokens, route=settings.cache_route,
         write_back_step_bytes=settings.cache_write_back_step * 1024, idle_cells=settings.cache_idle_cells,
         restore_step_bytes=settings.cache_restore_step * 1024, restore_beside=settings.cache_restore_beside == "auto",
+        write_back_beside=settings.cache_write_back_beside == "auto",
         states=states, split=runtime.split,
     )
     router.events = PolicyEvents(policy, registry, router.resident, router.write)  # --cache-policy: owners too

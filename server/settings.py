@@ -219,6 +219,10 @@ class ServerSettings(CachePolicySettings, SpeculativeSettings, BaseSettings):
         "CPU), a restore beside computing requests takes its cells at once and writes its K and V on a thread of "
         "its own while they compute; off (or where the kernels may read masked cells): in pieces of "
         "--cache-restore-step between their steps", json_schema_extra=_CACHE)
+    cache_write_back_beside: Literal["auto", "off"] = Field(
+        "auto", description="auto: where the KV can be read beside computing requests (paged attention on the "
+        "CPU), a parked slot's KV is copied to host on a thread of its own while they compute; off (or where it "
+        "cannot): in pieces of --cache-write-back-step between their steps", json_schema_extra=_CACHE)
     cache_idle_cells: int | None = Field(
         None, ge=0, description="KV cells idle slots may keep on the device while other requests run; beyond "
         "it the least recently used idle slot is written back to host or disk and freed (with unified KV every "

@@ -6,7 +6,7 @@ Apart from the policies (server/cache/eviction.py) because it drives the tree
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ def enforce_budget(
     policy: EvictionPolicy | None = None,
     incoming_bytes: int = 0,
     settle: Callable[[tuple], None] | None = None,
+    floor: Hashable | None = None,
 ) -> BudgetResult:
     """Evict ``tier``'s values until what they keep alive plus ``incoming_bytes`` fits ``budget``.
 
@@ -56,6 +57,8 @@ def enforce_budget(
     round (the host tier copies surviving slices out of mostly freed buffers). Only ``tier``'s values go (a node
     keeps what other tiers hold of it). Check ``satisfied``: locked or pinned nodes may
     leave the tier over budget, and the caller then declines to store the incoming payload.
+    ``floor`` (a policy key): only values ranked below it go (RadixTree.evict), so an incoming
+    payload worth less than what the tier holds is declined rather than let in.
     """
     counters = tree.tier(tier)
     freed: list = []
@@ -64,7 +67,7 @@ def enforce_budget(
         over = budget.over_by(counters.held_bytes, incoming_bytes)
         if over == 0:
             return BudgetResult(tuple(freed), freed_bytes, True)
-        res = tree.evict(over, tier, policy)
+        res = tree.evict(over, tier, policy, floor)
         if not res.freed:
             return BudgetResult(tuple(freed), freed_bytes, False)
         freed.extend(res.freed)

@@ -38,6 +38,7 @@ H, the device's cells, read at once for what the disk does not hold yet.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -161,17 +162,18 @@ class DiskTier:
         for path in doomed:
             path.unlink(missing_ok=True)
 
-    def _place(self, tokens: list[int], file: SegmentFile) -> None:
+    def _place(self, tokens: list[int], file: SegmentFile) -> RadixNode:
         """Index `file` (the KV of tokens[file.start:]): it serves any range of it that the
-        tree lacks (caller holds the lock); unused, it is deleted."""
+        tree lacks (caller holds the lock); unused, it is deleted. Returns the path's tip."""
         end = file.start + file.n
 
         def give(s: int, e: int) -> DiskSegment | None:
             return self._use(file, s, e) if file.start <= s and e <= end else None
 
-        self.tree.insert(tokens[:end], TIER, give)
+        tip = self.tree.insert(tokens[:end], TIER, give).last_node
         if file.refs == 0:
             self._doomed.append(file.path)
+        return tip
 
     # ------------------------------------------------------------------ index
     def _load_index(self) -> None:
@@ -321,7 +323,7 @@ class DiskTier:
         start = self.held(tokens) if kv.reads_device else 0
         if start < len(tokens):
             ranges = kv.read(start, len(tokens))
-            self._writer.submit((list(tokens), ranges), sum(seg.nbytes for _, seg in ranges))
+            self._writer.submit((list(tokens), ranges, kv.tag), sum(seg.nbytes for _, seg in ranges))
 
     @property
     def dropped_writes(self) -> int:
@@ -343,10 +345,11 @@ class DiskTier:
         self._unlink_doomed()
         return res.freed_bytes
 
-    def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]]) -> None:
+    def _write(self, tokens: list[int], ranges: list[tuple[int, KVSegment]],
+               tag: Callable[[RadixNode], None] | None = None) -> None:
         """Write one file for the part of `tokens` past what the disk holds, if `ranges`
         cover it and the budget can make room for the whole file: decide under the lock,
-        write without it, index under it."""
+        write without it, index under it (the path tagged with `tag` first: PathKV.tag)."""
         have = self.held(tokens)
         parts = cut(ranges, have, len(tokens)) if have < len(tokens) else None
         seg = KVSegment.join(parts) if parts else None
@@ -365,7 +368,9 @@ class DiskTier:
             return
         file = write_segment_file(self.dir, encoded)
         with self._lock:
-            self._place(tokens, file)
+            tip = self._place(tokens, file)
+            if tag is not None and tip.attached:
+                tag(tip)
             if not self._make_room(0):  # room taken meanwhile (a restore locked what was to go)
                 self._unplace(file)
                 self.declined += 1

@@ -18,7 +18,8 @@ so every use holds `tree.mutex`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import cast
 
@@ -82,6 +83,11 @@ class HostTier:
         self.hits += 1
         return parts
 
+    def held_depth(self, tokens: list[int]) -> int:
+        """The leading tokens of `tokens` H holds (what a store of them would not read)."""
+        with self.tree.mutex:
+            return self.tree.match_prefix(tokens, touch=False).span(TIER).longest
+
     def store(self, tokens: list[int], kv: PathKV) -> HeldKV | None:
         """Add the path; `kv` is read only for ranges H does not hold yet. Returns H's values
         on the path (for the tiers below), or None when the budget cannot make room (the
@@ -89,7 +95,8 @@ class HostTier:
         with self.tree.mutex:
             have = self.tree.match_prefix(tokens, touch=False).span(TIER).longest
             estimate = (len(tokens) - have) * self.bytes_per_token
-            if estimate and not self._make_room(estimate):  # nothing is read for a store that cannot fit
+            floor = self._floor(kv)
+            if estimate and not self._make_room(estimate, floor):  # nothing is read for a store that cannot fit
                 self.declined += 1
                 return None
             # Then read what H lacks and make room for the bytes it really keeps alive (a
@@ -99,11 +106,13 @@ class HostTier:
             incoming = getattr(fresh, "memory", fresh).nbytes if fresh is not None else 0
             if fresh is not None:  # the next store's estimate: this segment's own rows (not a larger buffer
                 self.bytes_per_token = -(-fresh.nbytes // fresh.n_tokens)  # it may be a view of) per token
-            if incoming > estimate and not self._make_room(incoming):
+            if incoming > estimate and not self._make_room(incoming, floor):
                 self.declined += 1
                 return None
             extract = self._from(fresh, have, lambda s, e: one_segment(kv, s, e))
             result = self.tree.insert(tokens, TIER, extract)
+            if kv.tag is not None and result.last_node.attached:
+                kv.tag(result.last_node)  # valued by its sessions before any room is made
             if self.tree.tier(TIER).held_bytes > self.budget_bytes and not self._make_room(0):
                 for node in result.new_nodes + result.filled_nodes:
                     if node.attached and TIER in node.values and node.lock_ref == 0:
@@ -113,7 +122,7 @@ class HostTier:
             tip = result.last_node
             if not tip.attached:
                 return None
-            return HeldKV(lambda: self._values_on_path(tip), tip, kv.checkpoints)
+            return HeldKV(lambda: self._values_on_path(tip), tip, kv.checkpoints, kv.tag, kv.sessions)
 
     def _values_on_path(self, tip: RadixNode) -> Ranges:
         """H's values on the path to `tip`, as (position, segment) ranges (views)."""
@@ -130,9 +139,17 @@ class HostTier:
             return fresh.slice(s - have, e - have) if fresh is not None and s >= have else extract(s, e)
         return view
 
-    def _make_room(self, incoming: int) -> bool:
+    def _floor(self, kv: PathKV) -> Hashable | None:
+        """The key the incoming path ranks at: making room for it, H evicts only what ranks below (else the store is
+        declined, and the path is lost rather than something worth more). Only under a policy that values sessions
+        (predictive: its sessions' value, any access time); under LRU and the lifecycle classes a new path outranks
+        every older one, as before."""
+        rank = getattr(self.policy, "sessions_priority", None)
+        return None if rank is None else rank(kv.sessions, math.inf)
+
+    def _make_room(self, incoming: int, floor: Hashable | None = None) -> bool:
         res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming,
-                             settle=self._copy_out_survivors)
+                             settle=self._copy_out_survivors, floor=floor)
         self.evictions += len(res.freed)
         self.evicted_bytes += res.freed_bytes
         return res.satisfied

@@ -14,6 +14,10 @@
   taken and attached to the target at once (the engine thread), their K and V written on the runtime's
   write thread while the engine computes other sequences; the target must stay out of batches until
   `written` is done.
+- `extract_beside(src, start, end, hold)`: `extract` in two steps, its mirror (same conditions): positions
+  [start, end) attached to the empty sequence `hold` and its state snapshotted (the engine thread), the K and
+  V copied out on the runtime's transfer thread; `PendingExtract.segment()` gives the segment once read. The
+  caller keeps `hold` until then and gives it back after (seq_rm of it waits for the read).
 
 Every scratch sequence id is given back on every path (the pool's `in_use` shows leaks).
 
@@ -80,6 +84,29 @@ class StagedRestore:
     nbytes: int
     stage_ms: float  # the engine thread's part: the cells taken and attached
     written: Future  # done when the target's cells hold the K and V (its result: the write's seconds)
+
+
+@dataclass(frozen=True)
+class PendingExtract:
+    """The KV of positions [start, end), being copied out beside the compute (KVOps.extract_beside)."""
+
+    start: int
+    end: int
+    hold_seq: int  # holds the cells until the read is done; the caller gives it back
+    read: Future  # its result: the state's bytes
+
+    def segment(self) -> KVSegment:
+        """The segment (waits for the read). Raises ExtractError."""
+        try:
+            seg = parse_seq_state(self.read.result())
+        except KVFormatError as exc:
+            raise ExtractError(f"unexpected KV state format: {exc}") from exc
+        except RuntimeError as exc:
+            raise ExtractError(str(exc)) from exc
+        if seg.pos0 != self.start or seg.n_tokens != self.end - self.start:
+            raise ExtractError(f"asked for positions [{self.start}, {self.end}), the read held "
+                               f"[{seg.pos0}, {seg.pos0 + seg.n_tokens})")
+        return seg
 
 
 class KVOps:
@@ -231,6 +258,21 @@ class KVOps:
             buffer = joined.buffer
             written.add_done_callback(lambda _: self.buffers.give(buffer))
         return StagedRestore(end - start, staged.n_bytes, (time.perf_counter() - t0) * 1000.0, written)
+
+    def extract_beside(self, src_seq: int, start: int, end: int, hold_seq: int) -> PendingExtract:
+        """Positions [start, end) of `src_seq` attached to the empty `hold_seq` and read out on the transfer thread
+        (only where `stages`). Raises ExtractError, `hold_seq` then empty again."""
+        if not self.stages:
+            raise ExtractError("a read beside the compute needs the unified layout, a full-attention model and "
+                               "paged attention on the CPU")
+        self.runtime.seq_cp(src_seq, hold_seq, start, end)
+        snap = None
+        if self.runtime.seq_pos_min(hold_seq) == start and self.runtime.seq_pos_max(hold_seq) == end - 1:
+            snap = self.runtime.snapshot_state(hold_seq)
+        if snap is None:
+            self.runtime.seq_rm(hold_seq, -1, -1)
+            raise ExtractError(f"could not snapshot positions [{start}, {end}) of sequence {src_seq}")
+        return PendingExtract(start, end, hold_seq, self.runtime.read_snapshot(snap, hold_seq))
 
     def _restore_into(self, blob, target_seq: int, start: int, end: int, t0: float) -> RestoreResult:
         """Split layout: the state, from position 0, straight into the target's own stream (llama.cpp empties

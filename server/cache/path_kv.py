@@ -37,9 +37,11 @@ class DeviceKV:
     tip: RadixNode | None = None  # the device's cells are not on the tree
 
     def __init__(self, extract: Callable[[int, int], KVSegment],
-                 checkpoints: Callable[[int], list[StateCheckpoint]] = no_checkpoints):
+                 checkpoints: Callable[[int], list[StateCheckpoint]] = no_checkpoints,
+                 tag: Callable[[RadixNode], None] | None = None, sessions: tuple[str, ...] = ()):
         self.extract = extract
         self.checkpoints = checkpoints
+        self.tag, self.sessions = tag, sessions
 
     def read(self, start: int, end: int) -> Ranges:
         """One range, [start, end), read now."""
@@ -55,11 +57,13 @@ class HeldKV:
     reads_device = False
 
     def __init__(self, ranges: Ranges | Callable[[], Ranges], tip: RadixNode | None = None,
-                 checkpoints: Callable[[int], list[StateCheckpoint]] = no_checkpoints):
+                 checkpoints: Callable[[int], list[StateCheckpoint]] = no_checkpoints,
+                 tag: Callable[[RadixNode], None] | None = None, sessions: tuple[str, ...] = ()):
         self._ranges: Ranges | None = ranges if isinstance(ranges, list) else None
         self._make: Callable[[], Ranges] | None = None if isinstance(ranges, list) else ranges
         self.tip = tip
         self.checkpoints = checkpoints
+        self.tag, self.sessions = tag, sessions
 
     def read(self, start: int, end: int) -> Ranges:
         """Every range held (the receiving tier cuts [start, end) out of them when it writes)."""

@@ -402,9 +402,10 @@ class RadixTree:
 
     # --------------------------------------------------------------- eviction
 
-    def evict(self, bytes_needed: int, tier: str, policy: EvictionPolicy | None = None) -> EvictResult:
+    def evict(self, bytes_needed: int, tier: str, policy: EvictionPolicy | None = None,
+              floor: Hashable | None = None) -> EvictResult:
         """Take ``tier``'s values off unlocked nodes in policy order until
-        ``bytes_needed`` are freed.
+        ``bytes_needed`` are freed; with ``floor`` (a policy key), only nodes ranked below it.
 
         A candidate holds a value in ``tier`` and none of its children does (the
         bottom of the tier's paths); once its value goes, its parent may become
@@ -415,13 +416,14 @@ class RadixTree:
         """
         if bytes_needed < 0:
             raise ValueError(f"bytes_needed must be >= 0, got {bytes_needed}")
-        return self._evict(tier, bytes_needed, policy)
+        return self._evict(tier, bytes_needed, policy, floor)
 
     def flush(self, tier: str, policy: EvictionPolicy | None = None) -> EvictResult:
         """Evict every value of ``tier`` that the locks and the policy allow (POST /cache/flush)."""
         return self._evict(tier, None, policy)
 
-    def _evict(self, tier: str, limit: int | None, policy: EvictionPolicy | None) -> EvictResult:
+    def _evict(self, tier: str, limit: int | None, policy: EvictionPolicy | None,
+               floor: Hashable | None = None) -> EvictResult:
         freed: list[tuple[RadixNode, SegmentPayload]] = []
         freed_bytes = 0
         freed_tokens = 0
@@ -446,6 +448,11 @@ class RadixTree:
         candidates = queue.pop_candidates(lambda n: n in bottoms)
         try:
             for node in candidates:  # each one is evicted: a parent becoming a bottom joins the queue
+                if floor is not None:
+                    key = priority(node)
+                    if key is not None and not key < floor:  # type: ignore[operator]  # (one policy's keys compare)
+                        queue.push(node)  # ranked at or above the floor: it stays, and so do all after it
+                        break
                 value = self._detach_value(node, tier)
                 freed.append((node, value))
                 freed_bytes += value.nbytes

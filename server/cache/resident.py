@@ -73,7 +73,7 @@ class ResidentOwners:
     source = Source.S
 
     def __init__(self, tree: RadixTree, runtime: LlamaRuntime, seq_ids: SequenceIdPool, budget_cells: int,
-                 registry: SessionRegistry, on_evict: Callable[[int, list[int]], None] | None = None,
+                 registry: SessionRegistry, on_evict: Callable[[int, list[int], set[str]], None] | None = None,
                  partial_state: bool = False, copies: bool = False):
         """`partial_state`: the model has sliding-window or recurrent layers (an owner's window
         cells or recurrent state are those at its end; publish takes a checkpoint). `copies`: the
@@ -87,8 +87,8 @@ class ResidentOwners:
         self.registry = registry
         self.owners: list[Owner] = []
         self._by_seq: dict[int, Owner] = {}
-        # Called with (seq_id, tokens) before an evicted owner's cells are dropped (write-back).
-        self.on_evict = on_evict  # (seq_id, tokens): write an owner's KV back before it goes
+        # Called with (seq_id, tokens, sessions) before an evicted owner's cells are dropped (write-back).
+        self.on_evict = on_evict
         self.hits = 0
         self.evictions = 0
         self.publishes = 0
@@ -347,7 +347,7 @@ class ResidentOwners:
 
     def _evict(self, victim: Owner, why: str) -> None:
         if self.on_evict is not None:
-            self.on_evict(victim.seq_id, victim.tokens)
+            self.on_evict(victim.seq_id, victim.tokens, set(victim.sessions))
         if victim.prefetched:  # brought up, never used
             log.debug("resident owner of %s evicted (%s) with %d prefetched tokens unused (rank %s)",
                       sorted(victim.sessions), why, victim.prefetched, self._rank(victim))

@@ -72,7 +72,7 @@ class CacheRouter:
                  enabled: set[Source], tree: RadixTree | None, tiers: Iterable[KVTier], resident_cells: int | None,
                  registry: SessionRegistry, min_tokens: int, route: str = "cost", write_back_step_bytes: int = 0,
                  idle_cells: int | None = None, states: SlotStates | None = None, split: bool = False,
-                 restore_step_bytes: int = 0, restore_beside: bool = True):
+                 restore_step_bytes: int = 0, restore_beside: bool = True, write_back_beside: bool = True):
         """`enabled`: the sources in use (A and S among them); `tiers`: the stored tiers, ordered
         as server.cache.tiers.STORED (R is not on the tree: its store changes under every replica);
         `split`: the split KV layout (server/engine/kv_layout.py), where S copies between streams."""
@@ -87,7 +87,7 @@ class CacheRouter:
         self.write = WriteBackPolicy(runtime=runtime, kv=kv, slots=slots, running=running, tree=tree, tiers=self.tiers,
                                      registry=registry, min_tokens=min_tokens, resident_cells=resident_cells,
                                      step_bytes=write_back_step_bytes, idle_cells=idle_cells, clock=self.clock,
-                                     copies=split)
+                                     copies=split, beside=write_back_beside)
         self.resident, self.parked = self.write.resident, self.write.parked
         if self.resident is not None and not split:  # the owners' budget charges cells no slot also holds
             self.resident.device_paths = self._device_paths

@@ -33,7 +33,7 @@ in server/cache/resident.py) are not stored tiers: the router attaches or keeps 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -67,6 +67,13 @@ class PathKV(Protocol):
     # KV is held in memory already (views): a tier reads it all and cuts what it needs later.
     reads_device: bool
     tip: RadixNode | None  # the radix tree node the path ends at, where the giver keeps it there
+    # Tags a stored path with the sessions that use it (SessionRegistry.tag): a tier on the tree calls it with the
+    # path's tip under the tree's lock as soon as it has inserted the path, before it makes room, so the policy
+    # values the new path by its sessions from the start (untagged, it is worth 0 and the first to go). None: no one.
+    tag: Callable[[RadixNode], None] | None
+    # The sessions that use the path (those `tag` tags it with): a tier whose policy values sessions admits the path
+    # only by evicting what that policy ranks below it (server/cache/host_tier.py).
+    sessions: tuple[str, ...]
 
     def read(self, start: int, end: int) -> list[tuple[int, KVSegment]]:
         """(path position, segment) pairs in path order covering [start, end) as far as the

@@ -69,9 +69,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.cache.engine_time import EngineTime
+from server.cache.kv_format import KVSegment
 from server.cache.kv_ops import ExtractError, KVOps
 from server.cache.lifecycle import CacheHint, SessionRegistry
 from server.cache.path_kv import DeviceKV, no_checkpoints
+from server.cache.radix_node import RadixNode
 from server.cache.radix_tree import RadixTree
 from server.cache.resident import ResidentOwners
 from server.cache.slot_paths import slot_paths
@@ -174,10 +176,11 @@ class WriteBackPolicy:
     def __init__(self, *, runtime: LlamaRuntime, kv: KVOps, slots: SlotPool, running: Callable[[], list[Sequence]],
                  tree: RadixTree | None, tiers: Iterable[KVTier], registry: SessionRegistry, min_tokens: int,
                  resident_cells: int | None, step_bytes: int, idle_cells: int | None, clock: EngineTime,
-                 copies: bool = False):
+                 copies: bool = False, beside: bool = True):
         """`tiers`: the stored tiers, ordered as server.cache.tiers.STORED (the first is written
         from the device, the ones below it from the first). `copies`: the split KV layout, where a
-        resident owner holds a copy of its prefix in a stream of its own."""
+        resident owner holds a copy of its prefix in a stream of its own. `beside`: parked copies are
+        read beside the compute where the KV allows it (server/cache/write_back.py), else in pieces."""
         self.runtime, self.kv, self.slots, self.running = runtime, kv, slots, running
         self.tree, self.tiers = tree, tuple(tiers)
         # the host tier, where a parked copy's path grows piece by piece and the KV size is learnt
@@ -191,8 +194,11 @@ class WriteBackPolicy:
                                            on_evict=self.write_back_owner, partial_state=kv.partial_state,
                                            copies=copies)
         # Parking needs the host tier (a stored path grows piece by piece there) and parked ids.
-        self.parked = (WriteBackQueue(runtime, kv.seq_ids, self.store, lambda: host.bytes_per_token, step_bytes)
-                       if host is not None and step_bytes > 0 and kv.seq_ids.layout.parked else None)
+        self.parked: WriteBackQueue | None = None
+        if host is not None and step_bytes > 0 and kv.seq_ids.layout.parked:
+            reads = beside and kv.stages  # parked copies read out beside the compute, not stored in pieces
+            self.parked = WriteBackQueue(runtime, kv.seq_ids, self.store, lambda: host.bytes_per_token, step_bytes,
+                                         kv=kv if reads else None, held_depth=host.held_depth if reads else None)
         # slot index -> the cache hint of its last request: the slot's kept KV (tier A) outlives
         # the request and its lease, and is written back later under that hint
         self.slot_hints: dict[int, CacheHint] = {}
@@ -237,20 +243,27 @@ class WriteBackPolicy:
         if self.hand_over is not None:  # the slot's state checkpoints go with its KV
             self.hand_over(slot)
 
-        def tag(tip) -> None:
-            if hint is not None and hint.session and tip is not None:
-                assert self.tree is not None  # a stored path's tip is in the tree
-                with self.tree.mutex:
-                    self.registry.tag(hint.session, tip)
-
+        # the stored path is tagged with the session of the slot's last request as it is inserted
+        sessions = (hint.session,) if hint is not None and hint.session else ()
         if park and self.parked is not None:
             nbytes = len(tokens) * self._kv_bytes_per_token(slot.seq_id, len(tokens))  # at most what is stored
             if nbytes <= self.parked.step_bytes - self._step_bytes_stored:
                 self._step_bytes_stored += nbytes  # within this step's budget: now, in the cells it frees
-            elif self.parked.park(slot.seq_id, tokens, tag):
+            elif self.parked.park(slot.seq_id, tokens, sessions):
                 self.write_backs += 1  # its time is counted piece by piece in `background`
                 return
-        tag(self._timed_store(slot.seq_id, tokens))
+        self._timed_store(slot.seq_id, tokens, sessions)
+
+    def _tagger(self, sessions: tuple[str, ...]) -> Callable[[RadixNode], None] | None:
+        """PathKV.tag for a path the `sessions` use (None: no session): called with the stored path's tip under the
+        tree's lock, as soon as a tier inserts it."""
+        if not sessions:
+            return None
+
+        def tag(tip: RadixNode) -> None:
+            for session in sessions:
+                self.registry.tag(session, tip)
+        return tag
 
     def _kv_bytes_per_token(self, seq_id: int, n_tokens: int) -> int:
         """The host's KV bytes per token, or before its first store, `seq_id`'s state size over
@@ -278,15 +291,16 @@ class WriteBackPolicy:
                 self.drop_idle_slot(slot, gated=False)
         if self.resident is not None:
             for owner in list(self.resident.owners):
-                self.write_back_owner(owner.seq_id, owner.tokens)
+                self.write_back_owner(owner.seq_id, owner.tokens, owner.sessions)
             self.resident.flush()
 
-    def write_back_owner(self, seq_id: int, tokens: list[int]) -> None:
-        """A resident owner is being evicted (its cells may be freed)."""
+    def write_back_owner(self, seq_id: int, tokens: list[int], sessions: Iterable[str] = ()) -> None:
+        """A resident owner is being evicted (its cells may be freed); `sessions`: those that used it (the stored
+        path is tagged with them)."""
         if len(tokens) >= self.min_tokens and not self.held_on_device(tokens, None, owner_seq=seq_id):
             if self.hand_over_owner is not None:  # the owner's state at its end goes with its KV
                 self.hand_over_owner(seq_id, tokens)
-            self._timed_store(seq_id, tokens)
+            self._timed_store(seq_id, tokens, tuple(sorted(sessions)))
 
     def held_on_device(self, tokens: list[int], exclude, owner_seq: int | None = None) -> bool:
         """Another slot (idle, or running over these tokens) or resident owner holds them all."""
@@ -326,27 +340,39 @@ class WriteBackPolicy:
         """A prompt is admitted (the router, before it plans): the gate looks for a comeback."""
         self.gate.admitted(prompt)
 
-    def _timed_store(self, seq_id: int, tokens: list[int]):
+    def _timed_store(self, seq_id: int, tokens: list[int], sessions: tuple[str, ...] = ()):
         if not self.tiers:
             return None  # nowhere to write back to (e.g. tiers A,S)
         t0 = time.perf_counter()
         try:
-            return self.store(seq_id, tokens)
+            return self.store(seq_id, tokens, sessions=sessions)
         finally:
             self.write_backs += 1
             self.write_back_ms += (time.perf_counter() - t0) * 1000.0
 
-    def store(self, slot_seq: int, tokens: list[int], to_disk: bool = True):
+    def store(self, slot_seq: int, tokens: list[int], to_disk: bool = True, ready: KVSegment | None = None,
+              sessions: tuple[str, ...] = ()):
         """Store what the first tier (H, or D without it) lacks of `tokens`, read from
-        `slot_seq`, then, with `to_disk`, what each tier below it lacks, from the first tier's
-        copy; returns the first tier's path tip (None: declined, or off the tree)."""
+        `slot_seq` (or from `ready`, a segment of it read beforehand, where it covers the range),
+        then, with `to_disk`, what each tier below it lacks, from the first tier's copy; the path
+        is tagged with the `sessions` that use it as each tier inserts it, and ranked by them
+        (PathKV.tag, PathKV.sessions). Returns the first tier's path tip (None: declined, or off
+        the tree)."""
         if not self.tiers:
             return None
         first, *below = self.tiers
         path_checkpoints = self.path_checkpoints
         checkpoints = no_checkpoints if path_checkpoints is None else lambda align: path_checkpoints(tokens, align)
+
+        def read(s: int, e: int) -> KVSegment:
+            if ready is not None and ready.pos0 <= s and e <= ready.pos0 + ready.n_tokens:
+                whole = (s, e) == (ready.pos0, ready.pos0 + ready.n_tokens)
+                # a part (the first tier gained some of it since the read began): copied, so it does not keep
+                # the whole read alive
+                return ready if whole else ready.slice(s - ready.pos0, e - ready.pos0).compact()
+            return self.kv.extract(slot_seq, s, e)
         try:
-            held = first.store(tokens, DeviceKV(lambda s, e: self.kv.extract(slot_seq, s, e), checkpoints))
+            held = first.store(tokens, DeviceKV(read, checkpoints, self._tagger(sessions), sessions))
             if held is None:
                 return None
             if to_disk:

@@ -141,3 +141,58 @@ def test_a_path_stored_across_other_tiers_nodes_keeps_the_estimate_per_token():
     assert host.declined == 0 and host.evictions == 0
     assert host_match(host, a).length == 300 and host_match(host, b).length == 300
     tree.check_invariants()
+
+
+class ValuesTagged:
+    """A policy that keeps paths some session uses (tagged) over untagged ones, least recently used first among
+    equals: how the predictive policy treats a path no session tags (worth 0)."""
+
+    name = "tagged"
+
+    def priority(self, node):
+        return (1.0 if node.sessions else 0.0, node.last_access)
+
+
+def tagger(session):
+    def tag(tip):
+        for node in tip.iter_up():
+            node.sessions.add(session)
+    return tag
+
+
+def test_a_path_is_tagged_as_it_is_inserted_so_its_own_store_does_not_evict_it():
+    """A parked copy is stored in pieces (server/cache/write_back.py). Tagged only once stored, its pieces were
+    worth 0 meanwhile: the next piece's room was made by evicting the previous piece, then the fresh path itself
+    (the store returned None, the copy was dropped; issue 58's fork misses). Tagged as each tier inserts it
+    (PathKV.tag), the older path gives way instead."""
+    host = HostTier(RadixTree(), budget_bytes=200, policy=ValuesTagged())  # 100 tokens of 2 bytes
+    a, b = list(range(60)), list(range(1000, 1060))
+    assert host.store(a, DeviceKV(extractor(a, []), tag=tagger("a"))) is not None
+    assert host.store(b[:30], DeviceKV(extractor(b, []), tag=tagger("b"))) is not None
+    held = host.store(b, DeviceKV(extractor(b, []), tag=tagger("b")))
+    assert held is not None and held.tip.attached and "b" in held.tip.sessions
+    assert host_match(host, b).length == 60 and host_match(host, a).length == 0
+    assert host.declined == 0
+    host.tree.check_invariants()
+
+
+class ValuesSessions(ValuesTagged):
+    """ValuesTagged, ranking an incoming path by its sessions the same way (PredictivePolicy.sessions_priority)."""
+
+    def sessions_priority(self, sessions, last_used):
+        return (1.0 if tuple(sessions) else 0.0, last_used)
+
+
+def test_a_path_worth_less_than_all_the_host_holds_is_declined_not_let_in():
+    """Under a policy that values sessions, making room for a path evicts only what ranks below it: a path no session
+    uses (worth 0) does not push out paths sessions will come back to; it is declined, nothing read. A tagged path
+    still pushes out an untagged one."""
+    host = HostTier(RadixTree(), budget_bytes=200, policy=ValuesSessions())  # 100 tokens of 2 bytes
+    a, b, c = list(range(60)), list(range(1000, 1060)), list(range(2000, 2060))
+    assert host.store(a, DeviceKV(extractor(a, []), tag=tagger("a"), sessions=("a",))) is not None
+    calls: list = []
+    assert host.store(b, DeviceKV(extractor(b, calls))) is None
+    assert calls == [] and host.declined == 1 and host_match(host, a).length == 60
+    assert host.store(c, DeviceKV(extractor(c, []), tag=tagger("c"), sessions=("c",))) is not None  # an equal: LRU
+    assert host_match(host, c).length == 60 and host_match(host, a).length == 0
+    host.tree.check_invariants()

@@ -20,7 +20,7 @@ def owners(budget: int, device: list[list[int]] | None) -> tuple[ResidentOwners,
     runtime.held[0] = set(range(400))
     evicted: list[list[int]] = []
     res = ResidentOwners(RadixTree(), runtime, SequenceIdPool(SequenceIdLayout(slots=1, owners=8, scratch=0)),  # type: ignore[arg-type]
-                         budget, SessionRegistry(), on_evict=lambda _seq, tokens: evicted.append(tokens))
+                         budget, SessionRegistry(), on_evict=lambda _seq, tokens, _sessions: evicted.append(tokens))
     res.rank = lambda o: (max((VALUES[s] for s in o.sessions), default=0.0), o.last_used)
     if device is not None:
         res.device_paths = lambda: device

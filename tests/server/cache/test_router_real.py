@@ -420,11 +420,12 @@ def _busy(model) -> tuple[threading.Thread, dict]:
     return thread, results
 
 
-def _slot_taken_then_back(step_kib: int) -> tuple[object, dict, object]:
+def _slot_taken_then_back(step_kib: int, beside: str = "off") -> tuple[object, dict, object]:
     """`first` runs, then, while another request decodes on the second slot, `other` takes
     first's slot (first is written back), then a prompt extending `first` comes back.
-    Returns (the last result, write-back stats, the model)."""
-    model = load(None, parallel=2, cache_tiers=("A", "H"), cache_write_back_step=step_kib)
+    Returns (the last result, write-back stats, the model). `beside`: --cache-write-back-beside."""
+    model = load(None, parallel=2, cache_tiers=("A", "H"), cache_write_back_step=step_kib,
+                 cache_write_back_beside=beside)
     first = chat_tokens(model, SYSTEM, QUESTIONS[0])
     other = chat_tokens(model, "You are a financial research assistant. Answer in one line.", QUESTIONS[1])
     generate(model, first, max_tokens=2)
@@ -462,6 +463,21 @@ def test_a_reused_slot_is_written_back_piece_by_piece_while_another_request_deco
     want = generate(reference, follow, max_tokens=6)
     assert_same_answer(reference, pieced, want)
     assert_same_answer(reference, at_once, want)
+
+
+def test_a_reused_slot_is_read_out_beside_the_decode_and_stored_whole(reference):
+    """--cache-write-back-beside auto (the default): the parked copy is not stored in pieces; what the host lacks of it
+    is copied out on the transfer thread while the other request decodes, then stored in one step: what comes back
+    from H gives the first token's log-probabilities of a synchronous store, to the bit."""
+    beside, stats, model = _slot_taken_then_back(64, beside="auto")
+    model.close()
+    wb = stats["parked"]
+    assert wb["beside"] and wb["parked"] >= 1 and wb["reads"] >= 1 and wb["read_bytes"] > 0, wb
+    assert wb["step_pieces"] == 0 and wb["read_fallbacks"] == 0 and wb["dropped"] == 0 and wb["pending"] == 0, wb
+    assert stats["parked_ids"] == 0 and stats["leak_free"], stats
+    at_once, stats, model = _slot_taken_then_back(0)
+    model.close()
+    assert beside.logprobs[0] == at_once.logprobs[0], (beside.logprobs[0], at_once.logprobs[0])
 
 
 def test_a_reused_slot_within_one_steps_budget_is_stored_at_once_while_another_request_decodes():
@@ -516,10 +532,13 @@ def test_a_slot_taken_with_nothing_else_running_is_stored_at_once():
         model.close()
 
 
-def test_a_request_needing_a_parked_copy_gets_it_whole():
+@pytest.mark.parametrize("beside", ["off", "auto"])
+def test_a_request_needing_a_parked_copy_gets_it_whole(beside):
     """Without S, a request that arrives while its prefix is still parked has the copy stored to
-    the end first, so the host tier gives it the whole prefix (nothing recomputed)."""
-    model = load(None, parallel=2, cache_tiers=("A", "H"), cache_write_back_step=1)  # ~1 token a step
+    the end first (in pieces, or from its read beside the compute, waited for), so the host tier
+    gives it the whole prefix (nothing recomputed)."""
+    model = load(None, parallel=2, cache_tiers=("A", "H"), cache_write_back_step=1,  # ~1 token a step
+                 cache_write_back_beside=beside)
     try:
         first = chat_tokens(model, SYSTEM, QUESTIONS[0])
         other = chat_tokens(model, "You are a financial research assistant. Answer in one line.", QUESTIONS[1])
@@ -535,7 +554,8 @@ def test_a_request_needing_a_parked_copy_gets_it_whole():
         runner.join(300)
         busy.join(300)
         assert got.final.cache.source == "H" and got.final.cache.reused_tokens >= len(first), got.final.cache
-        assert model.router.parked.step_pieces >= 1 and model.router.parked.dropped == 0
+        parked = model.router.parked
+        assert (parked.step_pieces if beside == "off" else parked.reads) >= 1 and parked.dropped == 0
     finally:
         model.close()
 

@@ -81,7 +81,7 @@ def policy(host_bpt: int = BPT):
     pol = WriteBackPolicy(runtime=runtime, kv=kv, slots=SimpleNamespace(slots=slots, idle=slots),  # type: ignore[arg-type]
                           running=lambda: [], tree=tree, tiers=[FakeHost(host_bpt)],  # type: ignore[list-item]
                           registry=SessionRegistry(), min_tokens=M, resident_cells=None,
-                          step_bytes=STEP, idle_cells=None, clock=EngineTime())
+                          step_bytes=STEP, idle_cells=None, clock=EngineTime(), beside=False)  # in pieces
     pol.gate.streak = 1000  # every loss is stored: this is about how, not whether
     return pol, runtime, slots
 
