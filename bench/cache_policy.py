@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                    "max_step_cache_ms": stats.get("engine_thread", {}).get("max_step_cache_ms"),
                    "max_step_cache_ms_by_kind": stats.get("engine_thread", {}).get("max_step_cache_ms_by_kind"),
                    "restores_in_pieces": stats.get("restores_in_pieces"),
-                   "restores_staged": stats.get("restores_staged"),
+                   "restores_staged": stats.get("restores_staged"), "write_back": stats.get("write_back"),
                    "decode_step_ms_mean": mean_step_ms(stats.get("engine_thread", {})),
                    "host": {k: stats["tiers"]["H"].get(k) for k in ("tokens", "held_bytes", "evictions", "declined")},
                    "ttft_p90_after_tool_wait_s": quantile(after, 0.9),
