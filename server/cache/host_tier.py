@@ -93,7 +93,7 @@ class HostTier:
         on the path (for the tiers below), or None when the budget cannot make room (the
         store is declined) or the path's end is no longer on the tree."""
         with self.tree.mutex:
-            have = self.tree.match_prefix(tokens, touch=False).span(TIER).longest
+            have = self.held_depth(tokens)
             estimate = (len(tokens) - have) * self.bytes_per_token
             floor = self._floor(kv)
             if estimate and not self._make_room(estimate, floor):  # nothing is read for a store that cannot fit
