@@ -7,7 +7,9 @@ Issue 58's workload (16 agent sessions of 4 turns forking into 2 branches after 
 a time) replayed (harness/serving/runner.py, hints as headers, output lengths forced) against a
 fresh arbor-server per policy with a 64 MiB host tier, in one run. `predictive+priors` loads a
 priors file recorded from the LRU run of the same workload (its requests' real starts and ends:
-yesterday's run of the same agents; python -m bench.lifecycle_priors). For each run: computed
+yesterday's run of the same agents; python -m bench.lifecycle_priors). A name ending in `@MiB` runs
+that policy with a host tier of that size instead (`predictive@1024`: an ample host, the floor any
+policy could reach on this machine's TTFT, measured beside the others). For each run: computed
 prompt tokens, wall time, TTFT p50 (all requests, and those after a tool wait), the engine
 thread's longest cache step, /cache/stats' policy report; and beside it what the simulator
 (bench/cachesim/) computes on the server's own tokens *in the order that run admitted its
@@ -44,12 +46,20 @@ from server.cache.lifecycle_priors import save_priors
 
 POLICIES = ("lru", "lifecycle", "predictive", "predictive+priors")
 NO_PREFETCH = "-noprefetch"  # a policy name's suffix: the same policy with --cache-prefetch off
+HOST_MIB = "@"  # a policy name's suffix `@MiB`: the same policy with a host tier of that size (e.g. an ample one)
+
+
+def host_mib(policy: str, default: int) -> int:
+    """The host tier's MiB for a policy name: its `@MiB` suffix, else `default` (--cache-ram)."""
+    _, at, mib = policy.partition(HOST_MIB)
+    return int(mib) if at else default
 
 
 def server_args(policy: str) -> list[str]:
     """arbor-server's flags for a policy name: `lru`, `lifecycle`, `predictive`, `predictive+priors`
-    (the priors file is added by the caller), any of them ending in -noprefetch."""
-    name = policy.split("+")[0]
+    (the priors file is added by the caller), any of them ending in -noprefetch and then in @MiB
+    (the host tier's size is added by the caller)."""
+    name = policy.partition(HOST_MIB)[0].split("+")[0]
     args = ["--cache-policy", name.removesuffix(NO_PREFETCH)]
     if name.endswith(NO_PREFETCH):
         args += ["--cache-prefetch", "off"]
@@ -70,6 +80,10 @@ def after_tool_wait(lines: list[ManifestLine], run: RunResult) -> list[float]:
     return out
 
 
+def file_name(policy: str) -> str:
+    return policy.replace("+", "_").replace(HOST_MIB, "_host")
+
+
 def mean_step_ms(engine_thread: dict) -> float | None:
     calls = engine_thread.get("decode_calls")
     return round(engine_thread["decode_ms"] / calls, 3) if calls else None
@@ -87,7 +101,8 @@ def bound_of(trace: Trace, run: RunResult, budgets: Budgets, policy: str) -> dic
     and where the run computed more or less than the simulated policy (`gap`, bench/cachesim/gap.py)."""
     records = sorted(run.requests, key=lambda r: r.index)
     events = recorded_schedule([r.start_s or 0.0 for r in records], [r.latency_s or 0.0 for r in records])
-    sim_policy = "predictive" if policy.startswith("predictive") else policy.removesuffix(NO_PREFETCH)
+    name = policy.partition(HOST_MIB)[0]
+    sim_policy = "predictive" if name.startswith("predictive") else name.removesuffix(NO_PREFETCH)
     simulated = Simulator(trace, events, budgets, sim_policy).run()
     real = [(r.prompt_tokens or 0) - (r.cached_tokens or 0) for r in records]
     return {"bound": Simulator(trace, events, budgets, "belady").run().computed,
@@ -99,11 +114,11 @@ def run_one(a: argparse.Namespace, lines: list[ManifestLine], policy: str, prior
             trace: Trace | None) -> tuple[RunResult, dict[str, Any], list[str], Trace]:
     """One policy on a fresh server; the trace on the server's tokens (tokenized by it after the run, once)."""
     port = free_port()
-    args = ["--cache-ram", str(a.cache_ram), *server_args(policy), *a.server_args]
+    args = ["--cache-ram", str(host_mib(policy, a.cache_ram)), *server_args(policy), *a.server_args]
     if priors is not None:
         args += ["--cache-priors", str(priors)]
     cmd = arbor_command(port, a.model, args)
-    with running(f"cache_policy_{policy.replace('+', '_')}", cmd, port, log_dir) as srv:
+    with running(f"cache_policy_{file_name(policy)}", cmd, port, log_dir) as srv:
         result = asyncio.run(replay(lines, ReplaySettings(base_url=srv.v1, concurrency=a.concurrency,
                                                            force_output_length=True, progress=False, label=policy)))
         stats = httpx.get(srv.base_url + "/cache/stats", timeout=60).json()
@@ -139,7 +154,6 @@ def main(argv: list[str] | None = None) -> None:
         tool_wait = (lo, hi)
     lines = agent_sessions(sessions=a.sessions, turns=a.turns, branches=a.branches, fork_after=a.fork_after,
                            seed=a.seed, tool_wait_s=tool_wait).lines
-    budgets = Budgets(host_bytes=a.cache_ram << 20, bytes_per_token=EMBEDDED_BYTES_PER_TOKEN)
     out: dict[str, Any] = {"bench": "cache_policy", "workload": {"sessions": a.sessions, "turns": a.turns,
                            "branches": a.branches, "fork_after": a.fork_after, "requests": len(lines),
                                         "tool_wait_s": list(tool_wait) if tool_wait else None,
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
                 save_priors(counts, priors, sources=["the lru run of this benchmark"])
             result, stats, cmd, trace = run_one(a, lines, policy, priors, log_dir, trace)
             runs[policy] = result
-            result.save(a.out.with_suffix("") / f"{policy.replace('+', '_')}.json")  # every request's figures
+            result.save(a.out.with_suffix("") / f"{file_name(policy)}.json")  # every request's figures
             s = result.summary
             after = after_tool_wait(lines, result)
             row = {"policy": policy, "command": " ".join(cmd), "computed": s["tokens"]["computed"],
@@ -179,7 +193,9 @@ def main(argv: list[str] | None = None) -> None:
                    "ttft_p90_after_tool_wait_s": quantile(after, 0.9),
                    "reused_by_source": stats.get("reused_tokens_by_source"),
                    "prefetch": stats.get("prefetch"),
-                   "policy_stats": stats.get("policy"), "sim": bound_of(trace, result, budgets, policy)}
+                   "policy_stats": stats.get("policy"), "cache_ram_mib": host_mib(policy, a.cache_ram),
+                   "sim": bound_of(trace, result, Budgets(host_bytes=host_mib(policy, a.cache_ram) << 20,
+                                                          bytes_per_token=EMBEDDED_BYTES_PER_TOKEN), policy)}
             out["runs"].append(row)
             print(f"{policy:18s} computed={row['computed']} ideal={row['ideal']} bound={row['sim']['bound']} "
                   f"simulated={row['sim']['simulated']} wall={row['wall_s']}s ttft_p50={row['ttft_p50_s']} "

@@ -52,7 +52,9 @@ def real_table(data: dict) -> list[str]:
            "simulator's on the server's tokens in the order that run admitted its requests; the restore stall is the "
            "engine's longest step of restore pieces (or, staged, of cells taken) beside computing requests, next to "
            "the mean llama_decode call "
-           "(prefill chunks and decode steps).", "",
+           "(prefill chunks and decode steps)."
+           + (" A policy named `@MiB` ran with a host tier of that size instead (its bound and simulation too)."
+              if any("@" in r["policy"] for r in data["runs"]) else ""), "",
            "| policy | computed | ideal | bound | real / bound | simulated | wall s | TTFT p50 s | "
            "TTFT p50 after a tool wait s | prefetched (used / unused) | restore stall ms | mean llama_decode ms |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
