@@ -11,9 +11,10 @@ The byte budget is a hard limit on the buffers H values keep alive, each charged
 into a buffer of its own once less than half of the buffer is in use, so evicting part of
 a buffer frees memory. Evicting H values keeps the nodes' D values; when locked or pinned
 nodes cannot be evicted to make room, the store is declined (nothing is extracted, or what
-was inserted is taken out). A store hands the tiers below (D, R) H's values on the path
-(views, read under the lock when one of them asks). The disk writer thread shares the tree,
-so every use holds `tree.mutex`.
+was inserted is taken out); under a policy that ranks a path by its sessions, a store that what
+ranks below it could not make room for evicts nothing (`admits` asks the same before a read).
+A store hands the tiers below (D, R) H's values on the path (views, read under the lock when
+one of them asks). The disk writer thread shares the tree, so every use holds `tree.mutex`.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class HostTier:
         with self.tree.mutex:
             have = self.held_depth(tokens)
             estimate = (len(tokens) - have) * self.bytes_per_token
-            floor = self._floor(kv)
+            floor = self._floor(kv.sessions)
             if estimate and not self._make_room(estimate, floor):  # nothing is read for a store that cannot fit
                 self.declined += 1
                 return None
@@ -139,15 +140,34 @@ class HostTier:
             return fresh.slice(s - have, e - have) if fresh is not None and s >= have else extract(s, e)
         return view
 
-    def _floor(self, kv: PathKV) -> Hashable | None:
+    def admits(self, tokens: list[int], sessions: tuple[str, ...]) -> bool:
+        """Whether a store of `tokens` for `sessions` could make its room now (what H lacks of them, at the last
+        store's bytes per token), evicting nothing: False when the policy ranks too little of what H holds below
+        the path (`_floor`). A write-back asks before it reads a copy out (server/cache/write_back.py)."""
+        floor = self._floor(sessions)
+        with self.tree.mutex:
+            estimate = (len(tokens) - self.held_depth(tokens)) * self.bytes_per_token
+            return floor is None or self._fits(estimate, floor)
+
+    def _fits(self, incoming: int, floor: Hashable) -> bool:
+        """Whether evicting what ranks below `floor` could make room for `incoming` bytes (an estimate: values'
+        own bytes), taking nothing (caller holds `tree.mutex`)."""
+        over = ByteBudget(self.budget_bytes).over_by(self.tree.tier(TIER).held_bytes, incoming)
+        return over == 0 or self.tree.evictable_below(TIER, self.policy, floor) >= over
+
+    def _floor(self, sessions: tuple[str, ...]) -> Hashable | None:
         """The key the incoming path ranks at: making room for it, H evicts only what ranks below (else the store is
         declined, and the path is lost rather than something worth more). Only under a policy that values sessions
         (predictive: its sessions' value, any access time); under LRU and the lifecycle classes a new path outranks
         every older one, as before."""
         rank = getattr(self.policy, "sessions_priority", None)
-        return None if rank is None else rank(kv.sessions, math.inf)
+        return None if rank is None else rank(sessions, math.inf)
 
     def _make_room(self, incoming: int, floor: Hashable | None = None) -> bool:
+        """Evict by the policy until `incoming` more bytes fit; with `floor`, only what ranks below it, and nothing
+        at all when that could not be enough (a declined store leaves what H holds as it was)."""
+        if floor is not None and not self._fits(incoming, floor):
+            return False
         res = enforce_budget(self.tree, TIER, ByteBudget(self.budget_bytes), self.policy, incoming,
                              settle=self._copy_out_survivors, floor=floor)
         self.evictions += len(res.freed)

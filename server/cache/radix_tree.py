@@ -418,6 +418,28 @@ class RadixTree:
             raise ValueError(f"bytes_needed must be >= 0, got {bytes_needed}")
         return self._evict(tier, bytes_needed, policy, floor)
 
+    def evictable_below(self, tier: str, policy: EvictionPolicy | None, floor: Hashable) -> int:
+        """The bytes of ``tier``'s values that ``evict(..., floor=floor)`` could take at most, taking
+        nothing: a value goes only once every value under it has gone, so one ranked at or above the
+        floor (or locked, or refused by the policy) keeps its whole path's values. Counts values' own
+        bytes (a buffer shared with a survivor frees later, in rounds): an estimate, to decline a store
+        that cannot fit before evicting anything for it. Walks every node."""
+        def priority(node: RadixNode) -> Hashable | None:
+            return (node.last_access,) if policy is None else policy.priority(node)
+
+        removable: dict[RadixNode, bool] = {}
+        total = 0
+        for node in reversed(list(self.nodes())):  # children before their parents
+            if tier not in node.values:
+                continue
+            ok = node.lock_ref == 0 and all(removable.get(c, True) for c in node.children.values())
+            if ok:
+                key = priority(node)
+                ok = key is not None and key < floor  # type: ignore[operator]  # (one policy's keys compare)
+            removable[node] = ok
+            total += node.values[tier].nbytes if ok else 0
+        return total
+
     def flush(self, tier: str, policy: EvictionPolicy | None = None) -> EvictResult:
         """Evict every value of ``tier`` that the locks and the policy allow (POST /cache/flush)."""
         return self._evict(tier, None, policy)

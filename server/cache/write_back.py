@@ -19,7 +19,9 @@ thread), then gives both sequences back. One read runs at a time, oldest copy fi
 that no longer reaches back to what the host holds when it is done (the host evicted part of the
 path meanwhile, and the store would copy that part from the cells here) is started again, once.
 A copy whose read cannot start (no second parked id, a refused snapshot) or failed is stored in
-pieces as above (`read_fallbacks`).
+pieces as above (`read_fallbacks`). A copy the host would not admit now (`admits`: under the
+predictive policy, too little of what it holds ranks below the copy's sessions) is dropped
+before its read (`declined_unread`), as its store would have been declined after it.
 
 Contracts:
 - A parked copy holds KV cells until it is stored or dropped; `cells()` counts them, so the
@@ -73,15 +75,17 @@ class ParkedCopy:
 class WriteBackQueue:
     def __init__(self, runtime: LlamaRuntime, seq_ids: SequenceIdPool, store: Store,
                  bytes_per_token: Callable[[], int], step_bytes: int, kv: KVOps | None = None,
-                 held_depth: Callable[[list[int]], int] | None = None):
+                 held_depth: Callable[[list[int]], int] | None = None,
+                 admits: Callable[[list[int], tuple[str, ...]], bool] | None = None):
         """`kv` and `held_depth` (the leading tokens of a path the first tier holds): copies are read beside the
-        compute where `kv.stages`; without them, always in pieces."""
+        compute where `kv.stages`; without them, always in pieces. `admits(tokens, sessions)`: whether the first
+        tier could take the copy now (asked before a read; None: always)."""
         self.runtime = runtime
         self.seq_ids = seq_ids
         self.store = store
         self.bytes_per_token = bytes_per_token
         self.step_bytes = step_bytes
-        self.kv, self.held_depth = kv, held_depth
+        self.kv, self.held_depth, self.admits = kv, held_depth, admits
         self.beside = kv is not None and held_depth is not None and kv.stages
         self.queue: deque[ParkedCopy] = deque()
         self.parked = 0  # copies parked since start
@@ -91,6 +95,7 @@ class WriteBackQueue:
         self.reads = 0  # copies read beside the compute
         self.read_bytes = 0
         self.read_fallbacks = 0  # copies whose read could not start or failed: stored in pieces
+        self.declined_unread = 0  # copies dropped before their read: the first tier would not take them
 
     def park(self, src_seq: int, tokens: list[int], sessions: tuple[str, ...] = ()) -> bool:
         """Attach src_seq's positions [0, len(tokens)) to a parked sequence, its stored pieces to be tagged with
@@ -118,7 +123,9 @@ class WriteBackQueue:
             if self.beside and not copy.in_pieces:  # (reads are not held to the budget: they copy nothing here)
                 if copy.reading is None:
                     if self._start_read(copy):
-                        return  # read beside the next decode, stored at a later step
+                        if copy.reading is not None:
+                            return  # read beside the next decode, stored at a later step
+                        continue  # stored (nothing to read) or dropped (the host would not take it): the next one
                 elif not copy.reading.read.done():
                     return
                 else:
@@ -165,7 +172,8 @@ class WriteBackQueue:
         return {"pending": len(self.queue), "pending_cells": self.cells(), "parked": self.parked,
                 "dropped": self.dropped, "pieces": self.pieces, "step_pieces": self.step_pieces,
                 "step_bytes": self.step_bytes, "beside": self.beside, "reads": self.reads,
-                "read_bytes": self.read_bytes, "read_fallbacks": self.read_fallbacks}
+                "read_bytes": self.read_bytes, "read_fallbacks": self.read_fallbacks,
+                "declined_unread": self.declined_unread}
 
     def _piece_tokens(self, budget: int) -> int:
         per_token = self.bytes_per_token()
@@ -180,11 +188,16 @@ class WriteBackQueue:
 
     def _start_read(self, copy: ParkedCopy) -> bool:
         """Start reading what the first tier lacks of `copy` beside the compute; False (and the copy goes in pieces)
-        when it cannot start. A copy the first tier already holds whole is stored (nothing to read) and True."""
+        when it cannot start. A copy the first tier already holds whole is stored (nothing to read), one it would
+        not take is dropped; both True, and out of the queue."""
         assert self.kv is not None and self.held_depth is not None  # (self.beside)
         start = max(copy.stored, self.held_depth(copy.tokens))
         if start >= len(copy.tokens):
             self._store_piece(copy, len(copy.tokens) - copy.stored)
+            return True
+        if self.admits is not None and not self.admits(copy.tokens, copy.sessions):
+            self._drop(copy)  # its store would be declined: nothing read, nothing evicted for it
+            self.declined_unread += 1
             return True
         try:
             hold = self.seq_ids.take("parked")
@@ -239,12 +252,18 @@ class WriteBackQueue:
         self.pieces += 1
         nbytes = (end - copy.stored) * (self.bytes_per_token() or 1)
         copy.stored = end
-        if tip is None or final:
+        if tip is None:
+            self._drop(copy)
+        elif final:
             self.queue.remove(copy)
             self._release(copy.seq_id)
-            if tip is None:
-                self.dropped += 1
         return nbytes
+
+    def _drop(self, copy: ParkedCopy) -> None:
+        """Lose `copy` unstored (the rest of it): its cells are freed."""
+        self.queue.remove(copy)
+        self._release(copy.seq_id)
+        self.dropped += 1
 
     def _release(self, pid: int) -> None:
         self.runtime.seq_rm(pid, -1, -1)

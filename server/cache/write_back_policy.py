@@ -198,7 +198,8 @@ class WriteBackPolicy:
         if host is not None and step_bytes > 0 and kv.seq_ids.layout.parked:
             reads = beside and kv.stages  # parked copies read out beside the compute, not stored in pieces
             self.parked = WriteBackQueue(runtime, kv.seq_ids, self.store, lambda: host.bytes_per_token, step_bytes,
-                                         kv=kv if reads else None, held_depth=host.held_depth if reads else None)
+                                         kv=kv if reads else None, held_depth=host.held_depth if reads else None,
+                                         admits=host.admits if reads else None)
         # slot index -> the cache hint of its last request: the slot's kept KV (tier A) outlives
         # the request and its lease, and is written back later under that hint
         self.slot_hints: dict[int, CacheHint] = {}

@@ -439,3 +439,26 @@ def test_a_bare_parent_kept_by_a_lock_is_pruned_at_an_eviction_after_its_unlock(
     tree.flush("H")
     assert not parent.attached and tree.n_nodes == 0
     tree.check_invariants()
+
+
+def test_evictable_below_counts_what_evict_with_that_floor_would_take_taking_nothing():
+    """A value goes only once every value under it has gone: a child ranked at or above the floor, or locked, keeps
+    its parent's value too; the count matches what evict() then frees."""
+    from server.cache.eviction import LRUPolicy
+
+    tree, insert = simulated_tree()
+    trunk = insert(list(range(10))).last_node
+    old_leaf = insert(list(range(10)) + [50, 51]).last_node
+    new_leaf = insert(list(range(10)) + [60, 61, 62]).last_node
+    policy = LRUPolicy()
+    floor = (new_leaf.last_access,)  # the newest leaf ranks at the floor: it stays, so its parent does
+    held = tree.tier("H").evictable_bytes
+    assert tree.evictable_below("H", policy, floor) == old_leaf.values["H"].nbytes
+    assert tree.evictable_below("H", policy, (float("inf"),)) == held
+    tree.lock(old_leaf)
+    assert tree.evictable_below("H", policy, (float("inf"),)) == new_leaf.values["H"].nbytes
+    tree.unlock(old_leaf)
+    assert tree.tier("H").evictable_bytes == held, "nothing was taken"
+    res = tree.evict(held, "H", policy, floor)
+    assert [node for node, _ in res.freed] == [old_leaf] and "H" in trunk.values
+    tree.check_invariants()

@@ -196,3 +196,21 @@ def test_a_path_worth_less_than_all_the_host_holds_is_declined_not_let_in():
     assert host.store(c, DeviceKV(extractor(c, []), tag=tagger("c"), sessions=("c",))) is not None  # an equal: LRU
     assert host_match(host, c).length == 60 and host_match(host, a).length == 0
     host.tree.check_invariants()
+
+
+def test_a_store_the_host_declines_by_value_evicts_nothing():
+    """A path that what ranks below it could not make room for is declined before anything is evicted for it: the
+    host keeps the paths it held (it used to evict every one below the path, then decline it anyway, and stay
+    half empty). `admits` answers the same without storing."""
+    host = HostTier(RadixTree(), budget_bytes=200, policy=ValuesSessions())  # 100 tokens of 2 bytes
+    a, b, c = list(range(60)), list(range(1000, 1030)), list(range(2000, 2090))
+    assert host.store(a, DeviceKV(extractor(a, []), tag=tagger("a"), sessions=("a",))) is not None
+    assert host.store(b, DeviceKV(extractor(b, []))) is not None  # worth 0, but it fits
+    assert not host.admits(c, ()), "90 untagged tokens: room for them needs `a` too, which ranks above them"
+    calls: list = []
+    assert host.store(c, DeviceKV(extractor(c, calls))) is None
+    assert calls == [] and host.declined == 1 and host.evictions == 0
+    assert host_match(host, a).length == 60 and host_match(host, b).length == 30, "nothing was evicted for it"
+    assert host.admits(c[:30], ()), "30 tokens fit once the other untagged path (older: LRU among equals) goes"
+    assert host.admits(c, ("c",)), "tagged, `a` ranks level with it and goes first (the older)"
+    host.tree.check_invariants()

@@ -127,3 +127,32 @@ def test_a_read_the_host_no_longer_reaches_back_to_is_started_again_once():
     q.advance()
     ((_, length, final, ready),) = stores
     assert (length, final, ready.pos0) == (500, True, 100) and len(kv.reads) == 2 and sorted(seq_ids.free) == [90, 91]
+
+
+def test_a_copy_the_host_would_not_take_is_dropped_before_its_read():
+    """Under the predictive policy the host declines a path worth less than what it holds (host_tier.admits): asked
+    before the read, such a copy is dropped unread (its cells freed) and the next copy's read starts in the same
+    step; a copy it would take is read as before."""
+    runtime, seq_ids = FakeRuntime(), FakeSeqIds()
+    stores: list = []
+    asked: list[tuple[int, tuple[str, ...]]] = []
+
+    def admits(tokens, sessions):
+        asked.append((len(tokens), sessions))
+        return sessions != ("done",)
+    kv = FakeKV(runtime)
+    q = WriteBackQueue(runtime, seq_ids, lambda *a: stores.append(a) or object(), lambda: 1, STEP,  # type: ignore
+                       kv=kv, held_depth=lambda tokens: 0, admits=admits)  # type: ignore[arg-type]
+    runtime.n[0] = 300
+    assert q.park(0, list(range(300)), ("done",))
+    assert q.park(0, list(range(200)), ("waiting",))
+    parked = [c.seq_id for c in q.queue]
+    q.advance()
+    assert asked == [(300, ("done",)), (200, ("waiting",))]
+    assert [(start, end) for _, start, end, _ in kv.reads] == [(0, 200)], "only the copy the host takes is read"
+    assert len(q.queue) == 1 and kv.reads[0][3] == parked[0], \
+        "the declined copy's parked id was given back (and taken again to hold the next read)"
+    assert (q.declined_unread, q.dropped, q.reads) == (1, 1, 1) and stores == []
+    q.queue[0].reading.read.set_result(b"")
+    q.advance()
+    assert len(stores) == 1 and not q.queue and q.stats()["declined_unread"] == 1
