@@ -87,17 +87,17 @@ class Prefetcher:
         free = sim.limit(DEVICE) - tree.tier(DEVICE).held_bytes
         if need > free:
             for n in missing:
-                tree.lock(n)  # what is brought up must not make room for itself
-            try:
+                tree.lock(n)  # what is brought up must not make room for itself, on the device or in H (the
+            try:  # server locks the host path it restores from while the device's evicted paths are stored)
                 res = tree.evict(need - free, DEVICE, _Below(sim.policy, value))
+                for node, _ in res.freed:
+                    self.evicted(node)
+                sim.result.evicted_tokens[DEVICE] += res.freed_tokens
+                if res.freed:
+                    sim.write_back([node for node, _ in res.freed])
             finally:
                 for n in missing:
                     tree.unlock(n)
-            for node, _ in res.freed:
-                self.evicted(node)
-            sim.result.evicted_tokens[DEVICE] += res.freed_tokens
-            if res.freed:
-                sim.write_back([node for node, _ in res.freed])
             if not res.satisfied:
                 return
         for node in missing:

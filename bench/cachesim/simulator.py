@@ -29,6 +29,7 @@ prefetch could move off the critical path.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -87,6 +88,7 @@ class SimResult:
     write_backs: int = 0
     written_back_tokens: int = 0
     evicted_tokens: Counter = field(default_factory=Counter)
+    declined: Counter = field(default_factory=Counter)  # write-backs a tier did not take (by value)
     per_request: list[int] = field(default_factory=list)  # computed tokens, manifest order
     prefetch: dict[str, int] | None = None  # tokens prefetched, then used (hits) or evicted unused (misses)
     predictor: dict[str, Any] | None = None
@@ -95,6 +97,7 @@ class SimResult:
         out = asdict(self)
         out["reused_by_tier"] = dict(self.reused_by_tier)
         out["evicted_tokens"] = dict(self.evicted_tokens)
+        out["declined"] = dict(self.declined)
         out["computed_over_ideal"] = round(self.computed / self.ideal, 4) if self.ideal else None
         return out
 
@@ -239,6 +242,9 @@ class Simulator:
             for tier in targets:
                 if node.attached and tier in node.values:
                     continue
+                if not self.admitted(tier, node):
+                    self.result.declined[tier] += 1
+                    continue
                 got = self.tree.insert(path, tier, self.range_factory(start))
                 # the sessions that passed through it go with the copy (the server tags a stored path
                 # with its slot's session: write_back_policy.py)
@@ -251,6 +257,27 @@ class Simulator:
             if tier in stored:
                 res = enforce_budget(self.tree, tier, ByteBudget(self.limit(tier)), self.policy)
                 self.result.evicted_tokens[tier] += sum(v.n_tokens for _, v in res.freed)
+
+
+    def admitted(self, tier: str, node: RadixNode) -> bool:
+        """Whether `tier` takes `node`'s range (evicting for it), as the server's host tier does (host_tier.py): under
+        a policy that ranks a path by its sessions (predictive), it makes room only from what ranks below the node's
+        sessions, and evicts nothing for a range that could not fit so. Other policies, and D (the server's disk tier
+        admits every path): always (the budget is enforced after the write-back)."""
+        rank = getattr(self.policy, "sessions_priority", None)
+        if rank is None or tier != HOST:
+            return True
+        floor = rank(node.sessions, math.inf)
+        if floor is None:
+            return True
+        need = len(node.key) * self.budgets.bytes_per_token
+        budget = ByteBudget(self.limit(tier))
+        over = budget.over_by(self.tree.tier(tier).held_bytes, need)
+        if over and self.tree.evictable_below(tier, self.policy, floor) < over:
+            return False
+        res = enforce_budget(self.tree, tier, budget, self.policy, need, floor=floor)
+        self.result.evicted_tokens[tier] += sum(v.n_tokens for _, v in res.freed)
+        return res.satisfied
 
 
 def simulate(trace: Trace, events: Sequence[Event], budgets: Budgets, policies: Sequence[str] = POLICIES,

