@@ -18,7 +18,9 @@ server feeds it), and `belady` (belady.py, the bound). What it models instead of
   computes the rest, at least its last token;
 - a device value evicted is written back to H (and D) unless H holds it already (write-back,
   never write-through, as server/cache/write_back_policy.py; Bélády stores only what is used
-  again); H and D evict by the policy within their byte budgets;
+  again); H and D evict by the policy within their byte budgets, and under the predictive policy H
+  admits a range by value as the server's host tier does (`admitted`: room only from what ranks
+  below it, else declined with nothing evicted);
 - every tier is ordered by the same policy, as the server's tiers share one.
 
 Restores and prefetches do not change computed tokens: a prefix in H is reused whether it was
