@@ -260,7 +260,6 @@ class Simulator:
                 res = enforce_budget(self.tree, tier, ByteBudget(self.limit(tier)), self.policy)
                 self.result.evicted_tokens[tier] += sum(v.n_tokens for _, v in res.freed)
 
-
     def admitted(self, tier: str, node: RadixNode) -> bool:
         """Whether `tier` takes `node`'s range (evicting for it), as the server's host tier does (host_tier.py): under
         a policy that ranks a path by its sessions (predictive), it makes room only from what ranks below the node's
