@@ -77,6 +77,11 @@ def _bare(node: RadixNode) -> bool:
     return not node.values and not node.holders
 
 
+def _rank(policy: EvictionPolicy | None, node: RadixNode) -> Hashable | None:
+    """``node``'s eviction key under ``policy`` (None: LRU); None when the policy refuses to evict it now."""
+    return (node.last_access,) if policy is None else policy.priority(node)
+
+
 def _full_match(key: Tokens, tokens: Tokens, pos: int) -> int:
     """Length of the common prefix of ``key`` and ``tokens[pos:]``."""
     end = pos + len(key)
@@ -424,9 +429,6 @@ class RadixTree:
         floor (or locked, or refused by the policy) keeps its whole path's values. Counts values' own
         bytes (a buffer shared with a survivor frees later, in rounds): an estimate, to decline a store
         that cannot fit before evicting anything for it. Walks every node."""
-        def priority(node: RadixNode) -> Hashable | None:
-            return (node.last_access,) if policy is None else policy.priority(node)
-
         removable: dict[RadixNode, bool] = {}
         total = 0
         for node in reversed(list(self.nodes())):  # children before their parents
@@ -434,7 +436,7 @@ class RadixTree:
                 continue
             ok = node.lock_ref == 0 and all(removable.get(c, True) for c in node.children.values())
             if ok:
-                key = priority(node)
+                key = _rank(policy, node)
                 ok = key is not None and key < floor  # type: ignore[operator]  # (one policy's keys compare)
             removable[node] = ok
             total += node.values[tier].nbytes if ok else 0
@@ -453,7 +455,7 @@ class RadixTree:
             return EvictResult(tier, limit, (), 0, 0)
 
         def priority(node: RadixNode) -> Hashable | None:
-            return (node.last_access,) if policy is None else policy.priority(node)
+            return _rank(policy, node)
 
         bare, self._maybe_bare = self._maybe_bare, set()
         for node in bare:
